@@ -1,0 +1,65 @@
+"""The layer every attention variant shares: qkv projection, heads, the variant's math, output projection.
+
+Parameter names follow open_clip's `nn.MultiheadAttention` (`in_proj_weight`, `in_proj_bias`,
+`out_proj`), so a softmax state dict loads into any variant and back into open_clip unchanged.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+class Attention(nn.Module):
+    """Multi-head attention whose token mixing is given by a subclass.
+
+    A parameter-free subclass sets `function` (the fast pure function on q, k, v [B, H, N, D]) and
+    `reference` (its naive O(N^2) fp32 definition). A subclass with learned parameters inside the
+    attention overrides `attention` and `attention_reference` instead.
+    """
+
+    name: ClassVar[str] = ""
+    supports_causal: ClassVar[bool] = True
+    why_not_causal: ClassVar[str] = ""
+    function: ClassVar[Callable | None] = None
+    reference: ClassVar[Callable | None] = None
+
+    def __init__(self, dim: int, num_heads: int, *, causal: bool = False, qkv_bias: bool = True, **options):
+        super().__init__()
+        if dim % num_heads:
+            raise ValueError(f"attention {self.name!r}: width {dim} is not divisible by {num_heads} heads; pick a width that is a multiple of the head count")
+        self.check_causal(causal)
+        self.dim, self.num_heads, self.head_dim, self.causal = dim, num_heads, dim // num_heads, causal
+        self.options = options
+        self.in_proj_weight = nn.Parameter(torch.empty(3 * dim, dim))
+        self.in_proj_bias = nn.Parameter(torch.zeros(3 * dim)) if qkv_bias else None
+        self.out_proj = nn.Linear(dim, dim)
+        nn.init.xavier_uniform_(self.in_proj_weight)
+        nn.init.zeros_(self.out_proj.bias)
+
+    @classmethod
+    def check_causal(cls, causal: bool) -> None:
+        if causal and not cls.supports_causal:
+            raise ValueError(f"attention {cls.name!r} cannot be causal: {cls.why_not_causal}")
+
+    def attention(self, q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None) -> Tensor:
+        """[B, H, N, D] x3 -> [B, H, N, D]: the fast path."""
+        return type(self).function(q, k, v, causal=self.causal, key_mask=key_mask, **self.options)
+
+    def attention_reference(self, q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None) -> Tensor:
+        """[B, H, N, D] x3 -> [B, H, N, D]: the naive fp32 definition the fast path is tested against."""
+        return type(self).reference(q, k, v, causal=self.causal, key_mask=key_mask, **self.options)
+
+    def forward(self, x: Tensor, key_mask: Tensor | None = None) -> Tensor:
+        B, N, C = x.shape
+        qkv = F.linear(x, self.in_proj_weight, self.in_proj_bias)  # [B, N, 3C]
+        q, k, v = qkv.view(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # 3 x [B, H, N, D]
+        o = self.attention(q, k, v, key_mask)
+        return self.out_proj(o.transpose(1, 2).reshape(B, N, C))
+
+
+def scale(head_dim: int) -> float:
+    return 1.0 / math.sqrt(head_dim)
