@@ -1,0 +1,255 @@
+"""Fit scaling laws L(x) = beta * x^alpha (+ c) to many runs, per group, with bootstrap intervals.
+
+Answers "does linear attention follow the same scaling law as softmax?": fits every group (e.g. the
+attention variant), gives 95% bootstrap intervals for alpha and beta, and the interval of the
+difference of exponents between groups. Forms: ``power`` (least squares in log-log space),
+``saturating`` (y = beta x^alpha + c, c >= 0) and, with ``--frontier-bins K``, the compute-frontier
+fit of Cherti et al. 2023. What is read from each input kind: see eval/scaling_io.py.
+
+    python -m eval.scaling runs/ --x compute --y error --group image_attention --out runs/scaling
+    python -m eval.scaling results.csv --x params --y loss --form saturating --extrapolate 1e9 --out out/
+
+Writes DIR/report.json and DIR/scaling.png only once everything is computed (temp file + os.replace).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import sys
+import tempfile
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from eval.scaling_fit import FITS, MIN_DISTINCT_X, bootstrap, fit_procedure, interval, predict
+from eval.scaling_io import ScalingInputError, ScalingWarning, evaluate, load_points, referenced_columns
+
+__all__ = ["ScalingInputError", "ScalingWarning", "load_points", "fit", "group_points", "plot", "format_table", "main"]
+
+BAND_POINTS = 60
+
+
+def group_points(df: pd.DataFrame, x: str, y: str, group: str | None = None) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """{group name: (x [N], y [N])} with rows missing x, y or group dropped (one warning says how many)."""
+    xs, ys = evaluate(df, x), evaluate(df, y)
+    if group is not None and group not in df.columns:
+        raise ScalingInputError(f"group column '{group}' not found; available columns: {', '.join(map(str, df.columns))}")
+    labels = df[group] if group is not None else pd.Series("all", index=df.index)
+    missing = {x: ~np.isfinite(xs), y: ~np.isfinite(ys), group: labels.isna().to_numpy()}
+    dropped = np.logical_or.reduce(list(missing.values()))
+    if dropped.any():
+        detail = ", ".join(f"{int(m.sum())} in '{name}'" for name, m in missing.items() if m.any())
+        warnings.warn(f"dropped {int(dropped.sum())} of {len(df)} rows with missing or non-finite values ({detail})", ScalingWarning, stacklevel=2)
+    keep = ~dropped
+    names = labels[keep].astype(str).to_numpy()
+    return {name: (xs[keep][names == name], ys[keep][names == name]) for name in sorted(set(names))}
+
+
+def _check_group(name: str, x: np.ndarray, y: np.ndarray, x_expr: str, y_expr: str) -> None:
+    if len(x) == 0:
+        raise ScalingInputError(f"group '{name}' has no points with both '{x_expr}' and '{y_expr}'; check the columns")
+    for axis, expr, values in (("x", x_expr, x), ("y", y_expr, y)):
+        bad = int((values <= 0).sum())
+        if bad:
+            raise ScalingInputError(
+                f"group '{name}': {bad} of {len(values)} values of {axis} '{expr}' are <= 0; "
+                "a log-log fit needs positive values (drop those runs or pick another column)"
+            )
+
+
+def _formula(alpha: float, beta: float, c: float, form: str) -> str:
+    text = f"y = {beta:.3g} x^{alpha:.3f}"
+    return text + f" + {c:.3g}" if form == "saturating" else text
+
+
+def _fit_group(name, x, y, opts, rng, grid) -> dict:
+    form, bins = opts["form"], opts["frontier_bins"]
+    params, x_used, y_used = fit_procedure(x, y, form, bins, name)
+    if len(np.unique(x_used)) == MIN_DISTINCT_X[form]:
+        warnings.warn(f"group '{name}' has only as many distinct x as the {form} form has parameters; its intervals are not informative", ScalingWarning, stacklevel=3)
+    draws, redraws = bootstrap(x, y, form, bins, opts["n_boot"], rng, name)
+    result = {
+        "n_points": int(len(x)),
+        "n_distinct_x": int(len(np.unique(x))),
+        "alpha": float(params[0]),
+        "alpha_ci": interval(draws[:, 0]),
+        "beta": float(params[1]),
+        "beta_ci": interval(draws[:, 1]),
+        "formula": _formula(*params, form),
+        "bootstrap_redraws": int(redraws),
+    }
+    if form == "saturating":
+        result.update(c=float(params[2]), c_ci=interval(draws[:, 2]))
+    if bins:
+        result["frontier"] = [[float(a), float(b)] for a, b in zip(x_used, y_used)]
+    result["extrapolation"] = [
+        {"x": float(at), "y": float(predict(params, [at])[0]), "y_ci": interval(predict(draws, [at])[:, 0])}
+        for at in opts["extrapolate"]
+    ]
+    band = np.percentile(predict(draws, grid), [2.5, 97.5], axis=0)
+    result["band"] = {"x": grid.tolist(), "lo": band[0].tolist(), "hi": band[1].tolist()}
+    return result, draws[:, 0]
+
+
+def _compare(alphas: dict[str, np.ndarray], fits: dict[str, dict], reference: str | None) -> list[dict]:
+    """alpha_a - alpha_b with the interval of the differences of independent bootstrap draws."""
+    names = list(alphas)
+    pairs = [(other, reference) for other in names if other != reference] if reference else itertools.combinations(names, 2)
+    comparisons = []
+    for a, b in pairs:
+        lo, hi = interval(alphas[a] - alphas[b])
+        diff = fits[a]["alpha"] - fits[b]["alpha"]
+        verdict = "differ" if lo > 0 or hi < 0 else "not distinguishable at 95%"
+        plain = "the exponents differ (the interval excludes 0)" if verdict == "differ" else f"{verdict} (the interval contains 0)"
+        summary = f"alpha({a}) - alpha({b}) = {diff:+.3f} [95% CI {lo:+.3f}, {hi:+.3f}]: {plain}"
+        comparisons.append({"a": a, "b": b, "alpha_diff": diff, "alpha_diff_ci": [lo, hi], "verdict": verdict, "summary": summary})
+    return comparisons
+
+
+def _band_grid(groups, extrapolate) -> np.ndarray:
+    values = np.concatenate([x for x, _ in groups.values()] + [np.asarray(extrapolate, dtype=float)])
+    return np.geomspace(values.min(), values.max(), BAND_POINTS)
+
+
+def fit(df: pd.DataFrame, x: str, y: str, group: str | None = None, form: str = "power",
+        frontier_bins: int | None = None, n_boot: int = 1000, seed: int = 0,
+        extrapolate=(), reference: str | None = None) -> dict:
+    """Fit y = beta * x^alpha (+ c) per group of ``df``; returns the report (JSON-serialisable dict).
+
+    x, y: column expressions (eval/scaling_io.py); group: a column or None (one group 'all').
+    Bootstrap: ``n_boot`` resamples per group with a generator spawned from ``seed`` for that group.
+    ``reference``: compare every group with this one; default: every pair of groups.
+    """
+    if form not in FITS:
+        raise ScalingInputError(f"unknown form '{form}'; choose one of {', '.join(FITS)}")
+    if frontier_bins is not None and frontier_bins < 1:
+        raise ScalingInputError(f"--frontier-bins must be at least 1, got {frontier_bins}")
+    if n_boot < 10:
+        raise ScalingInputError(f"n_boot must be at least 10 for a 95% interval, got {n_boot}")
+    if any(at <= 0 for at in extrapolate):
+        raise ScalingInputError(f"extrapolation points must be positive, got {list(extrapolate)}")
+    groups = group_points(df, x, y, group)
+    if reference is not None and reference not in groups:
+        raise ScalingInputError(f"reference group '{reference}' not found; groups: {', '.join(groups)}")
+    for name, (gx, gy) in groups.items():
+        _check_group(name, gx, gy, x, y)
+    grid = _band_grid(groups, extrapolate)
+    opts = {"form": form, "frontier_bins": frontier_bins, "n_boot": n_boot, "extrapolate": list(extrapolate)}
+    # One child seed per group (in sorted order), so groups are bootstrapped independently.
+    rngs = [np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(len(groups))]
+    fits, alphas = {}, {}
+    for rng, (name, (gx, gy)) in zip(rngs, groups.items()):
+        fits[name], alphas[name] = _fit_group(name, gx, gy, opts, rng, grid)
+    return {
+        "x": x, "y": y, "group": group, "form": form, "frontier_bins": frontier_bins,
+        "n_boot": n_boot, "seed": seed, "extrapolate": [float(v) for v in extrapolate],
+        "groups": fits, "comparisons": _compare(alphas, fits, reference),
+    }
+
+
+def _ci(value: float, ci: list[float]) -> str:
+    return f"{value:.4g} [{ci[0]:.4g}, {ci[1]:.4g}]"
+
+
+def format_table(report: dict) -> str:
+    """The report as terminal text: one row per group, then extrapolations and comparisons."""
+    saturating = report["form"] == "saturating"
+    header = ["group", "n", "alpha [95% CI]", "beta [95% CI]"] + (["c [95% CI]"] if saturating else [])
+    rows = []
+    for name, g in report["groups"].items():
+        row = [name, str(g["n_points"]), _ci(g["alpha"], g["alpha_ci"]), _ci(g["beta"], g["beta_ci"])]
+        rows.append(row + ([_ci(g["c"], g["c_ci"])] if saturating else []))
+    widths = [max(len(r[i]) for r in [header] + rows) for i in range(len(header))]
+    frontier = f", frontier of {report['frontier_bins']} bins" if report["frontier_bins"] else ""
+    lines = [f"{report['y']} vs {report['x']}: {report['form']} fit{frontier}, "
+             f"{report['n_boot']} bootstrap resamples (seed {report['seed']})"]
+    lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in [header] + rows]
+    for name, g in report["groups"].items():
+        for e in g["extrapolation"]:
+            lines.append(f"{name}: predicted y at x = {e['x']:.4g}: {_ci(e['y'], e['y_ci'])}")
+    lines += [c["summary"] for c in report["comparisons"]]
+    return "\n".join(lines)
+
+
+def plot(report: dict, df: pd.DataFrame, path) -> None:
+    """Write the log-log PNG of ``report`` (points from ``df``) to ``path`` atomically."""
+    from eval.scaling_plot import render_png
+
+    _write_atomic({Path(path): render_png(report, df)})
+
+
+def _write_atomic(files: dict[Path, bytes]) -> None:
+    """Write every file to a temp file next to it first, then move all into place (os.replace)."""
+    temps = {}
+    try:
+        for path, data in files.items():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            handle, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+            temps[path] = temp
+            with os.fdopen(handle, "wb") as out:
+                out.write(data)
+        for path, temp in temps.items():
+            os.replace(temp, path)
+    finally:
+        for temp in temps.values():
+            if os.path.exists(temp):
+                os.remove(temp)
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(prog="python -m eval.scaling", description=__doc__.split("\n\n")[0])
+    parser.add_argument("inputs", nargs="+", help="CSV files, JSON result files, run directories (with metrics.jsonl)")
+    parser.add_argument("--x", required=True, help="column or expression: params, samples_seen, compute, 'a*b'")
+    parser.add_argument("--y", required=True, help="column or expression: loss, error (= 1 - top1), '1-top1'")
+    parser.add_argument("--group", help="column whose values split the points into groups, e.g. image_attention")
+    parser.add_argument("--form", choices=sorted(FITS), default="power")
+    parser.add_argument("--frontier-bins", type=int, help="fit the lowest y in each of K log10-x bins (Cherti et al. 2023)")
+    parser.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples per group")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--extrapolate", type=float, nargs="+", default=[], metavar="X", help="predict y at these x")
+    parser.add_argument("--reference", help="compare every group with this one (default: every pair)")
+    parser.add_argument("--out", required=True, type=Path, help="directory for report.json and scaling.png")
+    return parser.parse_args(argv)
+
+
+def run(args) -> str:
+    """Everything main does but printing errors: returns the table text."""
+    from eval.scaling_plot import render_png
+
+    columns = set().union(*(referenced_columns(e) for e in (args.x, args.y, args.group) if e))
+    df = load_points(args.inputs, columns, referenced_columns(args.y))
+    report = fit(df, args.x, args.y, args.group, args.form, args.frontier_bins, args.n_boot,
+                 args.seed, args.extrapolate, args.reference)
+    png = render_png(report, df)
+    text = json.dumps(report, indent=2, allow_nan=False).encode()
+    _write_atomic({args.out / "report.json": text + b"\n", args.out / "scaling.png": png})
+    return format_table(report) + f"\nwrote {args.out / 'report.json'} and {args.out / 'scaling.png'}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ScalingWarning)
+        try:
+            table = run(args)
+        except ScalingInputError as err:
+            table, error = None, err
+    for w in caught:
+        if issubclass(w.category, ScalingWarning):
+            print(f"warning: {w.message}", file=sys.stderr)
+        else:
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+    if table is None:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

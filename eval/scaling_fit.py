@@ -1,0 +1,121 @@
+"""Scaling-law fits on one group of points: power law, saturating power law, compute frontier, bootstrap.
+
+Every fit returns ``(alpha, beta, c)`` for y = beta * x^alpha + c (c = 0 for the pure power law), so one
+``predict`` serves all forms. Inputs are 1-D float arrays x [N], y [N], all positive (checked by the caller).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+from scipy.optimize import OptimizeWarning, curve_fit
+
+from eval.scaling_io import ScalingInputError
+
+MIN_DISTINCT_X = {"power": 2, "saturating": 3}
+# The bootstrap redraws degenerate resamples (too few distinct x); past this many draws per wanted
+# resample the group is too small to bootstrap at all.
+MAX_DRAWS_PER_RESAMPLE = 20
+
+
+class TooFewPoints(ScalingInputError):
+    """A group (or a bootstrap resample of it) has fewer distinct x values than the form has parameters."""
+
+
+def fit_power(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float]:
+    """y = beta * x^alpha by least squares on (log x, log y): log y = log beta + alpha log x."""
+    alpha, log_beta = np.polyfit(np.log(x), np.log(y), 1)
+    return float(alpha), float(np.exp(log_beta)), 0.0
+
+
+def _log_saturating(log_x_centered, log_beta_c, alpha, c):
+    # log(beta_c * exp(alpha * lx) + c) computed without overflow; log(0) = -inf is exact for c = 0.
+    with np.errstate(divide="ignore"):
+        return np.logaddexp(log_beta_c + alpha * log_x_centered, np.log(c))
+
+
+def fit_saturating(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float]:
+    """y = beta * x^alpha + c with 0 <= c <= min(y), by scipy curve_fit on log y.
+
+    Fitting log y weighs relative errors equally, like the log-log power fit. log x is centred for
+    conditioning (x spans 1e6-1e12 for compute). The start is the best of power-law fits to y - c0 over
+    a few c0 in [0, 0.9 min y]. Raises RuntimeError when curve_fit does not converge.
+    """
+    lx, ly = np.log(x), np.log(y)
+    center = lx.mean()
+    starts = []
+    for frac in (0.0, 0.25, 0.5, 0.75, 0.9):
+        c0 = frac * y.min()
+        alpha0, log_beta0 = np.polyfit(lx - center, np.log(y - c0), 1)
+        sse = np.sum((_log_saturating(lx - center, log_beta0, alpha0, c0) - ly) ** 2)
+        starts.append((sse, (log_beta0, alpha0, c0)))
+    p0 = min(starts, key=lambda s: s[0])[1]
+    bounds = ([-np.inf, -np.inf, 0.0], [np.inf, np.inf, float(y.min())])
+    with warnings.catch_warnings():
+        # An exact fit (3 points) has no covariance estimate; only the parameters are used.
+        warnings.simplefilter("ignore", OptimizeWarning)
+        (log_beta_c, alpha, c), _ = curve_fit(_log_saturating, lx - center, ly, p0=p0, bounds=bounds, maxfev=5000)
+    return float(alpha), float(np.exp(log_beta_c - alpha * center)), float(c)
+
+
+FITS = {"power": fit_power, "saturating": fit_saturating}
+
+
+def predict(params: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """params [..., 3] = (alpha, beta, c), x [M] -> y [..., M]."""
+    params = np.asarray(params, dtype=float)
+    alpha, beta, c = (params[..., i, None] for i in range(3))
+    return beta * np.asarray(x, dtype=float) ** alpha + c
+
+
+def frontier(x: np.ndarray, y: np.ndarray, bins: int) -> tuple[np.ndarray, np.ndarray]:
+    """Compute frontier of Cherti et al. 2023 ("Reproducible scaling laws for contrastive
+    language-image learning"): split log10 x into ``bins`` equal-width bins between its min and max,
+    keep the point of lowest y in each non-empty bin. x [N], y [N] -> x_f [K'], y_f [K'] (K' <= bins)."""
+    lx = np.log10(x)
+    width = (lx.max() - lx.min()) / bins
+    if width == 0:
+        return x[:1], y[:1]
+    # The maximum sits on the last edge; it belongs to the last bin.
+    index = np.minimum(((lx - lx.min()) / width).astype(int), bins - 1)
+    keep = [np.flatnonzero(index == b)[np.argmin(y[index == b])] for b in np.unique(index)]
+    return x[keep], y[keep]
+
+
+def fit_procedure(x, y, form: str, frontier_bins: int | None, name: str = "all"):
+    """The whole fit of one group: optional frontier, then the form. Returns (params (3,), x_used, y_used)."""
+    if frontier_bins:
+        x, y = frontier(x, y, frontier_bins)
+    need = MIN_DISTINCT_X[form]
+    distinct = len(np.unique(x))
+    if distinct < need:
+        where = f"the frontier ({frontier_bins} bins) of group '{name}' keeps" if frontier_bins else f"group '{name}' has"
+        fix = "use more --frontier-bins or add runs" if frontier_bins else "add runs" + (" or use --form power" if form == "saturating" else "")
+        raise TooFewPoints(f"{where} {distinct} distinct x value(s); the {form} form needs at least {need} ({fix})")
+    return np.array(FITS[form](x, y)), x, y
+
+
+def bootstrap(x, y, form: str, frontier_bins: int | None, n_boot: int, rng: np.random.Generator, name: str = "all"):
+    """Refit ``n_boot`` resamples (points drawn with replacement) -> params [n_boot, 3], redraws.
+
+    Resamples with too few distinct x (or where curve_fit fails) are redrawn and counted in ``redraws``.
+    """
+    draws, redraws = [], 0
+    while len(draws) < n_boot:
+        if redraws > MAX_DRAWS_PER_RESAMPLE * n_boot:
+            raise TooFewPoints(
+                f"group '{name}': only {len(draws)} of {len(draws) + redraws} bootstrap resamples were fittable; add runs"
+            )
+        index = rng.integers(0, len(x), len(x))
+        try:
+            draws.append(fit_procedure(x[index], y[index], form, frontier_bins, name)[0])
+        except (TooFewPoints, RuntimeError, np.linalg.LinAlgError):
+            redraws += 1
+    return np.array(draws).reshape(n_boot, 3), redraws
+
+
+def interval(draws: np.ndarray) -> list[float]:
+    """95% percentile interval of bootstrap draws [n_boot] -> [lo, hi]."""
+    lo, hi = np.percentile(draws, [2.5, 97.5])
+    return [float(lo), float(hi)]

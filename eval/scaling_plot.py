@@ -1,0 +1,57 @@
+"""The log-log figure of a scaling report: points, fitted lines, bootstrap bands, formulas in the legend."""
+
+from __future__ import annotations
+
+import io
+import warnings
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen before pyplot loads)
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from eval.scaling_fit import predict  # noqa: E402
+
+
+def render_png(report: dict, df: pd.DataFrame) -> bytes:
+    """PNG bytes: one colour per group; points (frontier points filled, others hollow when a frontier
+    was fitted), the fit over the shared x range, its 95% band (2.5/97.5 percentiles of the bootstrap
+    fits' predictions per x) and extrapolated predictions with their intervals."""
+    from eval.scaling import group_points
+
+    with warnings.catch_warnings():
+        # fit() has already warned about dropped rows.
+        warnings.simplefilter("ignore")
+        points = group_points(df, report["x"], report["y"], report["group"])
+    fig, ax = plt.subplots(figsize=(7, 5), dpi=120)
+    colours = plt.get_cmap("tab10")
+    for i, (name, g) in enumerate(report["groups"].items()):
+        colour = colours(i % 10)
+        x, y = points[name]
+        hollow = "frontier" in g
+        ax.scatter(x, y, s=22, facecolors="none" if hollow else colour, edgecolors=colour, alpha=0.8)
+        if hollow:
+            fx, fy = np.array(g["frontier"]).T
+            ax.scatter(fx, fy, s=30, color=colour)
+        band = g["band"]
+        grid = np.array(band["x"])
+        params = [g["alpha"], g["beta"], g.get("c", 0.0)]
+        ax.plot(grid, predict(params, grid), color=colour, label=f"{name}: {g['formula']} (n={g['n_points']})")
+        ax.fill_between(grid, band["lo"], band["hi"], color=colour, alpha=0.2, linewidth=0)
+        for e in g["extrapolation"]:
+            err = [[e["y"] - e["y_ci"][0]], [e["y_ci"][1] - e["y"]]]
+            ax.errorbar([e["x"]], [e["y"]], yerr=err, fmt="D", color=colour, capsize=3)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel(report["x"])
+    ax.set_ylabel(report["y"])
+    frontier = f", frontier of {report['frontier_bins']} bins" if report["frontier_bins"] else ""
+    ax.set_title(f"{report['form']} fit{frontier}; bands: 95% bootstrap ({report['n_boot']} resamples)", fontsize=9)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", bbox_inches="tight")
+    plt.close(fig)
+    return buffer.getvalue()
