@@ -47,7 +47,12 @@ def group_points(df: pd.DataFrame, x: str, y: str, group: str | None = None) -> 
         warnings.warn(f"dropped {int(dropped.sum())} of {len(df)} rows with missing or non-finite values ({detail})", ScalingWarning, stacklevel=2)
     keep = ~dropped
     names = labels[keep].astype(str).to_numpy()
-    return {name: (xs[keep][names == name], ys[keep][names == name]) for name in sorted(set(names))}
+    # Natural order of the values (64 before 128), as text when they do not compare.
+    try:
+        order = [str(v) for v in sorted(labels[keep].unique())]
+    except TypeError:
+        order = sorted(set(names))
+    return {name: (xs[keep][names == name], ys[keep][names == name]) for name in order}
 
 
 def _check_group(name: str, x: np.ndarray, y: np.ndarray, x_expr: str, y_expr: str) -> None:

@@ -18,8 +18,8 @@ What is read from each kind of input (one row of the table per run, or per CSV r
 
 Every row also gets a ``source`` column: the file or run directory it came from.
 
-Column expressions (``--x``/``--y``): a column name; ``compute`` = gmacs_per_sample * samples_seen (or a
-``compute``/``gmacs_total`` column); ``error`` = 1 - top1 (top1 read as percent when any value is > 1);
+Column expressions (``--x``/``--y``): a column name; ``compute`` = a ``compute`` column, else
+gmacs_per_sample (or gmacs) * samples_seen, else a ``gmacs_total`` column; ``error`` = 1 - top1 (top1 read as percent when any value is > 1);
 or a product of factors ``a*b*c`` where a factor is a column, a number, or ``NUMBER-column`` (``1-top1``).
 """
 
@@ -164,7 +164,7 @@ def referenced_columns(expr: str) -> set[str]:
     """Every column name ``expr`` may read (aliases expanded), used before the table exists."""
     names = {expr}
     if expr == "compute":
-        names |= {"gmacs_per_sample", "samples_seen", "gmacs_total"}
+        names |= {"gmacs_per_sample", "gmacs", "samples_seen", "gmacs_total"}
     if expr == "error":
         names |= {"top1"}
     for factor in expr.split("*"):
@@ -209,8 +209,9 @@ def evaluate(df: pd.DataFrame, expr: str) -> np.ndarray:
     if expr in df.columns:
         return numeric_column(df, expr)
     if expr == "compute":
-        if {"gmacs_per_sample", "samples_seen"} <= set(df.columns):
-            return evaluate(df, "gmacs_per_sample*samples_seen")
+        for per_sample in ("gmacs_per_sample", "gmacs"):
+            if {per_sample, "samples_seen"} <= set(df.columns):
+                return evaluate(df, f"{per_sample}*samples_seen")
         if "gmacs_total" in df.columns:
             return numeric_column(df, "gmacs_total")
         raise _missing("gmacs_per_sample", "compute = gmacs_per_sample*samples_seen", df)

@@ -15,6 +15,15 @@ import pandas as pd  # noqa: E402
 from eval.scaling_fit import predict  # noqa: E402
 
 
+def _formula(params) -> str:
+    """Mathtext of y = beta x^alpha (+ c); beta far from 1 in scientific notation (x spans 1e6-1e12)."""
+    alpha, beta, c = params
+    mantissa, exponent = f"{beta:.2e}".split("e")
+    coefficient = f"{beta:.3g}" if 1e-2 <= beta < 1e4 else rf"{mantissa}\cdot 10^{{{int(exponent)}}}"
+    text = rf"$y = {coefficient}\, x^{{{alpha:.3f}}}"
+    return text + (rf" + {c:.3g}$" if c else "$")
+
+
 def render_png(report: dict, df: pd.DataFrame) -> bytes:
     """PNG bytes: one colour per group; points (frontier points filled, others hollow when a frontier
     was fitted), the fit over the shared x range, its 95% band (2.5/97.5 percentiles of the bootstrap
@@ -38,7 +47,7 @@ def render_png(report: dict, df: pd.DataFrame) -> bytes:
         band = g["band"]
         grid = np.array(band["x"])
         params = [g["alpha"], g["beta"], g.get("c", 0.0)]
-        ax.plot(grid, predict(params, grid), color=colour, label=f"{name}: {g['formula']} (n={g['n_points']})")
+        ax.plot(grid, predict(params, grid), color=colour, label=f"{name}: {_formula(params)} (n={g['n_points']})")
         ax.fill_between(grid, band["lo"], band["hi"], color=colour, alpha=0.2, linewidth=0)
         for e in g["extrapolation"]:
             err = [[e["y"] - e["y_ci"][0]], [e["y_ci"][1] - e["y"]]]

@@ -119,6 +119,16 @@ def test_derived_columns_compute_and_error():
     # Points (20, 0.5), (200, 0.4), (4000, 0.1).
     expected = np.polyfit(np.log([20, 200, 4000]), np.log([0.5, 0.4, 0.1]), 1)[0]
     assert report["groups"]["all"]["alpha"] == pytest.approx(expected)
+    # models.summary names the per-sample cost `gmacs`; compute falls back to it.
+    renamed = df.rename(columns={"gmacs_per_sample": "gmacs"})
+    assert fit(renamed, "compute", "error", n_boot=N_BOOT)["groups"]["all"]["alpha"] == pytest.approx(expected)
+
+
+def test_numeric_groups_in_natural_order():
+    df = pd.concat([synthetic(-0.3, 40.0, width=128), synthetic(-0.3, 40.0, seed=1, width=64)], ignore_index=True)
+    report = fit(df, "params", "loss", group="width", n_boot=N_BOOT)
+    assert list(report["groups"]) == ["64", "128"]
+    assert [(c["a"], c["b"]) for c in report["comparisons"]] == [("64", "128")]
 
 
 BAD_INPUTS = [
