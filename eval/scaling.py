@@ -72,7 +72,8 @@ def _formula(alpha: float, beta: float, c: float, form: str) -> str:
     return text + f" + {c:.3g}" if form == "saturating" else text
 
 
-def _fit_group(name, x, y, opts, rng, grid) -> dict:
+def _fit_group(name, x, y, opts, rng, grid) -> tuple[dict, np.ndarray]:
+    """The report entry of one group, and its bootstrap exponents [n_boot] for the comparisons."""
     form, bins = opts["form"], opts["frontier_bins"]
     params, x_used, y_used = fit_procedure(x, y, form, bins, name)
     if len(np.unique(x_used)) == MIN_DISTINCT_X[form]:
@@ -222,8 +223,8 @@ def parse_args(argv):
     return parser.parse_args(argv)
 
 
-def run(args) -> str:
-    """Everything main does but printing errors: returns the table text."""
+def fit_and_write(args) -> str:
+    """Read, fit, render, then write DIR/report.json and DIR/scaling.png together; returns the table text."""
     from eval.scaling_plot import render_png
 
     columns = set().union(*(referenced_columns(e) for e in (args.x, args.y, args.group) if e))
@@ -241,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ScalingWarning)
         try:
-            table = run(args)
+            table = fit_and_write(args)
         except ScalingInputError as err:
             table, error = None, err
     for w in caught:
