@@ -1,0 +1,247 @@
+"""The worker side: read tar shards, shuffle, decode, transform, tokenize, batch; count bad input.
+
+A worker reads "raw samples" (files of one key, grouped as webdataset does) from its pieces of
+shards, shuffles them in blocks of `shuffle_buffer` (each block permuted by an RNG seeded from its
+place in the stream, so the stream can be re-entered at any block), then decodes. Bad input is
+marked where it is found and counted, by cause, when its turn comes to be decoded; every batch
+carries the worker's counts and its position, so the main process knows both exactly.
+"""
+
+import contextlib
+import io
+import itertools
+import logging
+import random
+import warnings
+from dataclasses import dataclass, field
+
+import torch
+from PIL import Image
+from torch.utils.data import IterableDataset, get_worker_info
+from webdataset.gopen import gopen
+from webdataset.tariterators import base_plus_ext, tar_file_iterator
+
+from data.errors import BadSample, DataError, zero_counts
+from data.plan import EpochShape, Piece, worker_batches
+
+log = logging.getLogger(__name__)
+IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
+
+
+def tar_samples(url: str):
+    """Raw samples of one tar as dicts {"__key__", "__url__", ext: bytes}. A key seen twice in the tar
+    gives a sample marked "duplicate_key"; a tar that cannot be opened or breaks off ends with one
+    sample marked "unreadable_tar" (the sample it was inside is lost with it)."""
+    seen, current = set(), None
+    try:
+        with contextlib.closing(gopen(url)) as stream:
+            for member in tar_file_iterator(stream):
+                key, suffix = base_plus_ext(member["fname"])
+                if key is None:
+                    continue
+                suffix = suffix.lower()
+                if current is not None and key == current["__key__"]:
+                    if suffix in current:
+                        current["__error__"] = "duplicate_key"
+                    current[suffix] = member["data"]
+                    continue
+                if current is not None:
+                    yield current
+                current = {"__key__": key, "__url__": url, suffix: member["data"]}
+                if key in seen:
+                    current["__error__"] = "duplicate_key"
+                seen.add(key)
+    except Exception as exn:
+        # Every member read so far is whole (tar stores sizes), so a sample with both parts is good.
+        if current is not None and "txt" in current and any(ext in current for ext in IMAGE_EXTENSIONS):
+            yield current
+        yield {"__key__": None, "__url__": url, "__error__": "unreadable_tar", "__detail__": repr(exn)}
+        return
+    if current is not None:
+        yield current
+
+
+def piece_samples(piece: Piece, offset: int = 0):
+    """Raw samples of a piece, starting `offset` samples into it. A tar that breaks inside the part
+    passed over belongs to the worker that reads that part, which reports it; here it just ends."""
+    with contextlib.closing(tar_samples(piece.url)) as samples:
+        for count, sample in enumerate(samples, -(piece.skip + offset)):
+            if count < 0:
+                if "__error__" in sample and sample["__key__"] is None:
+                    return
+                continue
+            if piece.take is not None and count >= piece.take - offset:
+                return
+            yield sample
+
+
+def epoch_raw(pieces: list[Piece], piece: int = 0, offset: int = 0):
+    """(sample, piece index, samples read in that piece) over the pieces, from a position."""
+    for index in range(piece, len(pieces)):
+        start = offset if index == piece else 0
+        for done, sample in enumerate(piece_samples(pieces[index], start), start + 1):
+            yield sample, index, done
+
+
+def resampled_raw(urls: list[str], weights: list[float] | None, rng: random.Random):
+    """Endless samples from shards drawn with replacement; fails if shard after shard has no sample."""
+    empty_in_a_row = 0
+    while True:
+        url = rng.choices(urls, weights=weights)[0]
+        good = 0
+        for sample in piece_samples(Piece(url)):
+            good += "__error__" not in sample
+            yield sample, 0, 0
+        empty_in_a_row = 0 if good else empty_in_a_row + 1
+        if empty_in_a_row > 2 * len(urls) + 20:
+            raise DataError(f"{empty_in_a_row} shards in a row had no readable sample (last: {url}): "
+                            "check data.train_shards")
+
+
+def block_shuffle(raw, size: int, rng_of_block, block: int = 0, index: int = 0, piece: int = 0,
+                  offset: int = 0):
+    """Yield (sample, position): blocks of `size` raw samples, each permuted by rng_of_block(block).
+    position = where this sample's block starts (piece, offset) + block number + samples of the
+    block already given out (index), i.e. everything needed to re-enter the stream after it."""
+    while True:
+        units = list(itertools.islice(raw, size))
+        if not units:
+            return
+        order = list(range(len(units)))
+        rng_of_block(block).shuffle(order)
+        for k in range(index, len(units)):
+            position = {"block": block, "index": k + 1, "piece": piece, "offset": offset}
+            yield units[order[k]][0], position
+        piece, offset = units[-1][1], units[-1][2]
+        block, index = block + 1, 0
+
+
+def decode(sample: dict, max_pixels: int) -> tuple[Image.Image, str]:
+    """(RGB PIL image, caption) of a raw sample, or BadSample naming why it is skipped."""
+    if "__error__" in sample:
+        raise BadSample(sample["__error__"])
+    data = next((sample[ext] for ext in IMAGE_EXTENSIONS if ext in sample), None)
+    if data is None:
+        raise BadSample("missing_image")
+    if "txt" not in sample:
+        raise BadSample("missing_caption")
+    try:
+        text = sample["txt"].decode("utf-8").strip()
+    except UnicodeDecodeError:
+        raise BadSample("non_utf8_caption") from None
+    if not text:
+        raise BadSample("empty_caption")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            image = Image.open(io.BytesIO(data))
+            # The header alone gives the size, so a bomb is refused before its pixels are decoded.
+            if image.width * image.height > max_pixels:
+                raise BadSample("oversized_image")
+            return image.convert("RGB"), text
+    except Image.DecompressionBombError:
+        raise BadSample("oversized_image") from None
+    except BadSample:
+        raise
+    except Exception:
+        raise BadSample("corrupt_image") from None
+
+
+@dataclass
+class StreamJob:
+    """Everything one rank's workers need for one pass over an epoch (pickled into each worker)."""
+
+    urls: list[str]
+    weights: list[float] | None
+    pieces: list[list[Piece]] | None  # per logical worker (epoch mode); None in resampled mode
+    shape: EpochShape
+    seed: int
+    epoch: int
+    rank: int
+    workers: int
+    shuffle_buffer: int
+    max_pixels: int
+    start_batch: int = 0
+    positions: dict[int, dict] = field(default_factory=dict)  # logical worker -> position to resume at
+
+
+class ShardStream(IterableDataset):
+    """Yields (images [b,3,H,W], tokens [b,L], info) for this worker's batches of one epoch;
+    info = {"batch", "worker", "position", "skipped"} (skipped: this worker's counts by cause)."""
+
+    def __init__(self, job: StreamJob, image_transform, tokenizer):
+        self.job, self.image_transform, self.tokenizer = job, image_transform, tokenizer
+
+    def __iter__(self):
+        job = self.job
+        info = get_worker_info()
+        worker = ((info.id if info else 0) + job.start_batch) % max(1, job.workers)
+        counts = zero_counts()
+        samples = self.samples(worker, counts)
+        for j in worker_batches(job.shape, job.workers, worker, job.start_batch):
+            images, captions, position = [], [], None
+            for _ in range(job.shape.batch_size(j)):
+                image, caption, position = next(samples)
+                images.append(image)
+                captions.append(caption)
+            info = {"batch": j, "worker": worker, "position": position, "skipped": dict(counts)}
+            yield torch.stack(images), self.tokenizer(captions), info
+        samples.close()
+
+    def samples(self, worker: int, counts: dict[str, int]):
+        """(image tensor, caption, position) of good samples; bad ones are counted and passed over.
+        In epoch mode a pass that gives no good sample at all is an error, not an endless loop."""
+        good_in_pass = 0
+        for sample, position in self.raw_positions(worker):
+            if sample is None:
+                if not good_in_pass:
+                    raise DataError(f"rank {self.job.rank} worker {worker} found no readable sample in its "
+                                    f"{len(self.job.pieces[worker])} shard pieces: check the shards")
+                good_in_pass = 0
+                continue
+            try:
+                image, caption = decode(sample, self.job.max_pixels)
+                try:
+                    image = self.image_transform(image)
+                except Exception:
+                    raise BadSample("transform_error") from None
+            except BadSample as bad:
+                counts[bad.cause] += 1
+                level = logging.WARNING if counts[bad.cause] == 1 else logging.DEBUG
+                log.log(level, "data: skipped %s in %s (%s)", sample["__key__"], sample["__url__"], bad.cause)
+                continue
+            good_in_pass += 1
+            yield image, caption, position
+
+    def raw_positions(self, worker: int):
+        """(raw sample, position) for this worker; in epoch mode None marks the end of each pass over
+        its pieces (passes repeat only when bad input left the worker short of its quota)."""
+        job = self.job
+        key = f"{job.seed}:{job.epoch}:{job.rank}:{worker}"
+        if job.pieces is None:
+            stream_key = f"{key}:{job.start_batch}"
+            raw = resampled_raw(job.urls, job.weights, random.Random(f"{stream_key}:shards"))
+            yield from block_shuffle(raw, job.shuffle_buffer, lambda b: random.Random(f"{stream_key}:{b}"))
+            return
+        position = job.positions.get(worker, {"pass": 0, "raw": 0})
+        pieces, pass_ = job.pieces[worker], position["pass"]
+        while True:
+            rng_of_block = (lambda p: lambda b: random.Random(f"{key}:{p}:{b}"))(pass_)
+            if "piece" in position:
+                where = {k: position[k] for k in ("block", "index", "piece", "offset")}
+                raw = epoch_raw(pieces, position["piece"], position["offset"])
+            else:
+                where, raw = self.seek(pieces, position["raw"])
+            for sample, where_now in block_shuffle(raw, job.shuffle_buffer, rng_of_block, **where):
+                yield sample, {"pass": pass_, **where_now}
+            yield None, None
+            pass_, position = pass_ + 1, {"pass": pass_ + 1, "raw": 0}
+
+    def seek(self, pieces: list[Piece], raw_count: int):
+        """Re-enter a pass `raw_count` raw samples in, by reading (not decoding) the samples before."""
+        block, index = divmod(raw_count, self.job.shuffle_buffer)
+        raw = epoch_raw(pieces)
+        piece = offset = 0
+        for _, piece, offset in itertools.islice(raw, block * self.job.shuffle_buffer):
+            pass
+        return {"block": block, "index": index, "piece": piece, "offset": offset}, raw

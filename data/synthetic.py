@@ -1,0 +1,210 @@
+"""The embedded default dataset: procedurally drawn shapes with captions that describe them.
+
+    python -m data.synthetic OUT [--train-samples 10000] [--eval-per-class 20] [--seed 0]
+                                 [--image-size 32] [--shard-size 1000]
+
+Every image shows one shape (circle, square, triangle, cross) in one of six colours, at one of
+nine positions (3 x 3 grid, jittered), small or large, on a random grey background. The output
+is fully determined by the arguments (each shard and each eval class has its own seeded stream).
+
+On-disk layout (the contract with the trainer and the zero-shot evaluation):
+
+    OUT/train/00000.tar ... 0000K.tar   webdataset shards as img2dataset writes them; each sample
+                                        is KEY.jpg (RGB JPEG), KEY.txt (UTF-8 caption) and KEY.json
+                                        ({"key", "caption", "colour", "shape", "position", "size"}),
+                                        KEY = 9 digits, unique over the whole set.
+    OUT/train/sizes.json                {"00000.tar": n0, ...} samples per shard (open_clip format)
+    OUT/eval/<colour>_<shape>/NNNNN.png torchvision ImageFolder layout, 24 class folders such as
+                                        red_circle; class index = position in sorted folder order
+    OUT/eval/classnames.txt             one class name per line in that same order ("red circle")
+    OUT/eval/templates.txt              zero-shot prompt templates, one per line, "{c}" = class name
+
+The train spec is "OUT/train/{00000..0000K}.tar" (returned by `make_synthetic`). Chance level
+of the 24-way colour+shape zero-shot task is 1/24; colour alone or shape alone are easier, so
+the combined task leaves room between attention variants.
+"""
+
+import argparse
+import io
+import json
+import tarfile
+import time
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, ImageDraw
+
+COLOURS = {
+    "red": (215, 40, 40),
+    "green": (40, 165, 60),
+    "blue": (45, 85, 220),
+    "yellow": (235, 210, 40),
+    "purple": (140, 60, 180),
+    "orange": (245, 135, 25),
+}
+SHAPES = ("circle", "square", "triangle", "cross")
+ROWS = ("top", "middle", "bottom")
+COLUMNS = ("left", "center", "right")
+SIZES = {"small": 0.32, "large": 0.55}  # shape extent as a fraction of the image side
+TEMPLATES = (
+    "a photo of a {c}.",
+    "a drawing of a {c}.",
+    "a picture of a {c}.",
+    "an image of a {c}.",
+    "a {c}.",
+    "a small {c}.",
+    "a large {c}.",
+)
+FILLERS = ("", "", "", "simple ", "clip art: ", "nice ", "synthetic image, ", "photo: ")
+
+
+def where_phrase(row: str, column: str, rng: np.random.Generator) -> str:
+    """Say where the shape is, e.g. 'in the top left corner', 'on the right', 'in the middle'."""
+    if row == "middle" and column == "center":
+        return str(rng.choice(["in the middle", "in the center", "at the center"]))
+    if row == "middle":
+        return str(rng.choice([f"on the {column}", f"at the {column}", f"{column} side"]))
+    if column == "center":
+        return str(rng.choice([f"at the {row}", f"near the {row}", f"{row} center"]))
+    return str(rng.choice([f"in the {row} {column} corner", f"at the {row} {column}", f"{row} {column}"]))
+
+
+def caption(colour: str, shape: str, row: str, column: str, size: str, rng: np.random.Generator) -> str:
+    """One of several wordings that name colour and shape, and usually position and size."""
+    where = where_phrase(row, column, rng)
+    a_colour = ("an " if colour[0] in "aeiou" else "a ") + colour
+    forms = (
+        f"a {size} {colour} {shape} {where}",
+        f"{colour} {shape}, {where}, {size}",
+        f"a picture of {a_colour} {shape}",
+        f"there is a {size} {shape} in {colour} {where}",
+        f"{shape}, colour {colour}, {size}",
+        f"an image showing one {colour} {shape} {where}",
+        f"{size} {colour} {shape}",
+        f"{a_colour} {shape} drawn {where} on a gray background",
+    )
+    text = str(rng.choice(FILLERS)) + str(rng.choice(forms))
+    return text + "." if rng.random() < 0.3 else text
+
+
+def draw(shape: str, colour: str, row: str, column: str, size: str, image_size: int,
+         rng: np.random.Generator) -> Image.Image:
+    """Draw one shape on a grey background; supersampled then downscaled for smooth edges."""
+    scale = max(1, 128 // image_size)
+    side = image_size * scale
+    background = int(rng.integers(70, 190))
+    image = Image.new("RGB", (side, side), (background,) * 3)
+    pen = ImageDraw.Draw(image)
+    extent = SIZES[size] * side * rng.uniform(0.85, 1.15)
+    # Grid cell centres at 1/5, 1/2, 4/5 of the side keep large shapes mostly inside the image.
+    cx = side * (0.2 + 0.3 * COLUMNS.index(column) + rng.uniform(-0.04, 0.04))
+    cy = side * (0.2 + 0.3 * ROWS.index(row) + rng.uniform(-0.04, 0.04))
+    fill = tuple(int(np.clip(c + rng.integers(-20, 21), 0, 255)) for c in COLOURS[colour])
+    r = extent / 2
+    if shape == "circle":
+        pen.ellipse((cx - r, cy - r, cx + r, cy + r), fill=fill)
+    elif shape == "square":
+        pen.rectangle((cx - r * 0.9, cy - r * 0.9, cx + r * 0.9, cy + r * 0.9), fill=fill)
+    elif shape == "triangle":
+        pen.polygon([(cx, cy - r), (cx + r, cy + r * 0.8), (cx - r, cy + r * 0.8)], fill=fill)
+    else:
+        bar = r * 0.35
+        pen.rectangle((cx - r, cy - bar, cx + r, cy + bar), fill=fill)
+        pen.rectangle((cx - bar, cy - r, cx + bar, cy + r), fill=fill)
+    return image.resize((image_size, image_size), Image.BOX) if scale > 1 else image
+
+
+def random_scene(rng: np.random.Generator) -> dict:
+    """Pick colour, shape, grid position and size uniformly."""
+    return {
+        "colour": str(rng.choice(list(COLOURS))),
+        "shape": str(rng.choice(SHAPES)),
+        "row": str(rng.choice(ROWS)),
+        "column": str(rng.choice(COLUMNS)),
+        "size": str(rng.choice(list(SIZES))),
+    }
+
+
+def add_file(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    info.mtime = 0  # fixed so that a seed gives byte-identical shards
+    tar.addfile(info, io.BytesIO(data))
+
+
+def write_shard(path: Path, first_key: int, count: int, seed: int, shard: int, image_size: int) -> None:
+    """Write `count` samples with keys first_key.. into one tar; seeded by (seed, shard)."""
+    rng = np.random.default_rng([seed, 0, shard])
+    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
+        for key in range(first_key, first_key + count):
+            scene = random_scene(rng)
+            image = draw(**scene, image_size=image_size, rng=rng)
+            text = caption(**scene, rng=rng)
+            jpg = io.BytesIO()
+            image.save(jpg, format="JPEG", quality=90)
+            meta = {"key": f"{key:09d}", "caption": text, **scene,
+                    "position": f"{scene['row']} {scene['column']}"}
+            add_file(tar, f"{key:09d}.jpg", jpg.getvalue())
+            add_file(tar, f"{key:09d}.txt", text.encode("utf-8"))
+            add_file(tar, f"{key:09d}.json", json.dumps(meta).encode("utf-8"))
+
+
+def write_train(out: Path, samples: int, shard_size: int, seed: int, image_size: int) -> str:
+    """Write the train shards and sizes.json; return the brace spec of the shards."""
+    out.mkdir(parents=True, exist_ok=True)
+    counts = [min(shard_size, samples - start) for start in range(0, samples, shard_size)]
+    for shard, count in enumerate(counts):
+        write_shard(out / f"{shard:05d}.tar", shard * shard_size, count, seed, shard, image_size)
+    sizes = {f"{shard:05d}.tar": count for shard, count in enumerate(counts)}
+    (out / "sizes.json").write_text(json.dumps(sizes, indent=1))
+    last = len(counts) - 1
+    return str(out / f"{{00000..{last:05d}}}.tar") if last > 0 else str(out / "00000.tar")
+
+
+def write_eval(out: Path, per_class: int, seed: int, image_size: int) -> list[str]:
+    """Write the ImageFolder eval set, classnames.txt and templates.txt; return the class names."""
+    classes = sorted((colour, shape) for colour in COLOURS for shape in SHAPES)
+    for index, (colour, shape) in enumerate(classes):
+        folder = out / f"{colour}_{shape}"
+        folder.mkdir(parents=True, exist_ok=True)
+        rng = np.random.default_rng([seed, 1, index])
+        for i in range(per_class):
+            scene = random_scene(rng) | {"colour": colour, "shape": shape}
+            draw(**scene, image_size=image_size, rng=rng).save(folder / f"{i:05d}.png")
+    names = [f"{colour} {shape}" for colour, shape in classes]
+    (out / "classnames.txt").write_text("\n".join(names) + "\n")
+    (out / "templates.txt").write_text("\n".join(TEMPLATES) + "\n")
+    return names
+
+
+def make_synthetic(out: str | Path, train_samples: int = 10_000, eval_per_class: int = 20, seed: int = 0,
+                   image_size: int = 32, shard_size: int = 1000) -> str:
+    """Write the whole data set under `out` (layout in the module docstring); return the train spec."""
+    if train_samples < 1 or shard_size < 1 or eval_per_class < 0 or image_size < 8:
+        raise ValueError("synthetic data: need train_samples >= 1, shard_size >= 1, eval_per_class >= 0, "
+                         "image_size >= 8")
+    out = Path(out)
+    spec = write_train(out / "train", train_samples, shard_size, seed, image_size)
+    write_eval(out / "eval", eval_per_class, seed, image_size)
+    return spec
+
+
+def main(argv: list[str] | None = None) -> str:
+    parser = argparse.ArgumentParser(prog="python -m data.synthetic", description=__doc__.splitlines()[0])
+    parser.add_argument("out")
+    parser.add_argument("--train-samples", type=int, default=10_000)
+    parser.add_argument("--eval-per-class", type=int, default=20)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--image-size", type=int, default=32)
+    parser.add_argument("--shard-size", type=int, default=1000)
+    args = parser.parse_args(argv)
+    start = time.perf_counter()
+    spec = make_synthetic(args.out, args.train_samples, args.eval_per_class, args.seed, args.image_size,
+                          args.shard_size)
+    print(f"wrote {args.train_samples} train samples ({spec}) and {args.eval_per_class} eval images per "
+          f"class to {args.out} in {time.perf_counter() - start:.1f}s")
+    return spec
+
+
+if __name__ == "__main__":
+    main()
