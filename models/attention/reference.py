@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 
@@ -37,3 +38,54 @@ def softmax(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, key_mask: 
     a = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
     a = a.masked_fill(~ok, float("-inf"))
     return (a.softmax(-1) @ v).to(dtype)
+
+
+def _kernel_attention(sim: Tensor, v: Tensor, ok: Tensor, normalise: bool) -> Tensor:
+    """sum_n sim(i, n) v_n over the allowed keys, divided by sum_n sim(i, n) when `normalise`.
+
+    The linear variants below take **options (e.g. chunk_size) that change how, not what, is computed.
+
+    A query with no allowed key gets 0 (padding, never used) instead of 0 / 0.
+    """
+    sim = sim.masked_fill(~ok, 0)
+    out = sim @ v
+    if normalise:
+        den = sim.sum(-1, keepdim=True)
+        out = out / torch.where(den == 0, torch.ones_like(den), den)
+    return out
+
+
+def linear_affine(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, key_mask: Tensor | None = None, **options) -> Tensor:
+    """o_i = sum_n (1 + q^_i.k^_n) v_n / sum_n (1 + q^_i.k^_n), with q^, k^ L2-normalised over D."""
+    dtype, (q, k, v) = q.dtype, upcast(q, k, v)
+    sim = 1 + F.normalize(q, dim=-1) @ F.normalize(k, dim=-1).transpose(-1, -2)
+    return _kernel_attention(sim, v, allowed(q, k, causal, key_mask), normalise=True).to(dtype)
+
+
+def linear_affine_nodenom(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, key_mask: Tensor | None = None, **options) -> Tensor:
+    """Gerami, Madani, Duraiswami 2026, Eq. 7: o_i = sum_n (1 + q^_i.k^_n) / 2 v_n; no denominator, so o grows with N."""
+    dtype, (q, k, v) = q.dtype, upcast(q, k, v)
+    sim = (1 + F.normalize(q, dim=-1) @ F.normalize(k, dim=-1).transpose(-1, -2)) / 2
+    return _kernel_attention(sim, v, allowed(q, k, causal, key_mask), normalise=False).to(dtype)
+
+
+def linear_elu(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, key_mask: Tensor | None = None, **options) -> Tensor:
+    """Katharopoulos et al. 2020: o_i = sum_n (phi(q_i).phi(k_n)) v_n / sum_n phi(q_i).phi(k_n), phi = elu + 1."""
+    dtype, (q, k, v) = q.dtype, upcast(q, k, v)
+    sim = (F.elu(q) + 1) @ (F.elu(k) + 1).transpose(-1, -2)
+    return _kernel_attention(sim, v, allowed(q, k, causal, key_mask), normalise=True).to(dtype)
+
+
+def efficient(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, key_mask: Tensor | None = None, **options) -> Tensor:
+    """Shen et al. 2021, "Efficient attention": o_i = sum_n (softmax_D(q_i) . softmax_N(K)_n) v_n, as an N x N matrix.
+
+    The softmax over tokens runs over the real keys only; a batch row without any real key uses all keys.
+    """
+    if causal:
+        raise ValueError("attention 'efficient' cannot be causal: its softmax over all tokens of K looks at future tokens")
+    dtype, (q, k, v) = q.dtype, upcast(q, k, v)
+    ok = allowed(q, k, False, key_mask)[..., :1, :].transpose(-1, -2)  # [B or 1, 1, N, 1]
+    ok = ok | ~ok.any(-2, keepdim=True)
+    k_weights = k.masked_fill(~ok, float("-inf")).softmax(-2)  # softmax over the N tokens, per feature
+    sim = q.softmax(-1) @ k_weights.transpose(-1, -2)  # [B, H, N, N]
+    return (sim @ v).to(dtype)
