@@ -1,0 +1,66 @@
+"""Pre-LN transformer blocks whose attention comes from the registry, named as open_clip names them.
+
+Keys: `resblocks.{i}.ln_1`, `.attn.in_proj_weight`, `.attn.in_proj_bias`, `.attn.out_proj`, `.ln_2`,
+`.mlp.c_fc`, `.mlp.c_proj` -- the same as open_clip's `ResidualAttentionBlock` without layer scale, so
+state dicts move between the two unchanged.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import torch
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from .attention import build_attention
+
+
+class QuickGELU(nn.Module):
+    """x * sigmoid(1.702 x): the GELU approximation OpenAI's CLIP weights were trained with (`quick_gelu` configs)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x * torch.sigmoid(1.702 * x)
+
+
+class Block(nn.Module):
+    """x + attn(ln_1(x)), then x + mlp(ln_2(x)); [B, N, C] -> [B, N, C] (Radford et al. 2021, CLIP)."""
+
+    def __init__(self, width: int, heads: int, attention: str, *, causal: bool, options: dict,
+                 mlp_ratio: float = 4.0, quick_gelu: bool = False):
+        super().__init__()
+        hidden = int(width * mlp_ratio)
+        self.ln_1 = nn.LayerNorm(width)
+        self.attn = build_attention(attention, width, heads, causal=causal, **options)
+        self.ln_2 = nn.LayerNorm(width)
+        self.mlp = nn.Sequential(OrderedDict([
+            ("c_fc", nn.Linear(width, hidden)),
+            ("gelu", QuickGELU() if quick_gelu else nn.GELU()),
+            ("c_proj", nn.Linear(hidden, width)),
+        ]))
+
+    def forward(self, x: Tensor, key_mask: Tensor | None = None) -> Tensor:
+        x = x + self.attn(self.ln_1(x), key_mask)
+        return x + self.mlp(self.ln_2(x))
+
+
+class Transformer(nn.Module):
+    """A stack of `Block`s, one registry attention name (and options dict) per layer."""
+
+    def __init__(self, width: int, heads: int, attentions: list[str], options: list[dict], *, causal: bool,
+                 mlp_ratio: float = 4.0, quick_gelu: bool = False):
+        super().__init__()
+        self.width, self.layers = width, len(attentions)
+        self.grad_checkpointing = False
+        self.resblocks = nn.ModuleList([
+            Block(width, heads, name, causal=causal, options=opts, mlp_ratio=mlp_ratio, quick_gelu=quick_gelu)
+            for name, opts in zip(attentions, options)
+        ])
+
+    def forward(self, x: Tensor, key_mask: Tensor | None = None) -> Tensor:
+        """[B, N, C] -> [B, N, C]; with grad_checkpointing, each block's activations are recomputed in backward."""
+        for block in self.resblocks:
+            if self.grad_checkpointing and torch.is_grad_enabled():
+                x = checkpoint(block, x, key_mask, use_reentrant=False)
+            else:
+                x = block(x, key_mask)
+        return x

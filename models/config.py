@@ -1,0 +1,135 @@
+"""The model section of a run config, and the sizes it names (open_clip's JSON model configs).
+
+Sizes are data: `ViT-S-16`, `ViT-B-16`, `ViT-L-16` ... come from open_clip's own model configs, the tiny
+ones from configs/models/*.json in the same format. That folder is registered with open_clip on import,
+so `open_clip.get_tokenizer("tiny-s")` and `open_clip.create_model("tiny-s")` know them too.
+"""
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import open_clip
+
+from .attention import get_attention
+
+TINY_CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs" / "models"
+open_clip.add_model_config(TINY_CONFIG_DIR)
+
+# The open_clip config keys this CLIP reads; any other key must hold open_clip's default value.
+READ = {
+    "model": {"embed_dim", "vision_cfg", "text_cfg", "quick_gelu"},
+    "vision_cfg": {"image_size", "layers", "width", "patch_size", "head_width", "mlp_ratio", "patch_dropout"},
+    "text_cfg": {"context_length", "vocab_size", "width", "heads", "layers", "mlp_ratio"},
+}
+REQUIRED = {"model": ["embed_dim", "vision_cfg", "text_cfg"], "vision_cfg": ["image_size", "layers", "width", "patch_size"],
+            "text_cfg": ["context_length", "vocab_size", "width", "heads", "layers"]}
+DEFAULTS = {
+    "model": {"init_logit_bias": None, "custom_text": False},
+    "vision_cfg": {"ls_init_value": None, "attentional_pool": False, "no_ln_pre": False, "pos_embed_type": "learnable",
+                   "final_ln_after_pool": False, "pool_type": "tok", "output_tokens": False, "timm_model_name": None,
+                   "block_type": None, "qk_norm": False, "act_kwargs": None, "norm_kwargs": None},
+    "text_cfg": {"ls_init_value": None, "embed_cls": False, "no_causal_mask": False, "final_ln_after_pool": False,
+                 "pool_type": "argmax", "proj_bias": False, "proj_type": "linear", "output_tokens": False,
+                 "hf_model_name": None, "hf_tokenizer_name": None, "block_type": None, "qk_norm": False,
+                 "act_kwargs": None, "norm_kwargs": None},
+}
+
+
+@dataclass
+class ModelConfig:
+    """Which CLIP to build: a size, and the attention of each tower by registry name.
+
+    `image_attention` / `text_attention` is one registry name for every layer, or a list with one name
+    per layer (a hybrid stack). The options dicts go to every layer of that tower; in a hybrid stack a
+    dict keyed by attention name ({"linformer": {"max_length": 64}}) gives each variant its own.
+    `pretrained` is a softmax (or any) checkpoint, safetensors or torch file: every weight whose name
+    and shape match is loaded, the rest keep their fresh initialisation (see `models.load_pretrained`).
+    """
+
+    name: str = "tiny-s"
+    image_attention: str | list[str] = "softmax"
+    text_attention: str | list[str] = "softmax"
+    image_attention_options: dict = field(default_factory=dict)
+    text_attention_options: dict = field(default_factory=dict)
+    grad_checkpointing: bool = False
+    patch_dropout: float = 0.0
+    pretrained: str | None = None
+
+
+def tiny_model_names() -> list[str]:
+    return sorted(p.stem for p in TINY_CONFIG_DIR.glob("*.json"))
+
+
+def size_config(name: str) -> dict:
+    """open_clip's model config dict for `name` (embed_dim, vision_cfg, text_cfg), checked for what we build."""
+    cfg = open_clip.get_model_config(name)
+    if cfg is None:
+        raise ValueError(f"unknown model size {name!r}; use one of {', '.join(tiny_model_names())} or any open_clip model name such as ViT-B-16")
+    check_supported(name, "model", cfg)
+    check_supported(name, "vision_cfg", cfg["vision_cfg"])
+    check_supported(name, "text_cfg", cfg["text_cfg"])
+    return cfg
+
+
+def check_supported(name: str, section: str, cfg: dict) -> None:
+    for key in REQUIRED[section]:
+        if key not in cfg:
+            raise ValueError(f"model size {name!r}: {section} lacks {key!r}; add it to the JSON config")
+    for key, value in cfg.items():
+        if key in READ[section]:
+            continue
+        if key not in DEFAULTS[section] or value != DEFAULTS[section][key]:
+            raise ValueError(f"model size {name!r}: {section}.{key}={value!r} is not implemented by models/ (plain ViT + causal text transformer only); use a config such as ViT-B-16")
+    if section == "vision_cfg" and not isinstance(cfg["layers"], int):
+        raise ValueError(f"model size {name!r} is a ResNet image tower; models/ builds ViT towers only, use a config such as ViT-B-16")
+
+
+def layer_attentions(tower: str, attention: str | list[str], layers: int, causal: bool) -> list[str]:
+    """One registry name per layer, checked against the registry and the tower's causality."""
+    if not isinstance(attention, (str, list, tuple)):
+        raise ValueError(f"{tower} tower: attention must be a registry name or a list of names, got {attention!r}")
+    names = [attention] * layers if isinstance(attention, str) else list(attention)
+    if len(names) != layers:
+        raise ValueError(f"{tower} tower: attention list has {len(names)} names for {layers} layers; give one name per layer or a single name")
+    for name in dict.fromkeys(names):
+        try:
+            get_attention(name).check_causal(causal)
+        except ValueError as e:
+            raise ValueError(f"{tower} tower: {e}") from None
+    return names
+
+
+def layer_options(tower: str, names: list[str], options: dict, seq_len: int) -> list[dict]:
+    """The options of each layer: one flat dict for all, or a dict keyed by attention name; names checked.
+
+    A variant with a `max_length` option (a fixed-length projection, e.g. Linformer) gets the tower's
+    sequence length unless the options set it.
+    """
+    per_name = bool(options) and all(k in names and isinstance(v, dict) for k, v in options.items())
+    per_layer = [dict(options.get(n, {})) if per_name else dict(options) for n in names]
+    for name, opts in zip(names, per_layer):
+        if "max_length" in (accepted_options(get_attention(name)) or ()):
+            opts.setdefault("max_length", seq_len)
+    for name, opts in dict(zip(names, per_layer)).items():
+        known = accepted_options(get_attention(name))
+        unknown = sorted(set(opts) - known) if known is not None else []
+        if unknown:
+            raise ValueError(f"{tower} tower: attention {name!r} has no option(s) {', '.join(unknown)}; its options: {', '.join(sorted(known)) or 'none'}")
+    return per_layer
+
+
+NOT_OPTIONS = {"self", "q", "k", "v", "dim", "num_heads", "causal", "key_mask", "qkv_bias"}
+
+
+def accepted_options(cls) -> set[str] | None:
+    """Keyword options a variant takes: named parameters of its constructor and of its pure function.
+
+    None when its pure function takes any keyword (**kwargs), so nothing can be checked.
+    """
+    fns = [cls.__init__] + ([cls.function] if getattr(cls, "function", None) is not None else [])
+    params = [p for f in fns for p in inspect.signature(f).parameters.values()]
+    if cls.function is not None and any(p.kind is p.VAR_KEYWORD for p in inspect.signature(cls.function).parameters.values()):
+        return None
+    return {p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)} - NOT_OPTIONS

@@ -1,0 +1,82 @@
+"""Moving weights between our CLIP and open_clip: load any softmax checkpoint, export ours.
+
+Linearising a pretrained CLIP: build the model with any attention, then `load_pretrained` copies every
+weight whose name and shape match (qkv and output projections, MLPs, norms, embeddings); parameters only
+the new attention has keep their fresh initialisation and are listed in the log.
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+log = logging.getLogger(__name__)
+
+
+def read_state_dict(path: str | Path) -> dict[str, Tensor]:
+    """A plain state dict from a safetensors or torch file (weights_only=True).
+
+    Accepts open_clip's checkpoints ({"state_dict": ...} or a bare dict, "module." prefixes from DDP)
+    and training checkpoints that hold the weights under "model".
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"pretrained checkpoint {str(path)!r} does not exist; give a .safetensors or torch file path")
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        sd = load_file(str(path), device="cpu")
+    else:
+        sd = torch.load(path, map_location="cpu", weights_only=True)
+    for key in ("state_dict", "model"):
+        if isinstance(sd, dict) and isinstance(sd.get(key), dict):
+            sd = sd[key]
+    return {k.removeprefix("module."): v for k, v in sd.items()}
+
+
+def load_pretrained(model: nn.Module, source: str | Path | dict[str, Tensor]) -> tuple[list[str], list[str], list[str]]:
+    """Copy every weight of `source` whose name and shape match `model`'s.
+
+    Returns (loaded, missing, unexpected): names loaded; model names left at their initialisation
+    (absent from the source, or present with another shape); source names the model has no slot for
+    (or another shape). Missing and unexpected names are logged.
+    """
+    sd = read_state_dict(source) if isinstance(source, (str, Path)) else source
+    own = model.state_dict()
+    loaded = [k for k, v in sd.items() if k in own and own[k].shape == v.shape]
+    missing = [k for k in own if k not in set(loaded)]
+    unexpected = [k for k in sd if k not in set(loaded)]
+    model.load_state_dict({k: sd[k] for k in loaded}, strict=False)
+    log.info("pretrained: loaded %d tensors", len(loaded))
+    if missing:
+        log.warning("pretrained: %d tensors keep their initialisation (not in the checkpoint or other shape): %s", len(missing), ", ".join(missing))
+    if unexpected:
+        log.warning("pretrained: %d checkpoint tensors unused (no such name or other shape): %s", len(unexpected), ", ".join(unexpected))
+    return loaded, missing, unexpected
+
+
+def attention_names(model: nn.Module) -> set[str]:
+    return {m.name for m in model.modules() if hasattr(m, "in_proj_weight") and hasattr(m, "name")}
+
+
+def export_open_clip(model: nn.Module, path: str | Path) -> Path:
+    """Write `model`'s weights as a plain state dict that `open_clip.create_model(name, pretrained=path)` loads.
+
+    `.safetensors` paths are written with safetensors, anything else with torch.save. A model with any
+    non-softmax layer is refused: open_clip has only softmax attention, so such weights would load
+    (when their names match) but compute something else.
+    """
+    names = attention_names(model)
+    if names != {"softmax"}:
+        raise ValueError(f"export_open_clip: open_clip only has softmax attention but this model uses {', '.join(sorted(names))}; export a softmax model")
+    path = Path(path)
+    sd = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    if path.suffix == ".safetensors":
+        from safetensors.torch import save_file
+
+        save_file(sd, str(path))
+    else:
+        torch.save(sd, path)
+    return path

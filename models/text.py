@@ -1,0 +1,56 @@
+"""The text tower: a causal transformer pooled at the end-of-text token (Radford et al. 2021, CLIP).
+
+open_clip keeps the text tower's modules at the top level of its CLIP (token_embedding,
+positional_embedding, transformer, ln_final, text_projection), so `CLIP` extends `TextTower` rather
+than holding it: the state-dict keys are then open_clip's exactly.
+
+Padding: the tokenizer pads with id 0 to the right of the end-of-text token, and the end-of-text token
+has the largest id of the vocabulary, so `argmax` of the ids finds it (open_clip's 'argmax' pooling).
+Causal attention at a position <= EOT only sees positions <= EOT, none of them padding, so the pooled
+feature never depends on padding and the attention is called with key_mask=None.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from .blocks import Transformer
+
+
+class TextTower(nn.Module):
+    """token ids [B, L <= context_length] (int64) -> embeddings [B, output_dim] (not normalised)."""
+
+    def __init__(self, *, context_length: int, vocab_size: int, width: int, heads: int, output_dim: int,
+                 attentions: list[str], options: list[dict], mlp_ratio: float = 4.0, quick_gelu: bool = False):
+        super().__init__()
+        self.context_length, self.vocab_size = context_length, vocab_size
+        self.token_embedding = nn.Embedding(vocab_size, width)
+        self.positional_embedding = nn.Parameter(torch.empty(context_length, width))
+        self.transformer = Transformer(width, heads, attentions, options, causal=True, mlp_ratio=mlp_ratio, quick_gelu=quick_gelu)
+        self.ln_final = nn.LayerNorm(width)
+        self.text_projection = nn.Parameter(torch.empty(width, output_dim))
+        self.init_text_parameters()
+
+    def init_text_parameters(self) -> None:
+        """open_clip's text init: small embeddings, residual projections scaled by depth (GPT-2 style)."""
+        width, layers = self.transformer.width, self.transformer.layers
+        nn.init.normal_(self.token_embedding.weight, std=0.02)
+        nn.init.normal_(self.positional_embedding, std=0.01)
+        proj_std = width ** -0.5 * (2 * layers) ** -0.5
+        for block in self.transformer.resblocks:
+            nn.init.normal_(block.attn.in_proj_weight, std=width ** -0.5)
+            nn.init.normal_(block.attn.out_proj.weight, std=proj_std)
+            nn.init.normal_(block.mlp.c_fc.weight, std=(2 * width) ** -0.5)
+            nn.init.normal_(block.mlp.c_proj.weight, std=proj_std)
+        nn.init.normal_(self.text_projection, std=width ** -0.5)
+
+    def encode_text_features(self, text: Tensor) -> Tensor:
+        """[B, L] ids -> [B, output_dim], pooled at each row's end-of-text token."""
+        length = text.shape[1]
+        if length > self.context_length:
+            raise ValueError(f"text of {length} tokens exceeds the context length {self.context_length}; tokenize with models.tokenizer(name)")
+        x = self.token_embedding(text) + self.positional_embedding[:length]
+        x = self.transformer(x, key_mask=None)
+        eot = text.argmax(dim=-1)  # [B]
+        x = self.ln_final(x[torch.arange(x.shape[0], device=x.device), eot])  # [B, C]
+        return x @ self.text_projection

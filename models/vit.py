@@ -1,0 +1,63 @@
+"""The image tower: a ViT (Dosovitskiy et al. 2021) pooled at the class token, as open_clip builds it.
+
+Keys match open_clip's `VisionTransformer`: conv1.weight (no bias), class_embedding,
+positional_embedding, ln_pre, transformer.resblocks.*, ln_post, proj. The image tower never pads,
+so its attention is called with key_mask=None and is never causal.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from .blocks import Transformer
+
+
+def patch_dropout(x: Tensor, prob: float) -> Tensor:
+    """Keep a random (1 - prob) share of the patch tokens of each image, always the class token (Li et al. 2023, FLIP).
+
+    x [B, 1 + N, C] -> [B, 1 + max(1, int(N (1 - prob))), C].
+    """
+    cls_token, patches = x[:, :1], x[:, 1:]
+    B, N, C = patches.shape
+    keep = max(1, int(N * (1 - prob)))
+    idx = torch.rand(B, N, device=x.device).topk(keep, dim=-1).indices  # [B, keep]
+    patches = patches.gather(1, idx[..., None].expand(-1, -1, C))
+    return torch.cat([cls_token, patches], dim=1)
+
+
+class VisionTransformer(nn.Module):
+    """images [B, 3, H, W] -> embeddings [B, output_dim] (not normalised)."""
+
+    def __init__(self, *, image_size: int, patch_size: int, width: int, heads: int, output_dim: int,
+                 attentions: list[str], options: list[dict], mlp_ratio: float = 4.0, quick_gelu: bool = False,
+                 patch_dropout: float = 0.0):
+        super().__init__()
+        if image_size % patch_size:
+            raise ValueError(f"image tower: image size {image_size} is not a multiple of patch size {patch_size}; change one of them")
+        if not 0.0 <= patch_dropout < 1.0:
+            raise ValueError(f"image tower: patch_dropout={patch_dropout} must be in [0, 1)")
+        self.image_size, self.patch_size = (image_size, image_size), (patch_size, patch_size)
+        self.grid_size = (image_size // patch_size,) * 2
+        self.output_dim, self.patch_dropout = output_dim, patch_dropout
+        scale = width ** -0.5
+        self.conv1 = nn.Conv2d(3, width, kernel_size=patch_size, stride=patch_size, bias=False)
+        self.class_embedding = nn.Parameter(scale * torch.randn(width))
+        self.positional_embedding = nn.Parameter(scale * torch.randn(self.grid_size[0] * self.grid_size[1] + 1, width))
+        self.ln_pre = nn.LayerNorm(width)
+        self.transformer = Transformer(width, heads, attentions, options, causal=False, mlp_ratio=mlp_ratio, quick_gelu=quick_gelu)
+        self.ln_post = nn.LayerNorm(width)
+        self.proj = nn.Parameter(scale * torch.randn(width, output_dim))
+
+    def tokens(self, image: Tensor) -> Tensor:
+        """[B, 3, H, W] -> [B, 1 + (H/p)(W/p), C]: class token then patches, plus positions."""
+        x = self.conv1(image).flatten(2).transpose(1, 2)  # [B, N, C]
+        cls_token = self.class_embedding.to(x.dtype).expand(x.shape[0], 1, -1)
+        x = torch.cat([cls_token, x], dim=1)
+        return x + self.positional_embedding.to(x.dtype)
+
+    def forward(self, image: Tensor) -> Tensor:
+        x = self.tokens(image)
+        if self.training and self.patch_dropout > 0:
+            x = patch_dropout(x, self.patch_dropout)
+        x = self.transformer(self.ln_pre(x))
+        return self.ln_post(x[:, 0]) @ self.proj

@@ -1,0 +1,214 @@
+"""The CLIP model on the tiny config: every attention pair, hybrids, options, errors, counts, loading."""
+import itertools
+
+import pytest
+import torch
+import torch.nn.functional as F
+from PIL import Image
+
+import models
+from models import ModelConfig, build_clip, create_model
+from models.attention import ATTENTIONS
+from models.vit import patch_dropout
+
+NAMES = sorted(ATTENTIONS)
+CAUSAL = [n for n in NAMES if ATTENTIONS[n].supports_causal]
+NOT_CAUSAL = [n for n in NAMES if not ATTENTIONS[n].supports_causal]
+PAIRS = list(itertools.product(NAMES, CAUSAL))
+
+
+CAPTIONS = ["a photo of a cat", "two dogs on grass in the sun", "x"]
+
+
+def batch(model, b=3, trim=False):
+    """Images and tokenized captions for `model`; `trim` cuts the padding after the longest caption."""
+    size = model.visual.image_size[0]
+    images = torch.randn(b, 3, size, size, generator=torch.Generator().manual_seed(0))
+    text = models.tokenizer(model)(CAPTIONS[:b])
+    return images, text[:, : text.argmax(-1).max() + 1] if trim else text
+
+
+def clip_loss(model, images, text):
+    img, txt, scale = model(images, text)
+    logits = scale * img @ txt.T
+    labels = torch.arange(len(img))
+    return (F.cross_entropy(logits, labels) + F.cross_entropy(logits.T, labels)) / 2
+
+
+def one_line_error(fn, *fragments):
+    with pytest.raises(ValueError) as info:
+        fn()
+    msg = str(info.value)
+    assert "\n" not in msg, msg
+    for fragment in fragments:
+        assert fragment in msg, msg
+
+
+@pytest.mark.parametrize("image_attention,text_attention", PAIRS, ids=[f"{a}-{b}" for a, b in PAIRS])
+def test_every_pair_forward_backward(image_attention, text_attention):
+    model = create_model("tiny-s", image_attention=image_attention, text_attention=text_attention)
+    images, text = batch(model, trim=True)
+    img, txt, scale = model(images, text)
+    assert img.shape == txt.shape == (3, 64)
+    torch.testing.assert_close(img.norm(dim=-1), torch.ones(3))
+    torch.testing.assert_close(txt.norm(dim=-1), torch.ones(3))
+    assert scale.item() == pytest.approx(1 / 0.07, rel=1e-5)
+    clip_loss(model, images, text).backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), name
+        if name != "positional_embedding":
+            assert p.grad.abs().sum() > 0, name
+
+
+@pytest.mark.parametrize("name", NOT_CAUSAL)
+def test_non_causal_attention_in_text_tower_fails_naming_the_tower(name):
+    one_line_error(lambda: create_model("tiny-s", text_attention=name), "text tower", f"attention {name!r} cannot be causal")
+
+
+@pytest.mark.parametrize("name", CAUSAL)
+def test_text_ignores_padding_after_eot(name):
+    """Causal attention pooled at EOT never sees the right padding, so key_mask=None is exact."""
+    model = create_model("tiny-s", text_attention=name).eval()
+    text = models.tokenizer(model)(["a photo of a cat"])
+    eot = text.argmax(-1).item()
+    noisy = text.clone()
+    noisy[0, eot + 1:] = torch.randint(1, 1000, (text.shape[1] - eot - 1,))
+    with torch.no_grad():
+        full, trimmed, changed = model.encode_text(text), model.encode_text(text[:, :eot + 1]), model.encode_text(noisy)
+    torch.testing.assert_close(trimmed, full, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(changed, full, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if n != "softmax"] or ["softmax"])
+def test_hybrid_per_layer_lists(name):
+    text = [name, "softmax"] if name in CAUSAL else ["softmax", "softmax"]
+    model = create_model("tiny-s", image_attention=["softmax", name], text_attention=text)
+    assert [type(b.attn).name for b in model.visual.transformer.resblocks] == ["softmax", name]
+    assert [type(b.attn).name for b in model.transformer.resblocks] == text
+    clip_loss(model, *batch(model)).backward()
+
+
+def test_wrong_configs_fail_with_one_line_errors(tmp_path):
+    one_line_error(lambda: create_model("tiny-s", image_attention=["softmax"] * 3), "image tower", "3 names for 2 layers")
+    one_line_error(lambda: create_model("tiny-s", text_attention="nope"), "text tower", "unknown attention 'nope'", "softmax")
+    one_line_error(lambda: create_model("no-such-size"), "unknown model size 'no-such-size'", "tiny-s", "ViT-B-16")
+    one_line_error(lambda: create_model("RN50"), "ResNet")
+    one_line_error(lambda: create_model("ViT-B-16-SigLIP"), "not implemented by models/")
+    one_line_error(lambda: create_model("tiny-s", image_attention_options={"bogus": 1}), "image tower", "'softmax' has no option(s) bogus")
+    one_line_error(lambda: create_model("tiny-s", attention="softmax"), "unknown option(s) attention")
+    one_line_error(lambda: create_model("tiny-s", patch_dropout=1.0), "patch_dropout")
+
+
+def test_head_width_that_does_not_divide_width_fails(tmp_path):
+    import json
+
+    import open_clip
+
+    cfg = open_clip.get_model_config("tiny-s")
+    cfg["vision_cfg"]["head_width"] = 48
+    (tmp_path / "tiny-badhead.json").write_text(json.dumps(cfg))
+    open_clip.add_model_config(tmp_path)
+    one_line_error(lambda: create_model("tiny-badhead"), "image tower width 64 is not divisible by head width 48")
+
+
+@pytest.mark.parametrize("name,total", [("ViT-S-16", 62.26e6), ("ViT-B-16", 149.62e6), ("ViT-L-16", 427.74e6)])
+def test_parameter_counts_match_open_clip(name, total):
+    import open_clip
+
+    cfg = open_clip.get_model_config(name)
+    with torch.device("meta"):
+        ours = models.summary(create_model(name), macs=False)
+        theirs = sum(p.numel() for p in open_clip.model.CLIP(**cfg).parameters())
+    assert ours["total"] == theirs
+    assert ours["total"] == pytest.approx(total, abs=0.005e6)
+    assert ours["image"] + ours["text"] + 1 == ours["total"]
+    assert ours["without_token_embedding"] == ours["total"] - 49408 * cfg["text_cfg"]["width"]
+
+
+def test_gmacs_match_open_clip_profile():
+    """open_clip's published profile gives ViT-B-16 17.58 image GMACs and 2.91 text GMACs per sample."""
+    with torch.device("meta"):
+        s = models.gmacs_per_sample(create_model("ViT-B-16"))
+    assert s["image_gmacs"] == pytest.approx(17.58, rel=0.01)
+    assert s["text_gmacs"] == pytest.approx(2.91, rel=0.03)
+    tiny = [models.summary(create_model(n))["gmacs"] for n in ("tiny-s", "tiny-m", "tiny-l")]
+    assert 0 < tiny[0] < tiny[1] < tiny[2]
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if n != "softmax"])
+def test_linearise_from_softmax_checkpoint(name, tmp_path):
+    from safetensors.torch import save_file
+
+    softmax = create_model("tiny-s")
+    path = tmp_path / "softmax.safetensors"
+    save_file({k: v.contiguous() for k, v in softmax.state_dict().items()}, str(path))
+    text = name if name in CAUSAL else "softmax"
+    fresh = create_model("tiny-s", image_attention=name, text_attention=text)
+    loaded, missing, unexpected = models.load_pretrained(fresh, path)
+    sd, own = softmax.state_dict(), fresh.state_dict()
+    for key in loaded:
+        torch.testing.assert_close(own[key], sd[key], rtol=0, atol=0)
+    assert set(loaded) | set(missing) == set(own)
+    assert not set(missing) & set(sd) or all(sd[k].shape != own[k].shape for k in set(missing) & set(sd))
+    assert {k for k in own if k.endswith("in_proj_weight")} <= set(loaded)
+    via_config = build_clip(ModelConfig(name="tiny-s", image_attention=name, text_attention=text, pretrained=str(path)))
+    for key in loaded:
+        torch.testing.assert_close(via_config.state_dict()[key], sd[key], rtol=0, atol=0)
+
+
+def test_grad_checkpointing_gives_the_same_loss_and_gradients():
+    plain = create_model("tiny-s")
+    ckpt = create_model("tiny-s", grad_checkpointing=True)
+    ckpt.load_state_dict(plain.state_dict())
+    images, text = batch(plain)
+    la, lb = clip_loss(plain, images, text), clip_loss(ckpt, images, text)
+    la.backward()
+    lb.backward()
+    torch.testing.assert_close(la, lb)
+    for (name, a), b in zip(plain.named_parameters(), ckpt.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, msg=name)
+
+
+def test_patch_dropout_keeps_the_class_token_and_only_trains():
+    x = torch.randn(2, 17, 8)
+    y = patch_dropout(x, 0.5)
+    assert y.shape == (2, 9, 8)
+    torch.testing.assert_close(y[:, 0], x[:, 0])
+    assert all(any(torch.equal(row, p) for p in x[b, 1:]) for b in range(2) for row in y[b, 1:])
+    model = create_model("tiny-s", patch_dropout=0.5)
+    images, _ = batch(model)
+    model.eval()
+    torch.testing.assert_close(model.encode_image(images), model.encode_image(images))
+    model.train()
+    assert not torch.allclose(model.encode_image(images), model.encode_image(images))
+
+
+def test_bf16_autocast_forward():
+    model = create_model("tiny-s")
+    images, text = batch(model)
+    ref = model(images, text)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(images, text)
+    for r, o in zip(ref[:2], out[:2]):
+        assert torch.isfinite(o).all()
+        assert (r - o.float()).abs().max() < 0.05
+
+
+def test_torch_compile_matches_eager():
+    model = create_model("tiny-s").eval()
+    images, text = batch(model)
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    with torch.no_grad():
+        for a, b in zip(model(images, text), compiled(images, text)):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_transforms_and_tokenizer():
+    model = create_model("tiny-m")
+    train, evaluation = models.transforms(model)
+    image = Image.new("RGB", (50, 40), (200, 10, 10))
+    assert train(image).shape == evaluation(image).shape == (3, 32, 32)
+    assert models.transforms("ViT-B-16")[1](image).shape == (3, 224, 224)
+    tokens = models.tokenizer("tiny-m")(["hello world"])
+    assert tokens.shape == (1, 32) and tokens.dtype == torch.long
+    assert tokens[0].argmax() == 3  # start, two words, end-of-text: the largest id
