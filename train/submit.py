@@ -1,0 +1,338 @@
+"""Render the batch scripts of slurm/ and submit them with sbatch: training, scaling-law sweeps, zero-shot evaluation.
+
+    python -m train.submit CONFIG --nodes N --gpus-per-node G --partition P --time T [--account A] [key=value ...]
+    python -m train.submit CONFIG --gpus-per-node 0 --procs-per-node 2 --time 10 --dry-run    # CPU, print only
+    python -m train.submit sweep CONFIG --sizes tiny-s,tiny-m --attentions softmax,linear_elu --samples 1000,2000 --time 30
+    python -m train.submit sweep SWEEP.yaml --time 30
+    python -m train.submit eval RUN_OR_CHECKPOINT... --dataset DIR --time 20
+
+A training job runs one Slurm task per node; each task starts torchrun for the processes of its node, with
+the rendezvous taken from Slurm's variables (slurm/train.sbatch). `--dry-run` prints the scripts instead of
+submitting them. The run directory is `train.run_dir` of the overrides or of the config file, else
+runs/<config-stem>-<timestamp>; it is passed on as an absolute `train.run_dir=` override, so a requeued
+job resumes there (train.resume=auto).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import itertools
+import math
+import re
+import shlex
+import string
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+TEMPLATES = REPO / "slurm"
+SWEEP_AXES = ("sizes", "attentions", "samples")
+
+
+class SubmitError(ValueError):
+    """A problem with the submit command's input, reported as one line."""
+
+
+class SbatchTemplate(string.Template):
+    """string.Template with `{{name}}` fields, so the `$VARS` of the bash script need no escaping."""
+
+    delimiter = "{{"
+    pattern = r"\{\{(?:(?P<escaped>(?!))|(?P<named>[a-z_][a-z0-9_]*)\}\}|(?P<braced>(?!))|(?P<invalid>))"
+
+
+def render(template: str, values: dict) -> str:
+    """slurm/<template> with every `{{field}}` replaced; a missing field is a SubmitError."""
+    text = (TEMPLATES / template).read_text()
+    try:
+        return SbatchTemplate(text).substitute({k: str(v) for k, v in values.items()})
+    except KeyError as e:
+        raise SubmitError(f"slurm/{template} needs the field {e.args[0]!r}; pass it to render()") from None
+    except ValueError as e:
+        raise SubmitError(f"slurm/{template}: {e}; fields look like {{{{name}}}} (lower case)") from None
+
+
+@dataclass
+class Resources:
+    """What one job asks Slurm for; `procs_per_node` training processes start on each node."""
+
+    time: str
+    nodes: int = 1
+    gpus_per_node: int = 1
+    procs_per_node: int = 1
+    partition: str | None = None
+    account: str | None = None
+    cpus_per_task: int | None = None
+    signal_seconds: int = 120
+    sbatch_args: list[str] = field(default_factory=list)
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.procs_per_node
+
+
+def sbatch_options(res: Resources) -> str:
+    """The optional `#SBATCH` lines: no --gres line in CPU mode (gpus_per_node=0)."""
+    lines = [f"--gres=gpu:{res.gpus_per_node}"] if res.gpus_per_node else []
+    lines += [f"--partition={res.partition}"] if res.partition else []
+    lines += [f"--account={res.account}"] if res.account else []
+    lines += [f"--cpus-per-task={res.cpus_per_task}"] if res.cpus_per_task else []
+    lines += res.sbatch_args
+    return "\n".join(f"#SBATCH {line}" for line in lines)
+
+
+def time_limit_seconds(text: str) -> int:
+    """Slurm's --time formats (M, M:S, H:M:S, D-H, D-H:M, D-H:M:S) -> seconds."""
+    match = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", text.strip())
+    if not match:
+        raise SubmitError(f"--time {text!r} is not a Slurm time; use minutes, HH:MM:SS or D-HH:MM:SS")
+    days, a, b, c = (int(g) if g else None for g in match.groups())
+    if days is not None:
+        return ((days * 24 + a) * 60 + (b or 0)) * 60 + (c or 0)
+    if c is not None:
+        return (a * 60 + b) * 60 + c
+    return a * 60 + (b or 0)
+
+
+def add_resource_arguments(parser: argparse.ArgumentParser, training: bool = True) -> None:
+    parser.add_argument("--time", required=True, help="time limit: minutes, HH:MM:SS or D-HH:MM:SS")
+    parser.add_argument("--partition", help="Slurm partition (default: the cluster's default)")
+    parser.add_argument("--account", help="Slurm account to charge")
+    parser.add_argument("--gpus-per-node", type=int, default=1, help="0 = CPU job without a --gres line")
+    parser.add_argument("--cpus-per-task", type=int, help="CPUs for each node's task (all its processes)")
+    parser.add_argument("--sbatch-arg", action="append", default=[], metavar="OPTION",
+                        help="extra sbatch option, e.g. --sbatch-arg=--qos=high (repeatable)")
+    parser.add_argument("--dry-run", action="store_true", help="print the batch script(s), submit nothing")
+    if training:
+        parser.add_argument("--nodes", type=int, default=1)
+        parser.add_argument("--procs-per-node", type=int, help="training processes per node (default: one per GPU)")
+        parser.add_argument("--signal-seconds", type=int, default=120,
+                            help="USR1 this many seconds before the time limit: checkpoint, exit 75, requeue")
+
+
+def resources_from(args: argparse.Namespace) -> Resources:
+    gpus = args.gpus_per_node
+    procs = getattr(args, "procs_per_node", None) or max(gpus, 1)
+    if gpus < 0 or procs < 1 or getattr(args, "nodes", 1) < 1:
+        raise SubmitError("--nodes, --procs-per-node must be >= 1 and --gpus-per-node >= 0")
+    if gpus and procs != gpus:
+        raise SubmitError(f"--procs-per-node {procs} differs from --gpus-per-node {gpus}; training runs one process per GPU")
+    res = Resources(time=args.time, nodes=getattr(args, "nodes", 1), gpus_per_node=gpus, procs_per_node=procs,
+                    partition=args.partition, account=args.account, cpus_per_task=args.cpus_per_task,
+                    signal_seconds=getattr(args, "signal_seconds", 120), sbatch_args=list(args.sbatch_arg))
+    if getattr(args, "signal_seconds", 0) >= time_limit_seconds(args.time):
+        raise SubmitError(f"--signal-seconds {res.signal_seconds} is not below the time limit {args.time}; lower it")
+    return res
+
+
+def load_checked(config: Path, overrides: list[str]):
+    """The validated training config (train.config.load_config), so a bad override fails before queueing."""
+    from train.config import ConfigError, load_config
+
+    try:
+        return load_config([str(config), *overrides])
+    except ConfigError as e:
+        raise SubmitError(str(e)) from None
+
+
+def choose_run_dir(config: Path, overrides: list[str], stamp: str) -> tuple[Path, list[str]]:
+    """(absolute run dir, overrides ending in `train.run_dir=<it>`), see the module docstring."""
+    given = [o.partition("=")[2] for o in overrides if o.startswith("train.run_dir=")]
+    explicit = (yaml.safe_load(config.read_text()) or {}).get("train", {}) or {}
+    run_dir = Path(given[-1] if given else explicit.get("run_dir") or f"runs/{config.stem}-{stamp}").absolute()
+    kept = [o for o in overrides if not o.startswith("train.run_dir=")]
+    return run_dir, [*kept, f"train.run_dir={run_dir}"]
+
+
+def render_train(config: Path, overrides: list[str], run_dir: Path, res: Resources,
+                 bin_dir: Path | None = None) -> str:
+    """slurm/train.sbatch for `python -m train CONFIG overrides...` with the job's resources."""
+    return render("train.sbatch", {
+        "job_name": f"clip-{run_dir.name}", "nodes": res.nodes, "procs_per_node": res.procs_per_node,
+        "world_size": res.world_size, "time": res.time, "workdir": REPO, "run_dir": run_dir,
+        "signal_seconds": res.signal_seconds, "sbatch_options": sbatch_options(res),
+        "bin_dir": bin_dir or Path(sys.executable).parent,
+        "train_args": shlex.join([str(config.absolute()), *overrides]),
+    })
+
+
+def submit(script: str, path: Path, dry_run: bool) -> str | None:
+    """Print the script (dry run) or write it to `path` and sbatch it; returns the job id."""
+    if dry_run:
+        print(script)
+        return None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(script)
+    try:
+        done = subprocess.run(["sbatch", "--parsable", str(path)], capture_output=True, text=True, timeout=60)
+    except FileNotFoundError:
+        raise SubmitError("sbatch not found; run on a Slurm login node (or scripts/slurm_local.sh up), or use --dry-run") from None
+    if done.returncode != 0:
+        raise SubmitError(f"sbatch {path} failed: {done.stderr.strip() or done.stdout.strip()}")
+    return done.stdout.strip().split(";")[0]
+
+
+def submit_training(config: Path, overrides: list[str], res: Resources, dry_run: bool, stamp: str) -> tuple[str | None, Path]:
+    """Validate, render and submit one training job; returns (job id, run dir)."""
+    run_dir, overrides = choose_run_dir(config, overrides, stamp)
+    load_checked(config, overrides)
+    script = render_train(config, overrides, run_dir, res)
+    job_id = submit(script, run_dir / "train.sbatch", dry_run)
+    if job_id:
+        print(f"submitted job {job_id}\nrun dir: {run_dir}")
+    return job_id, run_dir
+
+
+def main_train(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="python -m train.submit", description=__doc__.split("\n\n")[0])
+    parser.add_argument("config", type=Path, help="training config YAML, e.g. configs/tiny.yaml")
+    parser.add_argument("overrides", nargs="*", help="section.key=value overrides for python -m train")
+    add_resource_arguments(parser)
+    args = parser.parse_intermixed_args(argv)
+    check_config_path(args.config)
+    submit_training(args.config, args.overrides, resources_from(args), args.dry_run, timestamp())
+
+
+def check_config_path(config: Path) -> None:
+    if not config.is_file():
+        raise SubmitError(f"config file {str(config)!r} does not exist; pick one of configs/*.yaml")
+
+
+def timestamp() -> str:
+    return time.strftime("%Y%m%d-%H%M%S")
+
+
+def sweep_points(sizes: list[str], attentions: list[str], samples: list[int], samples_per_step: int) -> list[dict]:
+    """The grid sizes x attentions x samples seen; each point has its name and its overrides for python -m train."""
+    points = []
+    for size, attention, seen in itertools.product(sizes or [None], attentions or [None], samples or [None]):
+        overrides, parts = [], []
+        if size is not None:
+            overrides.append(f"model.name={size}")
+            parts.append(size)
+        if attention is not None:
+            overrides += [f"model.image_attention={attention}", f"model.text_attention={attention}"]
+            parts.append(attention)
+        if seen is not None:
+            overrides.append(f"train.max_steps={math.ceil(seen / samples_per_step)}")
+            parts.append(f"{seen}")
+        points.append({"size": size or "", "attention": attention or "", "samples": seen or "",
+                       "name": "-".join(parts) or "run", "overrides": overrides})
+    return points
+
+
+def read_sweep_file(path: Path, args: argparse.Namespace) -> Path:
+    """A sweep YAML {config, sizes, attentions, samples, overrides}; flags given on the command line win."""
+    spec = yaml.safe_load(path.read_text()) or {}
+    unknown = sorted(set(spec) - {"config", "overrides", *SWEEP_AXES})
+    if unknown or "config" not in spec:
+        raise SubmitError(f"sweep file {path} needs 'config' and may hold {', '.join(SWEEP_AXES)}, overrides; got {unknown or 'no config'}")
+    for axis in SWEEP_AXES:
+        if not getattr(args, axis) and spec.get(axis):
+            setattr(args, axis, [str(v) for v in spec[axis]])
+    args.overrides = [*(spec.get("overrides") or []), *args.overrides]
+    config = Path(spec["config"])
+    # relative to the current folder when it is there, else relative to the sweep file
+    return config if config.is_absolute() or config.exists() else path.parent / config
+
+
+def split(text: str) -> list[str]:
+    return [v for v in text.split(",") if v]
+
+
+def main_sweep(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="python -m train.submit sweep", description="Submit a grid of training runs.")
+    parser.add_argument("config", type=Path, help="training config YAML, or a sweep YAML holding `config:` and the axes")
+    parser.add_argument("overrides", nargs="*", help="section.key=value overrides applied to every run")
+    parser.add_argument("--sizes", type=split, default=[], help="model.name values, e.g. tiny-s,tiny-m")
+    parser.add_argument("--attentions", type=split, default=[], help="attention of both towers, e.g. softmax,linear_elu")
+    parser.add_argument("--samples", type=split, default=[], help="samples seen per run, e.g. 1000,2000")
+    parser.add_argument("--sweep-dir", type=Path, help="where the runs and manifest.csv go (default runs/sweep-<stem>-<time>)")
+    add_resource_arguments(parser)
+    args = parser.parse_intermixed_args(argv)
+    check_config_path(args.config)
+    data = yaml.safe_load(args.config.read_text()) or {}
+    config = read_sweep_file(args.config, args) if "config" in data else args.config
+    check_config_path(config)
+    res, stamp = resources_from(args), timestamp()
+    base = load_checked(config, args.overrides)
+    try:
+        samples = [int(v) for v in args.samples]
+    except ValueError:
+        raise SubmitError(f"--samples {','.join(args.samples)} must be whole numbers, e.g. 1000,2000") from None
+    points = sweep_points(args.sizes, args.attentions, samples, base.data.batch_size * base.train.accum_freq)
+    sweep_dir = (args.sweep_dir or Path(f"runs/sweep-{config.stem}-{stamp}")).absolute()
+    rows = []
+    for point in points:
+        overrides = [*args.overrides, *point["overrides"], f"train.run_dir={sweep_dir / point['name']}"]
+        job_id, run_dir = submit_training(config, overrides, res, args.dry_run, stamp)
+        rows.append({"job_id": job_id or "", "run_dir": str(run_dir), "size": point["size"],
+                     "attention": point["attention"], "samples": point["samples"], "overrides": " ".join(overrides)})
+    write_manifest(rows, None if args.dry_run else sweep_dir / "manifest.csv")
+
+
+def write_manifest(rows: list[dict], path: Path | None) -> None:
+    """manifest.csv (job_id, run_dir, size, attention, samples, overrides); printed instead when path is None."""
+    out = open(path, "w", newline="") if path else sys.stdout
+    writer = csv.DictWriter(out, fieldnames=list(rows[0]))
+    writer.writeheader()
+    writer.writerows(rows)
+    if path:
+        out.close()
+        print(f"manifest: {path}")
+
+
+def eval_output(target: Path, dataset: Path, out_dir: Path | None) -> Path:
+    """Where the result JSON of one checkpoint goes: RUN/eval/zeroshot-<checkpoint>-<dataset>.json by default,
+    which is where `python -m eval.scaling RUN` looks for eval results."""
+    if (target / "meta.json").is_file() and target.parent.name == "checkpoints":
+        run, name = target.parent.parent, target.name
+    elif (target / "checkpoints").is_dir():
+        run, name = target, "latest"
+    else:
+        raise SubmitError(f"{target} is neither a checkpoint folder (with meta.json) nor a run directory with checkpoints/")
+    return (out_dir or run / "eval") / f"zeroshot-{name}-{dataset.name}.json"
+
+
+def main_eval(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="python -m train.submit eval",
+                                     description="Submit zero-shot evaluation (python -m eval.zeroshot) of checkpoints; "
+                                                 "unknown options are passed on to eval.zeroshot.")
+    parser.add_argument("checkpoints", nargs="+", type=Path, help="checkpoint folders or run directories")
+    parser.add_argument("--dataset", required=True, type=Path, help="ImageFolder tree or clip_benchmark webdataset folder")
+    parser.add_argument("--out", type=Path, help="folder for the result JSONs (default: each run's eval/ folder)")
+    add_resource_arguments(parser, training=False)
+    args, eval_args = parser.parse_known_args(argv)
+    if args.gpus_per_node > 1:
+        raise SubmitError("eval.zeroshot uses one device; pass --gpus-per-node 1 (or 0 for the CPU)")
+    res = resources_from(args)
+    targets = [p.absolute() for p in args.checkpoints]
+    outputs = [eval_output(p, args.dataset, args.out and args.out.absolute()) for p in targets]
+    log_dir = outputs[0].parent
+    script = render("eval.sbatch", {
+        "job_name": f"clip-eval-{targets[0].name}", "time": res.time, "workdir": REPO, "out_dir": log_dir,
+        "sbatch_options": sbatch_options(res), "bin_dir": Path(sys.executable).parent,
+        "checkpoints": shlex.join(map(str, targets)), "outputs": shlex.join(map(str, outputs)),
+        "eval_args": shlex.join(["--dataset", str(args.dataset.absolute()), *eval_args]),
+    })
+    job_id = submit(script, log_dir / f"eval-{timestamp()}.sbatch", args.dry_run)
+    if job_id:
+        print(f"submitted job {job_id}\nresults: " + " ".join(map(str, outputs)))
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    commands = {"sweep": main_sweep, "eval": main_eval}
+    command = commands.get(argv[0]) if argv else None
+    try:
+        command(argv[1:]) if command else main_train(argv)
+    except SubmitError as e:
+        raise SystemExit(f"train.submit: error: {e}") from None
+
+
+if __name__ == "__main__":
+    main()
