@@ -1,0 +1,162 @@
+"""Rebuild a model for evaluation from a run directory, one of our checkpoint folders, or an open_clip checkpoint.
+
+Our checkpoint folder (written by train/): `model.safetensors` (open_clip key names) and `meta.json`
+{"step", "samples_seen", "config": {"model": {...}, ...}}; a run directory points at its newest one through
+`RUN/checkpoints/latest`. The model is rebuilt from the config stored with the weights, so nothing else is needed.
+eval/ reads these files itself rather than importing train/ (dependency direction models, data <- eval <- train).
+"""
+import argparse
+import json
+import sys
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import open_clip
+import torch
+from safetensors.torch import load_file
+
+from eval import metadata
+from eval.datasets import EvalInputError
+
+
+@dataclass
+class LoadedModel:
+    """A model in eval mode with its eval image transform, tokenizer and where it came from."""
+
+    model: torch.nn.Module
+    transform: Callable
+    tokenizer: Callable
+    info: dict = field(default_factory=dict)
+    model_cfg: object = None
+
+
+def is_checkpoint_folder(path: Path) -> bool:
+    return (path / "meta.json").is_file() and (path / "model.safetensors").is_file()
+
+
+def resolve_checkpoint_folder(path: Path) -> Path:
+    """A checkpoint folder itself, or the one a run directory's `checkpoints/latest` names (else its newest)."""
+    if is_checkpoint_folder(path):
+        return path
+    folder = path / "checkpoints"
+    if (folder / "latest").is_file():
+        latest = folder / (folder / "latest").read_text().strip()
+        if is_checkpoint_folder(latest):
+            return latest
+        raise EvalInputError(f"{folder / 'latest'} names {latest.name}, which lacks meta.json or model.safetensors; "
+                             "pass a complete checkpoint folder instead")
+    complete = sorted(p for p in folder.glob("step_*") if is_checkpoint_folder(p)) if folder.is_dir() else []
+    if not complete:
+        raise EvalInputError(f"{path} is neither a checkpoint folder (meta.json + model.safetensors) nor a run "
+                             "directory with checkpoints/; for an open_clip file pass --open-clip-model NAME")
+    return complete[-1]
+
+
+def load_weights(model: torch.nn.Module, state: dict, source, model_name: str) -> None:
+    """Load a state dict strictly, turning a size or key mismatch into one line that names the cause."""
+    own = model.state_dict()
+    differ = [(k, tuple(v.shape), tuple(own[k].shape)) for k, v in state.items() if k in own and v.shape != own[k].shape]
+    if differ:
+        key, theirs, ours = differ[0]
+        raise EvalInputError(f"checkpoint {source} is from another model size than {model_name}: {len(differ)} "
+                             f"tensors differ, e.g. {key} is {list(theirs)} there but {list(ours)} here; "
+                             "evaluate it with the model it was trained with")
+    missing, unexpected = [k for k in own if k not in state], [k for k in state if k not in own]
+    if missing or unexpected:
+        example = (missing or unexpected)[0]
+        raise EvalInputError(f"checkpoint {source} does not fit {model_name}: {len(missing)} missing and "
+                             f"{len(unexpected)} unexpected tensors (e.g. {example}); evaluate it with the model "
+                             "it was trained with")
+    model.load_state_dict(state)
+
+
+def load_ours(path: Path, device) -> LoadedModel:
+    """Rebuild `ModelConfig(**meta["config"]["model"])` -> build_clip -> load model.safetensors."""
+    import models
+
+    folder = resolve_checkpoint_folder(path)
+    meta = json.loads((folder / "meta.json").read_text())
+    try:
+        # the weights come from model.safetensors, so no pretrained file named in the config is read again
+        cfg = models.ModelConfig(**{**meta["config"]["model"], "pretrained": None})
+    except (KeyError, TypeError) as e:
+        raise EvalInputError(f"{folder / 'meta.json'} has no usable config.model ({e}); "
+                             "it was not written by this project's trainer") from None
+    model = models.build_clip(cfg)
+    load_weights(model, load_file(str(folder / "model.safetensors")), folder, cfg.name)
+    _, transform = models.transforms(cfg)
+    info = {"checkpoint": str(folder), "step": meta.get("step"), "samples_seen": meta.get("samples_seen"),
+            "model": cfg.name}
+    return LoadedModel(model.to(device).eval(), transform, models.tokenizer(cfg.name), info, cfg)
+
+
+def load_open_clip(name: str, checkpoint: str | None, device) -> LoadedModel:
+    """An open_clip architecture by name, random init or with weights from a file (.safetensors, .pt, .bin).
+
+    Importing models registers this project's tiny sizes (configs/models/*.json) with open_clip too.
+    """
+    import models  # noqa: F401
+    if name not in open_clip.list_models():
+        raise EvalInputError(f"unknown open_clip model {name!r}; see open_clip.list_models() or register a config")
+    model, _, transform = open_clip.create_model_and_transforms(name)
+    if checkpoint:
+        if not Path(checkpoint).is_file():
+            raise EvalInputError(f"checkpoint file {checkpoint} does not exist")
+        load_weights(model, open_clip.factory.load_state_dict(checkpoint), checkpoint, name)
+    info = {"checkpoint": checkpoint, "step": None, "samples_seen": None, "model": name}
+    return LoadedModel(model.to(device).eval(), transform, open_clip.get_tokenizer(name), info)
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("path", nargs="?", help="run directory or checkpoint folder written by the trainer")
+    parser.add_argument("--checkpoint", help="checkpoint folder, or a weights file for --open-clip-model")
+    parser.add_argument("--open-clip-model", help="open_clip architecture name (e.g. ViT-B-16) for an open_clip "
+                                                  "checkpoint; random init without --checkpoint")
+    parser.add_argument("--device", default=default_device())
+
+
+def load_from_args(args: argparse.Namespace) -> LoadedModel:
+    if args.open_clip_model:
+        return load_open_clip(args.open_clip_model, args.checkpoint or args.path, args.device)
+    path = args.path or args.checkpoint
+    if not path:
+        raise EvalInputError("no model given: pass a run directory or checkpoint folder, "
+                             "or --open-clip-model NAME [--checkpoint FILE]")
+    if not Path(path).is_dir():
+        raise EvalInputError(f"{path} is not a folder; for an open_clip weights file add --open-clip-model NAME")
+    return load_ours(Path(path), args.device)
+
+
+@contextmanager
+def one_line_errors():
+    """Report bad input as `error: ...` on one line and exit 2 instead of a traceback."""
+    try:
+        yield
+    except EvalInputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def evaluate_from_args(args: argparse.Namespace, run: Callable[[LoadedModel], dict]) -> dict:
+    """CLI body: load the model the arguments name, `run(loaded)`, add where the model came from and its size,
+    print the result JSON and write it to `args.out`."""
+    with one_line_errors():
+        loaded = load_from_args(args)
+        result = run(loaded)
+        result.update(loaded.info, **metadata.describe(loaded.model, loaded.model_cfg))
+    write_result(result, args.out)
+    return result
+
+
+def write_result(result: dict, out: str | None) -> None:
+    text = json.dumps(result, indent=2, sort_keys=True)
+    print(text)
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(text + "\n")

@@ -1,0 +1,282 @@
+"""Readers for evaluation sets: ImageFolder trees, clip_benchmark webdatasets, image-caption CSVs.
+
+Classification sets yield `(image [3, H, W] | None, label, name)`; `None` marks an unreadable image, which
+`collate_skipping` drops and counts, so one bad file never stops an evaluation.
+
+Class names and templates come from, in order: the caller (a list, a file, `imagenet1k`, `openai`, `simple`),
+then `classnames.txt` / `templates.txt` (or clip_benchmark's `zeroshot_classification_templates.txt`) inside the
+dataset folder or beside it, then ImageNet-1k's names when the folder holds exactly 1000 WordNet-id folders.
+"""
+import csv
+import io
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+import webdataset as wds
+from open_clip import zero_shot_metadata
+from PIL import Image
+
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff")
+WNID = re.compile(r"^n\d{8}$")
+TEMPLATE_FILES = ("templates.txt", "zeroshot_classification_templates.txt")
+BUILTIN_TEMPLATES = {
+    "openai": zero_shot_metadata.OPENAI_IMAGENET_TEMPLATES,
+    "simple": zero_shot_metadata.SIMPLE_IMAGENET_TEMPLATES,
+}
+
+
+class EvalInputError(ValueError):
+    """Bad evaluation input; the message is one line naming the problem and the fix."""
+
+
+@dataclass
+class ClassificationSet:
+    """A dataset of `(image, label, name)` plus what is known about its classes."""
+
+    dataset: torch.utils.data.Dataset
+    classnames: list[str]
+    templates: list
+    num_shards: int = 0
+    info: dict = field(default_factory=dict)
+
+
+def load_image(path_or_bytes, transform: Callable):
+    """Decode one image to RGB and transform it; None when the file cannot be read as an image."""
+    try:
+        source = io.BytesIO(path_or_bytes) if isinstance(path_or_bytes, bytes) else path_or_bytes
+        with Image.open(source) as image:
+            return transform(image.convert("RGB"))
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError):
+        return None
+
+
+def class_folders(root: Path) -> list[str]:
+    return sorted(p.name for p in Path(root).iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+class ImageFolderSet(torch.utils.data.Dataset):
+    """ImageNet-style tree `ROOT/<class_dir>/<image>`; labels follow the sorted class folders."""
+
+    def __init__(self, root: Path, transform: Callable, labels: dict[str, int] | None = None):
+        self.root, self.transform = Path(root), transform
+        self.class_dirs = class_folders(self.root)
+        if not self.class_dirs:
+            raise EvalInputError(f"{root} has no class folders; expected ImageFolder layout ROOT/<class>/<image>")
+        labels = labels or {d: i for i, d in enumerate(self.class_dirs)}
+        self.samples = []
+        for d in self.class_dirs:
+            files = sorted(p for p in (self.root / d).iterdir() if p.suffix.lower() in IMAGE_EXTENSIONS)
+            if not files:
+                raise EvalInputError(f"class folder {self.root / d} has no images ({'/'.join(IMAGE_EXTENSIONS)}); "
+                                     "remove it or add its images")
+            self.samples += [(str(f), labels[d]) for f in files]
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, i: int):
+        path, label = self.samples[i]
+        return load_image(path, self.transform), label, path
+
+
+def collate_skipping(batch):
+    """Stack the readable samples of a batch -> (images [b,3,H,W] | None, targets (list of b), names of skipped)."""
+    kept = [s for s in batch if s[0] is not None]
+    skipped = [s[2] for s in batch if s[0] is None]
+    images = torch.stack([s[0] for s in kept]) if kept else None
+    return images, [s[1] for s in kept], skipped
+
+
+def read_lines(path: Path) -> list[str]:
+    return [line.strip() for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def find_file(root: Path, names) -> Path | None:
+    """The first of `names` inside `root`, then beside it (the synthetic set keeps them inside)."""
+    for folder in (root, root.parent):
+        for name in names:
+            if (folder / name).is_file():
+                return folder / name
+    return None
+
+
+def resolve_templates(spec, root: Path) -> tuple[list, str]:
+    """Templates as a list of `str` with `{c}` (or `{}`) or callables, and where they came from."""
+    if spec is None:
+        found = find_file(root, TEMPLATE_FILES)
+        spec = str(found) if found else "openai"
+    if isinstance(spec, (list, tuple)):
+        templates, source = list(spec), "list"
+    elif spec in BUILTIN_TEMPLATES:
+        templates, source = list(BUILTIN_TEMPLATES[spec]), spec
+    elif Path(spec).is_file():
+        templates, source = read_lines(Path(spec)), str(spec)
+    else:
+        raise EvalInputError(f"templates {spec!r} is neither a file nor one of {sorted(BUILTIN_TEMPLATES)}")
+    bad = [t for t in templates if isinstance(t, str) and "{c}" not in t and "{}" not in t]
+    if not templates or bad:
+        raise EvalInputError(f"templates from {source}: every line needs a {{c}} placeholder, "
+                             f"got {bad[:1] or 'no templates'}")
+    return templates, source
+
+
+def fill_template(template, classname: str) -> str:
+    if callable(template):
+        return template(classname)
+    return template.format(c=classname) if "{c}" in template else template.format(classname)
+
+
+def parse_names_file(path: Path) -> tuple[list[str], dict[str, int] | None]:
+    """Names file: one name a line, or `wnid<TAB or space>name` lines (ImageNet-21K style, file order kept)."""
+    lines = read_lines(path)
+    pairs = [line.split(None, 1) for line in lines]
+    if lines and all(len(p) == 2 and WNID.match(p[0]) for p in pairs):
+        return [p[1].strip() for p in pairs], {p[0]: i for i, p in enumerate(pairs)}
+    return lines, None
+
+
+def resolve_classnames(spec, root: Path, class_dirs: list[str] | None) -> tuple[list[str], dict[str, int] | None, str]:
+    """Class names, a folder -> label map when the names file is keyed by WordNet id, and their source.
+
+    A plain list must have one name per class folder (sorted folder order, as ImageNet's sorted wnids map to
+    open_clip's IMAGENET_CLASSNAMES). A wnid-keyed file defines the classifier's classes itself, so an
+    ImageNet-21K folder may hold images of only some of its 21,841 classes. `class_dirs` is None for a
+    webdataset, whose labels are checked against the names while reading.
+    """
+    all_wnids = bool(class_dirs) and all(WNID.match(d) for d in class_dirs)
+    if spec is None:
+        found = find_file(root, ("classnames.txt",))
+        spec = str(found) if found else ("imagenet1k" if all_wnids and len(class_dirs) == 1000 else None)
+    if spec is None:
+        raise EvalInputError(f"no class names for {root}: pass --classnames FILE (or imagenet1k) "
+                             "or put classnames.txt in the dataset folder")
+    wnid_labels, source = None, str(spec)
+    if isinstance(spec, (list, tuple)):
+        names, source = list(spec), "list"
+    elif spec == "imagenet1k":
+        names = list(zero_shot_metadata.IMAGENET_CLASSNAMES)
+    elif Path(spec).is_file():
+        names, wnid_labels = parse_names_file(Path(spec))
+    else:
+        raise EvalInputError(f"class names {spec!r} is neither a file nor 'imagenet1k'")
+    if wnid_labels is not None:
+        missing = [d for d in class_dirs or [] if d not in wnid_labels]
+        if missing:
+            raise EvalInputError(f"class folder {missing[0]} ({len(missing)} in all) is not in names file {spec}; "
+                                 "use the names file that matches this dataset")
+    elif class_dirs and len(names) != len(class_dirs):
+        raise EvalInputError(f"{len(names)} class names from {source} but {len(class_dirs)} classes in {root}; "
+                             "give one name per class folder, in sorted folder order")
+    return names, wnid_labels, source
+
+
+def wds_shards(root: Path, split: str) -> list[str]:
+    """Tar shards of a clip_benchmark webdataset (`ROOT/SPLIT/{0..n-1}.tar` + nshards.txt) or of a folder."""
+    folder = root / split if (root / split).is_dir() else root
+    nshards = folder / "nshards.txt"
+    if nshards.is_file():
+        return [str(folder / f"{i}.tar") for i in range(int(nshards.read_text().strip()))]
+    return sorted(str(p) for p in folder.glob("*.tar"))
+
+
+def is_webdataset(root: Path, split: str = "test") -> bool:
+    return root.is_dir() and bool(wds_shards(root, split))
+
+
+def wds_samples(shards: list[str], decode: Callable) -> wds.WebDataset:
+    """Shards in order, no shuffling; `decode(sample) -> tuple` builds the output of each sample."""
+    return wds.WebDataset(shards, shardshuffle=False, nodesplitter=wds.single_node_only,
+                          empty_check=False).map(decode)
+
+
+def image_bytes(sample: dict) -> bytes | None:
+    return next((sample[k] for k in ("webp", "png", "jpg", "jpeg") if k in sample), None)
+
+
+def open_classification(path, transform: Callable, classnames=None, templates=None,
+                        split: str = "test") -> ClassificationSet:
+    """An ImageFolder tree or a clip_benchmark-format webdataset, with its class names and templates."""
+    root = Path(path)
+    if not root.is_dir():
+        raise EvalInputError(f"dataset {root} is not a folder; pass an ImageFolder tree or a webdataset folder")
+    templates, template_source = resolve_templates(templates, root)
+    if is_webdataset(root, split):
+        shards = wds_shards(root, split)
+        names, _, name_source = resolve_classnames(classnames, root, None)
+
+        def decode(sample):
+            label = int(sample["cls"].decode()) if "cls" in sample else -1
+            raw = image_bytes(sample)
+            image = load_image(raw, transform) if raw is not None else None
+            return image, label, sample["__key__"]
+
+        dataset = wds_samples(shards, decode)
+        return ClassificationSet(dataset, names, templates, len(shards),
+                                 {"format": "webdataset", "classnames": name_source, "templates": template_source})
+    class_dirs = class_folders(root)
+    names, labels, name_source = resolve_classnames(classnames, root, class_dirs)
+    dataset = ImageFolderSet(root, transform, labels)
+    return ClassificationSet(dataset, names, templates, 0,
+                             {"format": "imagefolder", "classnames": name_source, "templates": template_source})
+
+
+class CaptionCSVSet(torch.utils.data.Dataset):
+    """CSV/TSV of image-caption pairs, one row per caption; the rows of one image become its caption list.
+
+    Image paths are relative to the CSV's folder unless absolute (open_clip's `filepath`/`title` columns).
+    """
+
+    def __init__(self, path: Path, transform: Callable, img_key: str = "filepath", caption_key: str = "title",
+                 separator: str | None = None):
+        self.transform = transform
+        separator = separator or ("\t" if path.suffix == ".tsv" else ",")
+        with open(path, newline="") as f:
+            reader = csv.DictReader(f, delimiter=separator)
+            for key, flag in ((img_key, "--csv-img-key"), (caption_key, "--csv-caption-key")):
+                if key not in (reader.fieldnames or []):
+                    raise EvalInputError(f"{path} has no column {key!r} (columns: {reader.fieldnames}); "
+                                         f"pass {flag} or --csv-separator")
+            groups: dict[str, list[str]] = {}
+            for row in reader:
+                groups.setdefault(row[img_key], []).append(row[caption_key])
+        self.items = [(str(path.parent / image), captions) for image, captions in groups.items()]
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int):
+        image, captions = self.items[i]
+        return load_image(image, self.transform), captions, image
+
+
+def open_retrieval(path, transform: Callable, split: str = "test", img_key: str = "filepath",
+                   caption_key: str = "title", separator: str | None = None):
+    """Image-caption pairs yielding `(image | None, captions, name)` from a CSV/TSV or a webdataset folder.
+
+    Webdataset samples hold one image and a `txt` with one caption a line (clip_benchmark's retrieval format).
+    """
+    root = Path(path)
+    if root.is_file() and root.suffix in (".csv", ".tsv"):
+        return CaptionCSVSet(root, transform, img_key, caption_key, separator), 0
+    if not is_webdataset(root, split):
+        raise EvalInputError(f"{root} is neither a .csv/.tsv file nor a folder of .tar shards")
+    shards = wds_shards(root, split)
+
+    def decode(sample):
+        captions = [c for c in sample.get("txt", b"").decode().splitlines() if c.strip()]
+        raw = image_bytes(sample)
+        image = load_image(raw, transform) if raw is not None and captions else None
+        return image, captions, sample["__key__"]
+
+    return wds_samples(shards, decode), len(shards)
+
+
+def make_loader(dataset, batch_size: int, workers: int = 0, num_shards: int = 0) -> torch.utils.data.DataLoader:
+    """A loader in dataset order; a webdataset gets at most one worker per shard (each worker reads whole shards)."""
+    if isinstance(dataset, torch.utils.data.IterableDataset):
+        workers = min(workers, max(num_shards, 1))
+    return torch.utils.data.DataLoader(dataset, batch_size=batch_size, num_workers=workers, shuffle=False,
+                                       collate_fn=collate_skipping, persistent_workers=False)

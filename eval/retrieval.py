@@ -1,0 +1,114 @@
+"""Image-text retrieval recall@k in both directions (as in CLIP, Radford et al. 2021, table 13), COCO/Flickr style:
+several captions per image.
+
+    python -m eval.retrieval RUN_OR_CHECKPOINT --dataset pairs.csv [--csv-img-key filepath --csv-caption-key title]
+    python -m eval.retrieval --open-clip-model ViT-B-16 --checkpoint FILE --dataset WDS_DIR --out result.json
+
+text_to_image_R@k: the fraction of captions whose image is among the k images most similar to the caption.
+image_to_text_R@k: the fraction of images with at least one of their own captions among their k nearest captions.
+"""
+import argparse
+import time
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from eval import checkpoint, datasets
+from eval.datasets import EvalInputError
+
+
+def recall_at_k(image_features: torch.Tensor, text_features: torch.Tensor, image_of_text: torch.Tensor,
+                ks=(1, 5, 10), chunk: int = 1024) -> dict:
+    """Recall@k both ways from normalised features [I, D] and [T, D]; image_of_text [T] is each caption's image.
+
+    Scores are computed `chunk` rows at a time so COCO-size sets (25k x 5k) need no full similarity matrix.
+    """
+    num_images, num_texts = len(image_features), len(text_features)
+    t2i = torch.zeros(len(ks))
+    for start in range(0, num_texts, chunk):
+        scores = text_features[start:start + chunk] @ image_features.T
+        top = scores.topk(min(max(ks), num_images), dim=1).indices
+        own = top == image_of_text[start:start + chunk, None]
+        t2i += torch.tensor([float(own[:, :k].any(dim=1).sum()) for k in ks])
+    i2t = torch.zeros(len(ks))
+    for start in range(0, num_images, chunk):
+        scores = image_features[start:start + chunk] @ text_features.T
+        top = scores.topk(min(max(ks), num_texts), dim=1).indices
+        own = image_of_text[top] == torch.arange(start, start + len(scores))[:, None]
+        i2t += torch.tensor([float(own[:, :k].any(dim=1).sum()) for k in ks])
+    result = {}
+    for j, k in enumerate(ks):
+        result[f"text_to_image_R@{k}"] = t2i[j].item() / num_texts
+        result[f"image_to_text_R@{k}"] = i2t[j].item() / num_images
+    result["mean_recall"] = (t2i.sum().item() / num_texts + i2t.sum().item() / num_images) / (2 * len(ks))
+    return result
+
+
+@torch.no_grad()
+def embed_pairs(model, loader, tokenizer, device, progress: bool = False):
+    """Normalised image features [I, D], caption features [T, D], each caption's image [T], skipped names."""
+    images_out, texts_out, owner, skipped = [], [], [], []
+    for images, captions, bad in tqdm(loader, desc="pairs", disable=not progress):
+        skipped += bad
+        if images is None:
+            continue
+        first = sum(len(x) for x in images_out)
+        images_out.append(F.normalize(model.encode_image(images.to(device)).float(), dim=-1).cpu())
+        flat = [c for group in captions for c in group]
+        texts_out.append(F.normalize(model.encode_text(tokenizer(flat).to(device)).float(), dim=-1).cpu())
+        owner += [first + i for i, group in enumerate(captions) for _ in group]
+    if not images_out:
+        raise EvalInputError(f"no readable image-caption pairs ({len(skipped)} unreadable); check the dataset path")
+    return torch.cat(images_out), torch.cat(texts_out), torch.as_tensor(owner), skipped
+
+
+def evaluate(model, *, dataset, tokenizer, transform, batch_size: int = 64, device=None, workers: int = 0,
+             ks=(1, 5, 10), split: str = "test", csv_img_key: str = "filepath", csv_caption_key: str = "title",
+             csv_separator: str | None = None, amp: bool | None = None, progress: bool = False) -> dict:
+    """Recall@k both ways on a CSV/TSV of (image, caption) rows or a webdataset of images with `txt` captions.
+
+    Images that cannot be read are skipped with their captions and counted under `skipped`.
+    """
+    pairs, num_shards = datasets.open_retrieval(dataset, transform, split, csv_img_key, csv_caption_key,
+                                                csv_separator)
+    device = torch.device(device or next(model.parameters()).device)
+    amp = device.type == "cuda" if amp is None else amp
+    loader = datasets.make_loader(pairs, batch_size, workers, num_shards)
+    was_training, started = model.training, time.perf_counter()
+    model.eval()
+    try:
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
+            image_features, text_features, owner, skipped = embed_pairs(model, loader, tokenizer, device, progress)
+    finally:
+        model.train(was_training)
+    return {**recall_at_k(image_features, text_features, owner, ks), "num_images": len(image_features),
+            "num_captions": len(text_features), "skipped": len(skipped), "skipped_examples": skipped[:10],
+            "dataset": str(dataset), "seconds": time.perf_counter() - started}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m eval.retrieval", description=__doc__.split("\n\n")[0])
+    checkpoint.add_model_arguments(parser)
+    parser.add_argument("--dataset", required=True, help=".csv/.tsv of image-caption rows or a webdataset folder")
+    parser.add_argument("--split", default="test", help="webdataset split folder")
+    parser.add_argument("--csv-img-key", default="filepath")
+    parser.add_argument("--csv-caption-key", default="title")
+    parser.add_argument("--csv-separator", help="default: tab for .tsv, comma otherwise")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--out", help="write the result JSON here")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    return checkpoint.evaluate_from_args(args, lambda loaded: evaluate(
+        loaded.model, dataset=args.dataset, tokenizer=loaded.tokenizer, transform=loaded.transform,
+        batch_size=args.batch_size, device=args.device, workers=args.workers, split=args.split,
+        csv_img_key=args.csv_img_key, csv_caption_key=args.csv_caption_key, csv_separator=args.csv_separator,
+        progress=True))
+
+
+if __name__ == "__main__":
+    main()

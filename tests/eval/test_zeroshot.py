@@ -1,0 +1,191 @@
+"""Zero-shot evaluation on the synthetic set with a tiny CLIP trained here for a few steps, the dataset formats,
+checkpoint kinds, and the one-line messages for bad input."""
+import json
+import shutil
+
+import pytest
+import torch
+from clip_benchmark.webdataset_builder import convert_dataset, path_to_bytes
+from open_clip import zero_shot_metadata
+from safetensors.torch import save_file
+
+import models
+from data import DataConfig, build_train_data, make_synthetic
+from eval import checkpoint, datasets, zeroshot
+from eval.datasets import EvalInputError
+
+STEPS, PER_CLASS, CLASSES = 25, 3, 24
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models run faster on one thread; on the shared 2-core machine two threads contend badly."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def synthetic(tmp_path_factory):
+    out = tmp_path_factory.mktemp("synthetic")
+    spec = make_synthetic(out, train_samples=STEPS * 32, eval_per_class=PER_CLASS, shard_size=400)
+    return spec, out / "eval"
+
+
+@pytest.fixture(scope="module")
+def run_dir(synthetic, tmp_path_factory):
+    """RUN/checkpoints/step_00000025/{model.safetensors, meta.json} + latest, as the trainer writes them,
+    of tiny-s trained STEPS contrastive steps on the synthetic train shards."""
+    torch.manual_seed(0)
+    cfg = models.ModelConfig(name="tiny-s")
+    model = models.build_clip(cfg)
+    train_transform, _ = models.transforms(cfg)
+    data = build_train_data(DataConfig(train_shards=synthetic[0], batch_size=32, workers=0), train_transform,
+                            models.tokenizer(cfg))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=2e-3)
+    for step, (images, tokens) in zip(range(STEPS), data.loader):
+        image_features, text_features, scale = model(images, tokens)
+        logits = scale * image_features @ text_features.T
+        labels = torch.arange(len(logits))
+        loss = (torch.nn.functional.cross_entropy(logits, labels) + torch.nn.functional.cross_entropy(logits.T, labels)) / 2
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    run = tmp_path_factory.mktemp("run")
+    folder = run / "checkpoints" / "step_00000025"
+    folder.mkdir(parents=True)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(folder / "model.safetensors"))
+    meta = {"step": STEPS, "samples_seen": STEPS * 32, "config": {"model": vars(cfg), "data": {}}}
+    (folder / "meta.json").write_text(json.dumps(meta))
+    (run / "checkpoints" / "latest").write_text("step_00000025\n")
+    return run
+
+
+def test_cli_on_run_dir_reports_accuracy_size_and_provenance(run_dir, synthetic, tmp_path):
+    out = tmp_path / "result.json"
+    result = zeroshot.main([str(run_dir), "--dataset", str(synthetic[1]), "--workers", "0", "--out", str(out)])
+    assert json.loads(out.read_text()) == result
+    assert result["num_images"] == CLASSES * PER_CLASS and result["num_classes"] == CLASSES
+    assert result["top1"] > 2 / CLASSES, "a few training steps must beat chance on the synthetic set"
+    assert result["top1"] <= result["top5"] <= 1 and 0 < result["mean_per_class_recall"] <= 1
+    assert result["step"] == STEPS and result["samples_seen"] == STEPS * 32
+    assert result["checkpoint"].endswith("step_00000025") and result["model"] == "tiny-s"
+    model = checkpoint.load_ours(run_dir, "cpu").model
+    assert result["params"] == sum(p.numel() for p in model.parameters())
+    assert result["params"] - result["params_without_token_embedding"] == model.token_embedding.weight.numel()
+    assert result["gmacs_per_sample"] > 0 and result["image_attention"] == result["text_attention"] == "softmax"
+    assert result["skipped"] == 0 and result["num_templates"] == len(datasets.read_lines(synthetic[1] / "templates.txt"))
+    folder_result = zeroshot.main([str(run_dir / "checkpoints" / "step_00000025"), "--dataset", str(synthetic[1]),
+                                   "--workers", "0"])
+    assert folder_result["top1"] == result["top1"]
+
+
+def test_api_matches_cli_and_restores_training_mode(run_dir, synthetic):
+    loaded = checkpoint.load_ours(run_dir, "cpu")
+    loaded.model.train()
+    result = zeroshot.evaluate(loaded.model, dataset=str(synthetic[1]), tokenizer=loaded.tokenizer,
+                               transform=loaded.transform, batch_size=7)
+    assert loaded.model.training
+    cli = zeroshot.main([str(run_dir), "--dataset", str(synthetic[1]), "--workers", "0"])
+    for key in ("top1", "top5", "mean_per_class_recall", "num_images"):
+        assert result[key] == pytest.approx(cli[key], abs=1e-9)
+
+
+def test_clip_benchmark_webdataset_gives_the_imagefolder_result(run_dir, synthetic, tmp_path):
+    loaded = checkpoint.load_ours(run_dir, "cpu")
+    folder = datasets.ImageFolderSet(synthetic[1], transform=lambda image: image)
+    convert_dataset([(path, label) for path, label in folder.samples], "test", str(tmp_path), max_count=30,
+                    transform=path_to_bytes, verbose=False)
+    shutil.copy(synthetic[1] / "classnames.txt", tmp_path / "classnames.txt")
+    shutil.copy(synthetic[1] / "templates.txt", tmp_path / "zeroshot_classification_templates.txt")
+    kwargs = dict(tokenizer=loaded.tokenizer, transform=loaded.transform, batch_size=16, workers=2)
+    from_wds = zeroshot.evaluate(loaded.model, dataset=str(tmp_path), **kwargs)
+    from_folder = zeroshot.evaluate(loaded.model, dataset=str(synthetic[1]), **kwargs)
+    assert from_wds["format"] == "webdataset" and len(list((tmp_path / "test").glob("*.tar"))) == 3
+    for key in ("top1", "top5", "mean_per_class_recall", "num_images", "num_templates"):
+        assert from_wds[key] == pytest.approx(from_folder[key], abs=1e-9)
+
+
+def test_unreadable_images_are_skipped_and_counted(run_dir, synthetic, tmp_path):
+    root = shutil.copytree(synthetic[1], tmp_path / "eval")
+    first, second = sorted((root / "blue_circle").iterdir())[:2]
+    first.write_bytes(b"not an image")
+    second.write_bytes(second.read_bytes()[:40])
+    loaded = checkpoint.load_ours(run_dir, "cpu")
+    result = zeroshot.evaluate(loaded.model, dataset=str(root), tokenizer=loaded.tokenizer,
+                               transform=loaded.transform, batch_size=8)
+    assert result["skipped"] == 2 and result["num_images"] == CLASSES * PER_CLASS - 2
+    assert sorted(result["skipped_examples"]) == sorted([str(first), str(second)])
+
+
+def bad_dataset(kind: str, root):
+    """A small ImageFolder tree broken in one way; returns (dataset path, classnames spec, words the error needs)."""
+    wnids = ["n01440764", "n01443537"]
+    for d in wnids:
+        (root / d).mkdir(parents=True)
+        (root / d / "0.png").write_bytes(b"")
+    if kind == "empty class folder":
+        (root / "n01484850").mkdir()
+        (root / "names.txt").write_text("a\nb\nc\n")
+        return root, str(root / "names.txt"), ["n01484850", "no images"]
+    if kind == "names count":
+        (root / "names.txt").write_text("tench\n")
+        return root, str(root / "names.txt"), ["1 class names", "2 classes"]
+    if kind == "wnid missing":
+        (root / "names.txt").write_text("n01440764\ttench\nn09999999\tother\n")
+        return root, str(root / "names.txt"), ["n01443537", "not in names file"]
+    return root, "imagenet1k", ["1000 class names", "2 classes"]
+
+
+@pytest.mark.parametrize("kind", ["empty class folder", "names count", "wnid missing", "imagenet1k on 2 classes"])
+def test_bad_dataset_gives_one_line_error(kind, tmp_path, capsys):
+    root, names, words = bad_dataset(kind, tmp_path / "data")
+    with pytest.raises(EvalInputError) as error:
+        datasets.open_classification(root, transform=lambda image: image, classnames=names)
+    assert "\n" not in str(error.value) and all(w in str(error.value) for w in words)
+    with pytest.raises(SystemExit) as exit_:
+        zeroshot.main(["--open-clip-model", "tiny-s", "--dataset", str(root), "--classnames", names, "--device", "cpu"])
+    err = capsys.readouterr().err.strip()
+    assert exit_.value.code == 2 and err.startswith("error: ") and "\n" not in err
+
+
+def test_checkpoint_of_another_model_size_gives_one_line_error(run_dir, synthetic, tmp_path, capsys):
+    folder = shutil.copytree(run_dir / "checkpoints" / "step_00000025", tmp_path / "step")
+    meta = json.loads((folder / "meta.json").read_text())
+    meta["config"]["model"]["name"] = "tiny-m"
+    (folder / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(EvalInputError, match="another model size than tiny-m"):
+        checkpoint.load_ours(folder, "cpu")
+    with pytest.raises(SystemExit):
+        zeroshot.main(["--open-clip-model", "tiny-m", "--checkpoint", str(folder / "model.safetensors"),
+                       "--dataset", str(synthetic[1]), "--device", "cpu"])
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: checkpoint") and "another model size" in err and "\n" not in err
+
+
+def test_imagenet_wnid_folders_take_open_clip_names_in_sorted_order(tmp_path):
+    wnids = sorted(f"n{i:08d}" for i in range(1000))
+    names, labels, source = datasets.resolve_classnames(None, tmp_path, wnids)
+    assert names == list(zero_shot_metadata.IMAGENET_CLASSNAMES) and labels is None and source == "imagenet1k"
+    templates, source = datasets.resolve_templates("openai", tmp_path)
+    assert len(templates) == 80 and datasets.fill_template(templates[0], "tench") == "a bad photo of a tench."
+
+
+def test_imagenet21k_style_names_file_defines_all_classes(run_dir, synthetic, tmp_path):
+    """A wnid-keyed names file (here 30 wnids) is the classifier even when only some classes have images."""
+    root = tmp_path / "val"
+    source_dirs = datasets.class_folders(synthetic[1])[:3]
+    file_lines = [f"n{i:08d}\t{name}" for i, name in enumerate(datasets.read_lines(synthetic[1] / "classnames.txt"))]
+    file_lines += [f"n{i:08d}\tthing {i}" for i in range(CLASSES, 30)]
+    for i, d in enumerate(source_dirs):
+        shutil.copytree(synthetic[1] / d, root / f"n{i:08d}")
+    (tmp_path / "names.txt").write_text("\n".join(file_lines) + "\n")
+    loaded = checkpoint.load_ours(run_dir, "cpu")
+    result = zeroshot.evaluate(loaded.model, dataset=str(root), tokenizer=loaded.tokenizer, transform=loaded.transform,
+                               classnames=str(tmp_path / "names.txt"), templates="simple", class_chunk=7,
+                               texts_per_batch=50)
+    assert result["num_classes"] == 30 and result["num_images"] == 3 * PER_CLASS
+    assert result["num_templates"] == len(zero_shot_metadata.SIMPLE_IMAGENET_TEMPLATES)
+    evalset = datasets.open_classification(root, loaded.transform, str(tmp_path / "names.txt"))
+    assert sorted({label for _, label in evalset.dataset.samples}) == [0, 1, 2]
