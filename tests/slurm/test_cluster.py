@@ -1,13 +1,18 @@
 """Jobs on a real one-host Slurm cluster of 2 virtual nodes (the slurm_cluster fixture of conftest.py).
 
 Each wait is bounded; a job that fails or hangs is cancelled and its .out file shown in the failure."""
+import json
+import re
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from train.submit import Resources, render_train, submit
+from train.submit import Resources, main, render_train, submit
+
+REPO = Path(__file__).resolve().parents[2]
 
 FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
 
@@ -57,3 +62,76 @@ def test_rendezvous_on_two_nodes(slurm_cluster, torchrun_stub, tmp_path, monkeyp
     for rank, line in enumerate(launches):
         assert f"--nnodes=2 --nproc_per_node=3 --node_rank={rank} --master_addr=127.0.0.1 --master_port={port}" in line
     assert f"world size 6, rendezvous 127.0.0.1:{port}" in job_output(job_id, run_dir)
+
+
+@pytest.fixture(scope="session")
+def shards(tmp_path_factory) -> str:
+    """512 synthetic samples in 2 shards; returns the brace spec for data.train_shards."""
+    out = tmp_path_factory.mktemp("synthetic")
+    subprocess.run([sys.executable, "-m", "data.synthetic", str(out), "--train-samples", "512", "--shard-size", "256",
+                    "--eval-per-class", "1"], cwd=REPO, check=True, capture_output=True, timeout=120)
+    return f"{out}/train/{{00000..00001}}.tar"
+
+
+@pytest.fixture
+def tiny_overrides(shards, monkeypatch) -> list[str]:
+    """configs/tiny.yaml made small: batch 8, no periodic eval, a metrics line every step."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # jobs inherit it; 2 shared cores are slow with more threads
+    return [f"data.train_shards={shards}", "data.batch_size=8", "data.workers=0", "data.shuffle_buffer=64",
+            "eval.dataset=null", "optim.warmup_steps=2", "train.log_every=1", "train.progress=false"]
+
+
+def submit_tiny(capsys, run_dir: Path, resources: list[str], overrides: list[str]) -> str:
+    """python -m train.submit configs/tiny.yaml (CPU, partition debug) -> the job id it printed."""
+    main([str(REPO / "configs" / "tiny.yaml"), "--gpus-per-node", "0", "--partition", "debug", "--time", "10",
+          *resources, *overrides, f"train.run_dir={run_dir}"])
+    out = capsys.readouterr().out
+    assert f"run dir: {run_dir}" in out
+    return re.search(r"submitted job (\d+)", out).group(1)
+
+
+def latest_checkpoint(run_dir: Path) -> Path:
+    return run_dir / "checkpoints" / (run_dir / "checkpoints" / "latest").read_text().strip()
+
+
+def test_tiny_training_finishes_with_a_checkpoint(slurm_cluster, tiny_overrides, tmp_path, capsys):
+    run_dir = tmp_path / "single"
+    job_id = submit_tiny(capsys, run_dir, ["--procs-per-node", "1"], [*tiny_overrides, "train.max_steps=4"])
+    assert_completed(wait_for(job_id, run_dir, timeout=150), job_id, run_dir)
+    meta = json.loads((latest_checkpoint(run_dir) / "meta.json").read_text())
+    assert meta["step"] == 4 and meta["samples_seen"] == 32
+    assert (latest_checkpoint(run_dir) / "model.safetensors").is_file()
+
+
+def test_two_nodes_train_as_one_world_of_two(slurm_cluster, tiny_overrides, tmp_path, capsys):
+    run_dir = tmp_path / "two-nodes"
+    job_id = submit_tiny(capsys, run_dir, ["--nodes", "2", "--procs-per-node", "1"], [*tiny_overrides, "train.max_steps=3"])
+    assert_completed(wait_for(job_id, run_dir, timeout=150), job_id, run_dir)
+    checkpoint = latest_checkpoint(run_dir)
+    # every rank writes its own data-stream state into the checkpoint: two files = two processes
+    assert sorted(p.name for p in checkpoint.glob("data_state_*.json")) == ["data_state_0.json", "data_state_1.json"]
+    assert "2 node(s) x 1 process(es) = world size 2" in job_output(job_id, run_dir)
+    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3]
+
+
+def test_usr1_checkpoints_requeues_and_resumes(slurm_cluster, tiny_overrides, tmp_path, capsys):
+    """USR1 to the batch shell, as Slurm sends it before the time limit: the run checkpoints, exits 75, the job
+    is requeued and the second start continues from that checkpoint to the end."""
+    run_dir, max_steps = tmp_path / "preempted", 60
+    job_id = submit_tiny(capsys, run_dir, ["--procs-per-node", "1"], [*tiny_overrides, f"train.max_steps={max_steps}"])
+    metrics = run_dir / "metrics.jsonl"
+    wait_for(job_id, run_dir, timeout=150, until=lambda info: metrics.exists() and metrics.stat().st_size > 0)
+    subprocess.run(["scancel", "--signal=USR1", "--batch", job_id], check=True, timeout=30)
+    info = wait_for(job_id, run_dir, timeout=150)
+    assert_completed(info, job_id, run_dir)
+    output = job_output(job_id, run_dir)
+    assert info["Restarts"] == "1", output
+    stopped = re.search(r"checkpoint at step (\d+), exiting with 75", output)
+    assert stopped and f"requeueing job {job_id}" in output, output
+    stop_step = int(stopped.group(1))
+    assert 0 < stop_step < max_steps, f"training was not stopped early (step {stop_step}); raise max_steps"
+    assert f"at step {stop_step}" in output.split("requeueing", 1)[1], "the second start did not resume"
+    assert json.loads((latest_checkpoint(run_dir) / "meta.json").read_text())["step"] == max_steps
+    steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
+    assert steps == list(range(1, max_steps + 1))
