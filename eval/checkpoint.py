@@ -143,12 +143,14 @@ def one_line_errors():
         raise SystemExit(2) from None
 
 
-def evaluate_from_args(args: argparse.Namespace, run: Callable[[LoadedModel], dict]) -> dict:
-    """CLI body: load the model the arguments name, `run(loaded)`, add where the model came from and its size,
-    print the result JSON and write it to `args.out`."""
+def evaluate_from_args(args: argparse.Namespace, evaluate: Callable[..., dict], **options) -> dict:
+    """CLI body: load the model the arguments name, run `evaluate(model, dataset=..., **options)`, add where the
+    model came from and its size, print the result JSON and write it to `args.out`."""
     with one_line_errors():
         loaded = load_from_args(args)
-        result = run(loaded)
+        result = evaluate(loaded.model, dataset=args.dataset, tokenizer=loaded.tokenizer, transform=loaded.transform,
+                          batch_size=args.batch_size, device=args.device, workers=args.workers, split=args.split,
+                          progress=True, **options)
         result.update(loaded.info, **metadata.describe(loaded.model, loaded.model_cfg))
     write_result(result, args.out)
     return result

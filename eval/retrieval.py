@@ -103,11 +103,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
-    return checkpoint.evaluate_from_args(args, lambda loaded: evaluate(
-        loaded.model, dataset=args.dataset, tokenizer=loaded.tokenizer, transform=loaded.transform,
-        batch_size=args.batch_size, device=args.device, workers=args.workers, split=args.split,
-        csv_img_key=args.csv_img_key, csv_caption_key=args.csv_caption_key, csv_separator=args.csv_separator,
-        progress=True))
+    return checkpoint.evaluate_from_args(args, evaluate, csv_img_key=args.csv_img_key,
+                                         csv_caption_key=args.csv_caption_key, csv_separator=args.csv_separator)
 
 
 if __name__ == "__main__":

@@ -139,11 +139,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
-    return checkpoint.evaluate_from_args(args, lambda loaded: evaluate(
-        loaded.model, dataset=args.dataset, tokenizer=loaded.tokenizer, transform=loaded.transform,
-        classnames=args.classnames, templates=args.templates, batch_size=args.batch_size, device=args.device,
-        workers=args.workers, split=args.split, class_chunk=args.class_chunk, texts_per_batch=args.texts_per_batch,
-        progress=True))
+    return checkpoint.evaluate_from_args(args, evaluate, classnames=args.classnames, templates=args.templates,
+                                         class_chunk=args.class_chunk, texts_per_batch=args.texts_per_batch)
 
 
 if __name__ == "__main__":

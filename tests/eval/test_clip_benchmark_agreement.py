@@ -24,6 +24,7 @@ from clip_benchmark.metrics import zeroshot_classification, zeroshot_retrieval
 from PIL import Image
 
 from eval import retrieval, zeroshot
+from tests.eval.test_zeroshot import one_thread  # noqa: F401  (autouse)
 
 COLOURS = ["red", "orange", "yellow", "lime", "green", "teal", "cyan", "blue", "purple", "pink"]
 TEMPLATES = ["a photo of {c}.", "a {c} picture.", "something {c}."]
@@ -48,15 +49,6 @@ def write_colour_folder(root, per_class: int = 6, seed: int = 1):
     (root / "classnames.txt").write_text("\n".join(COLOURS) + "\n")
     (root / "templates.txt").write_text("\n".join(TEMPLATES) + "\n")
     return root
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models run faster on one thread; on the shared 2-core machine two threads contend badly."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def reference_accuracy(output, target, topk=(1,)):
