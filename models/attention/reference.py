@@ -89,3 +89,105 @@ def efficient(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, key_mask
     k_weights = k.masked_fill(~ok, float("-inf")).softmax(-2)  # softmax over the N tokens, per feature
     sim = q.softmax(-1) @ k_weights.transpose(-1, -2)  # [B, H, N, N]
     return (sim @ v).to(dtype)
+
+
+def join_real_tokens(k: Tensor, v: Tensor, causal: bool, key_mask: Tensor | None) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Real tokens first, in their order (padded ones after), and each query's last usable key T.
+
+    k, v [B, H, N, D] -> the same, reordered; T [B or 1, 1, N, 1] counts the real tokens a query may
+    use (keys 1..T after the start key 0), or None when every query uses all N.
+    """
+    n = k.shape[-2]
+    if key_mask is None:
+        ends = torch.arange(1, n + 1, device=k.device)[None, None, :, None] if causal else None
+        return k, v, ends
+    order = torch.argsort((~key_mask).to(torch.uint8), dim=-1, stable=True)[:, None, :, None]  # [B, 1, N, 1]
+    k, v = k.gather(2, order.expand_as(k)), v.gather(2, order.expand_as(v))
+    counts = key_mask.long().cumsum(-1) if causal else key_mask.long().sum(-1, keepdim=True).expand(-1, n)
+    return k, v, counts[:, None, :, None]
+
+
+CONTINUUM_STARTS = ("zero", "copy", "learn")
+
+
+def continuum_start(k: Tensor, v: Tensor, start: str, start_kv: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor]:
+    """The virtual start token k_0, v_0 [B or 1, H, 1, D] of continuum softmax, given the joined real tokens k, v."""
+    if start not in CONTINUUM_STARTS:
+        raise ValueError(f"continuum_softmax: unknown start {start!r}; pick one of {', '.join(CONTINUUM_STARTS)}")
+    if (start == "learn") != (start_kv is not None):
+        raise ValueError("continuum_softmax: start='learn' uses the layer's learned start token; build it with build_attention('continuum_softmax', ..., start='learn')")
+    if start == "zero":
+        return torch.zeros_like(k[:, :, :1]), torch.zeros_like(v[:, :, :1])
+    if start == "copy":
+        return k[:, :, :1], v[:, :, :1]
+    return (t.to(k.dtype)[None, :, None, :] for t in start_kv)
+
+
+def phi2_series(x: Tensor, terms: int) -> Tensor:
+    """sum_{j < terms} x^j / (j + 2)!, the Taylor series of phi2(x) = (e^x - 1 - x) / x^2 (Horner)."""
+    out = torch.full_like(x, 1 / math.factorial(terms + 1))
+    for j in reversed(range(terms - 1)):
+        out = out * x + 1 / math.factorial(j + 2)
+    return out
+
+
+def segment_weights(e_near: Tensor, e_far: Tensor, d: Tensor) -> tuple[Tensor, Tensor]:
+    """The weights segment [i, i + 1] gives v_i and v_{i+1}: int_0^1 (1 - u) e^{a(u)} du and int_0^1 u e^{a(u)} du.
+
+    a(u) = a_i + u d, e_near = e^{a_i}, e_far = e^{a_{i+1}}. Integrating by parts gives
+    (e_far - e_near (1 + d)) / d^2 = e_near phi2(d) and (e_near - e_far (1 - d)) / d^2 = e_far phi2(-d);
+    those differences cancel for small |d|, where e_near, e_far times the Taylor series of phi2 are used.
+    """
+    small = d.abs() < 0.1
+    d_big = torch.where(small, 1.0, d)
+    inv_d2 = d_big.square().reciprocal()
+    near = (e_far - e_near * (1 + d_big)) * inv_d2
+    far = (e_near - e_far * (1 - d_big)) * inv_d2
+    d_small = d[small]
+    near = near.index_put((small,), e_near[small] * phi2_series(d_small, 12))
+    far = far.index_put((small,), e_far[small] * phi2_series(-d_small, 12))
+    return near, far
+
+
+def continuum_softmax(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, key_mask: Tensor | None = None,
+                      start: str = "zero", start_kv: tuple[Tensor, Tensor] | None = None, **options) -> Tensor:
+    """o_t = int_0^T e^{q_t.k_s / sqrt(D)} v_s ds / int_0^T e^{q_t.k_s / sqrt(D)} ds, k_s and v_s linear between tokens.
+
+    Key 0 is the start token, keys 1..N the real tokens (padded ones left out, the rest joined in
+    order); T = t + 1 for causal query t, else N. The integral is summed segment by segment in closed
+    form (`segment_weight`), each segment j = [j, j + 1] giving weights to v_j and v_{j + 1}. A query
+    with T = 0 (no real token yet) returns v_0, the value at s = 0. **options (query_chunk) change how,
+    not what, the fast path computes.
+    """
+    dtype, (q, k, v) = q.dtype, upcast(q, k, v)
+    k, v, ends = join_real_tokens(k, v, causal, key_mask)
+    k0, v0 = continuum_start(k, v, start, start_kv)
+    keys, values = torch.cat([k0.expand_as(k[:, :, :1]), k], 2), torch.cat([v0.expand_as(v[:, :, :1]), v], 2)
+    n = k.shape[-2]
+    a = (q @ keys.transpose(-1, -2)) / math.sqrt(q.shape[-1])  # [B, H, N, N + 1]
+    if ends is None:
+        ends = torch.full((1, 1, 1, 1), n, device=q.device)
+    key_ok = torch.arange(n + 1, device=q.device) <= ends
+    a_ok = a.masked_fill(~key_ok, float("-inf"))
+    e = (a_ok - a_ok.amax(-1, keepdim=True)).exp()  # 0 for keys past T, so nothing overflows
+    d = a[..., 1:] - a[..., :-1]
+    segment_ok = torch.arange(n, device=q.device) < ends  # segment j joins keys j and j + 1
+    w_near, w_far = (torch.where(segment_ok, w, 0) for w in segment_weights(e[..., :-1], e[..., 1:], d))
+    w = F.pad(w_near, (0, 1)) + F.pad(w_far, (1, 0))  # [B, H, N, N + 1]
+    w = w + F.pad((ends == 0).to(w.dtype), (0, n))  # no segment at all: the value at s = 0
+    return ((w @ values) / w.sum(-1, keepdim=True)).to(dtype)
+
+
+def linformer(q: Tensor, k: Tensor, v: Tensor, proj_k: Tensor, proj_v: Tensor, *, key_mask: Tensor | None = None) -> Tensor:
+    """Wang et al. 2020, Eq. 7: softmax(q (E K)^T / sqrt(D)) (F V), (E K)_j = sum_n E[j, n] k_n over real tokens n.
+
+    proj_k = E, proj_v = F [m, >= N]; the first N columns are used. -> [B, H, N, D].
+    """
+    dtype, (q, k, v, proj_k, proj_v) = q.dtype, upcast(q, k, v, proj_k, proj_v)
+    n = k.shape[-2]
+    real = torch.ones(1, 1, 1, n, 1, dtype=k.dtype) if key_mask is None else key_mask[:, None, None, :, None].to(k.dtype)
+    k = torch.where(real > 0, k[:, :, None], 0)  # [B, H, 1, N, D]; padded tokens are 0, whatever they held
+    v = torch.where(real > 0, v[:, :, None], 0)
+    k_proj = (proj_k[:, :n, None] * k).sum(-2)  # [B, H, m, D]
+    v_proj = (proj_v[:, :n, None] * v).sum(-2)
+    return softmax(q, k_proj, v_proj).to(dtype)
