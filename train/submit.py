@@ -291,10 +291,12 @@ def eval_output(target: Path, dataset: Path, out_dir: Path | None) -> Path:
     which is where `python -m eval.scaling RUN` looks for eval results."""
     if (target / "meta.json").is_file() and target.parent.name == "checkpoints":
         run, name = target.parent.parent, target.name
-    elif (target / "checkpoints").is_dir():
+    elif (target / "checkpoints").is_dir() or (target / "train.sbatch").is_file():
+        # a submitted run may have no checkpoint yet: with --sbatch-arg=--dependency=afterok:JOB it will
         run, name = target, "latest"
     else:
-        raise SubmitError(f"{target} is neither a checkpoint folder (with meta.json) nor a run directory with checkpoints/")
+        raise SubmitError(f"{target} is neither a checkpoint folder (with meta.json) nor a run directory "
+                          "(with checkpoints/ or train.sbatch)")
     return (out_dir or run / "eval") / f"zeroshot-{name}-{dataset.name}.json"
 
 

@@ -45,8 +45,9 @@ def slurm_cluster(tmp_path_factory):
         pytest.skip("the Slurm tests install and start Slurm, which needs root")
     if not shutil.which("sbatch") and not shutil.which("apt-get"):
         pytest.skip("Slurm is not installed and apt-get is not available to install it")
+    # 4 CPUs per virtual node, whatever the machine has, so the tests' jobs all start at once
     env = {**os.environ, "SLURM_LOCAL_DIR": str(tmp_path_factory.mktemp("slurm")), "SLURM_LOCAL_NODES": "2",
-           "SLURM_LOCAL_PORT": str(free_base_port())}
+           "SLURM_LOCAL_CPUS": "4", "SLURM_LOCAL_PORT": str(free_base_port())}
     installed = run_setup("install", env, timeout=600)
     if installed.returncode != 0:
         pytest.skip(f"installing slurm-wlm/munge failed: {installed.stderr.strip()[-500:]}")

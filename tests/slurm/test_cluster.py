@@ -1,6 +1,8 @@
 """Jobs on a real one-host Slurm cluster of 2 virtual nodes (the slurm_cluster fixture of conftest.py).
 
 Each wait is bounded; a job that fails or hangs is cancelled and its .out file shown in the failure."""
+import contextlib
+import io
 import json
 import re
 import subprocess
@@ -22,9 +24,12 @@ def job_info(job_id: str) -> dict:
     return dict(token.split("=", 1) for token in out.split() if "=" in token)
 
 
-def job_output(job_id: str, run_dir: Path) -> str:
-    path = run_dir / f"slurm-{job_id}.out"
-    return path.read_text() if path.exists() else f"(no {path})"
+def job_output(job_id: str, folder: Path) -> str:
+    """The job's .out file: slurm-<id>.out of a training run, slurm-eval-<id>.out of an eval job."""
+    for path in (folder / f"slurm-{job_id}.out", folder / f"slurm-eval-{job_id}.out"):
+        if path.exists():
+            return path.read_text()
+    return f"(no slurm-{job_id}.out in {folder})"
 
 
 def wait_for(job_id: str, run_dir: Path, timeout: float, until=lambda info: info.get("JobState") in FINAL) -> dict:
@@ -73,65 +78,97 @@ def shards(tmp_path_factory) -> str:
     return f"{out}/train/{{00000..00001}}.tar"
 
 
-@pytest.fixture
-def tiny_overrides(shards, monkeypatch) -> list[str]:
-    """configs/tiny.yaml made small: batch 8, no periodic eval, a metrics line every step."""
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # jobs inherit it; 2 shared cores are slow with more threads
-    return [f"data.train_shards={shards}", "data.batch_size=8", "data.workers=0", "data.shuffle_buffer=64",
-            "eval.dataset=null", "optim.warmup_steps=2", "train.log_every=1", "train.progress=false"]
+# configs/tiny.yaml made small: batch 8, no periodic eval, a metrics line every step
+PREEMPT_STEPS = 40
+TINY = ["data.batch_size=8", "data.workers=0", "data.shuffle_buffer=64", "eval.dataset=null", "optim.warmup_steps=2",
+        "train.log_every=1", "train.progress=false"]
 
 
-def submit_tiny(capsys, run_dir: Path, resources: list[str], overrides: list[str]) -> str:
+def submit_tiny(run_dir: Path, resources: list[str], overrides: list[str]) -> str:
     """python -m train.submit configs/tiny.yaml (CPU, partition debug) -> the job id it printed."""
-    main([str(REPO / "configs" / "tiny.yaml"), "--gpus-per-node", "0", "--partition", "debug", "--time", "10",
-          *resources, *overrides, f"train.run_dir={run_dir}"])
-    out = capsys.readouterr().out
-    assert f"run dir: {run_dir}" in out
-    return re.search(r"submitted job (\d+)", out).group(1)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        # 2 shared cores are slow with more than one thread per process
+        main([str(REPO / "configs" / "tiny.yaml"), "--gpus-per-node", "0", "--partition", "debug", "--time", "10",
+              "--sbatch-arg=--export=ALL,OMP_NUM_THREADS=1", *resources, *TINY, *overrides, f"train.run_dir={run_dir}"])
+    assert f"run dir: {run_dir}" in out.getvalue()
+    return re.search(r"submitted job (\d+)", out.getvalue()).group(1)
 
 
 def latest_checkpoint(run_dir: Path) -> Path:
     return run_dir / "checkpoints" / (run_dir / "checkpoints" / "latest").read_text().strip()
 
 
-def test_tiny_training_finishes_with_a_checkpoint(slurm_cluster, tiny_overrides, tmp_path, capsys):
-    run_dir = tmp_path / "single"
-    job_id = submit_tiny(capsys, run_dir, ["--procs-per-node", "1"], [*tiny_overrides, "train.max_steps=4"])
-    assert_completed(wait_for(job_id, run_dir, timeout=150), job_id, run_dir)
-    meta = json.loads((latest_checkpoint(run_dir) / "meta.json").read_text())
-    assert meta["step"] == 4 and meta["samples_seen"] == 32
-    assert (latest_checkpoint(run_dir) / "model.safetensors").is_file()
+@pytest.fixture(scope="module")
+def tiny_jobs(slurm_cluster, shards, tmp_path_factory) -> dict[str, tuple[str, Path]]:
+    """The jobs of the tests below, submitted together so they run side by side: name -> (job id, run dir or,
+    for "eval", the folder of its results). "preempted" is long enough to be signalled by the first test."""
+    jobs = {}
+    for name, resources, steps in [("preempted", ["--procs-per-node", "1"], PREEMPT_STEPS),
+                                   ("single", ["--procs-per-node", "1"], 4),
+                                   ("two-nodes", ["--nodes", "2", "--procs-per-node", "1"], 3)]:
+        run_dir = tmp_path_factory.mktemp(name) / "run"
+        jobs[name] = submit_tiny(run_dir, resources, [f"data.train_shards={shards}", f"train.max_steps={steps}"]), run_dir
+    single_job, single_dir = jobs["single"]
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        main(["eval", str(single_dir), "--dataset", str(Path(shards).parent.parent / "eval"), "--gpus-per-node", "0",
+              "--partition", "debug", "--time", "10", f"--sbatch-arg=--dependency=afterok:{single_job}",
+              "--workers", "0", "--batch-size", "32"])
+    jobs["eval"] = re.search(r"submitted job (\d+)", out.getvalue()).group(1), single_dir / "eval"
+    return jobs
 
 
-def test_two_nodes_train_as_one_world_of_two(slurm_cluster, tiny_overrides, tmp_path, capsys):
-    run_dir = tmp_path / "two-nodes"
-    job_id = submit_tiny(capsys, run_dir, ["--nodes", "2", "--procs-per-node", "1"], [*tiny_overrides, "train.max_steps=3"])
-    assert_completed(wait_for(job_id, run_dir, timeout=150), job_id, run_dir)
-    checkpoint = latest_checkpoint(run_dir)
-    # every rank writes its own data-stream state into the checkpoint: two files = two processes
-    assert sorted(p.name for p in checkpoint.glob("data_state_*.json")) == ["data_state_0.json", "data_state_1.json"]
-    assert "2 node(s) x 1 process(es) = world size 2" in job_output(job_id, run_dir)
-    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert steps == [1, 2, 3]
+def finished(tiny_jobs, name: str) -> Path:
+    """Wait for one of tiny_jobs to complete; returns its run dir."""
+    job_id, run_dir = tiny_jobs[name]
+    assert_completed(wait_for(job_id, run_dir, timeout=200), job_id, run_dir)
+    return run_dir
 
 
-def test_usr1_checkpoints_requeues_and_resumes(slurm_cluster, tiny_overrides, tmp_path, capsys):
+def test_usr1_checkpoints_requeues_and_resumes(tiny_jobs):
     """USR1 to the batch shell, as Slurm sends it before the time limit: the run checkpoints, exits 75, the job
     is requeued and the second start continues from that checkpoint to the end."""
-    run_dir, max_steps = tmp_path / "preempted", 60
-    job_id = submit_tiny(capsys, run_dir, ["--procs-per-node", "1"], [*tiny_overrides, f"train.max_steps={max_steps}"])
+    job_id, run_dir = tiny_jobs["preempted"]
     metrics = run_dir / "metrics.jsonl"
     wait_for(job_id, run_dir, timeout=150, until=lambda info: metrics.exists() and metrics.stat().st_size > 0)
     subprocess.run(["scancel", "--signal=USR1", "--batch", job_id], check=True, timeout=30)
-    info = wait_for(job_id, run_dir, timeout=150)
+    info = wait_for(job_id, run_dir, timeout=200)
     assert_completed(info, job_id, run_dir)
     output = job_output(job_id, run_dir)
     assert info["Restarts"] == "1", output
     stopped = re.search(r"checkpoint at step (\d+), exiting with 75", output)
     assert stopped and f"requeueing job {job_id}" in output, output
     stop_step = int(stopped.group(1))
-    assert 0 < stop_step < max_steps, f"training was not stopped early (step {stop_step}); raise max_steps"
+    assert 0 < stop_step < PREEMPT_STEPS, f"training was not stopped early (step {stop_step}); raise PREEMPT_STEPS"
     assert f"at step {stop_step}" in output.split("requeueing", 1)[1], "the second start did not resume"
-    assert json.loads((latest_checkpoint(run_dir) / "meta.json").read_text())["step"] == max_steps
+    assert json.loads((latest_checkpoint(run_dir) / "meta.json").read_text())["step"] == PREEMPT_STEPS
     steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
-    assert steps == list(range(1, max_steps + 1))
+    assert steps == list(range(1, PREEMPT_STEPS + 1))
+
+
+def test_tiny_training_finishes_with_a_checkpoint(tiny_jobs):
+    run_dir = finished(tiny_jobs, "single")
+    meta = json.loads((latest_checkpoint(run_dir) / "meta.json").read_text())
+    assert meta["step"] == 4 and meta["samples_seen"] == 32
+    assert (latest_checkpoint(run_dir) / "model.safetensors").is_file()
+
+
+def test_eval_job_after_training_writes_zero_shot_results(tiny_jobs):
+    """The eval job waits for the training job (--dependency=afterok) and evaluates its latest checkpoint."""
+    finished(tiny_jobs, "single")
+    job_id, results = tiny_jobs["eval"]
+    assert_completed(wait_for(job_id, results, timeout=150), job_id, results)
+    result = json.loads((results / "zeroshot-latest-eval.json").read_text())
+    assert result["num_images"] == 24 and 0 <= result["top1"] <= result["top5"] <= 1
+
+
+def test_two_nodes_train_as_one_world_of_two(tiny_jobs):
+    job_id, run_dir = tiny_jobs["two-nodes"]
+    finished(tiny_jobs, "two-nodes")
+    checkpoint = latest_checkpoint(run_dir)
+    # every rank writes its own data-stream state into the checkpoint: two files = two processes
+    assert sorted(p.name for p in checkpoint.glob("data_state_*.json")) == ["data_state_0.json", "data_state_1.json"]
+    assert "2 node(s) x 1 process(es) = world size 2" in job_output(job_id, run_dir)
+    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3]
