@@ -12,6 +12,8 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from .attention import Attention
+
 log = logging.getLogger(__name__)
 
 
@@ -58,7 +60,7 @@ def load_pretrained(model: nn.Module, source: str | Path | dict[str, Tensor]) ->
 
 
 def attention_names(model: nn.Module) -> set[str]:
-    return {m.name for m in model.modules() if hasattr(m, "in_proj_weight") and hasattr(m, "name")}
+    return {m.name for m in model.modules() if isinstance(m, Attention)}
 
 
 def export_open_clip(model: nn.Module, path: str | Path) -> Path:
