@@ -98,6 +98,15 @@ def test_hybrid_per_layer_lists(name):
     clip_loss(model, *batch(model)).backward()
 
 
+@pytest.mark.skipif("linformer" not in ATTENTIONS, reason="linformer is not registered")
+def test_options_per_attention_name_and_sequence_length_default():
+    model = create_model("tiny-s", image_attention=["softmax", "linformer"], image_attention_options={"linformer": {"length": 8}})
+    first, second = (b.attn for b in model.visual.transformer.resblocks)
+    assert first.options == {} and second.proj_k.shape == (8, 17)  # max_length = 1 + (32 / 8)^2 image tokens
+    flat = create_model("tiny-s", image_attention="linformer", image_attention_options={"length": 4, "max_length": 40})
+    assert all(b.attn.proj_k.shape == (4, 40) for b in flat.visual.transformer.resblocks)
+
+
 def test_wrong_configs_fail_with_one_line_errors(tmp_path):
     one_line_error(lambda: create_model("tiny-s", image_attention=["softmax"] * 3), "image tower", "3 names for 2 layers")
     one_line_error(lambda: create_model("tiny-s", text_attention="nope"), "text tower", "unknown attention 'nope'", "softmax")
