@@ -10,12 +10,13 @@ A training job runs one Slurm task per node; each task starts torchrun for the p
 the rendezvous taken from Slurm's variables (slurm/train.sbatch). `--dry-run` prints the scripts instead of
 submitting them. The run directory is `train.run_dir` of the overrides or of the config file, else
 runs/<config-stem>-<timestamp>; it is passed on as an absolute `train.run_dir=` override, so a requeued
-job resumes there (train.resume=auto).
+job resumes there (train.resume=auto). The job runs in the current directory, like `python -m train` here.
 """
 from __future__ import annotations
 
 import argparse
 import csv
+import io
 import itertools
 import math
 import re
@@ -144,6 +145,8 @@ def choose_run_dir(config: Path, overrides: list[str], stamp: str) -> tuple[Path
     given = [o.partition("=")[2] for o in overrides if o.startswith("train.run_dir=")]
     explicit = (yaml.safe_load(config.read_text()) or {}).get("train", {}) or {}
     run_dir = Path(given[-1] if given else explicit.get("run_dir") or f"runs/{config.stem}-{stamp}").absolute()
+    if re.search(r"\s", str(run_dir)):
+        raise SubmitError(f"run directory {str(run_dir)!r} holds whitespace, which #SBATCH --output cannot; pick another train.run_dir")
     kept = [o for o in overrides if not o.startswith("train.run_dir=")]
     return run_dir, [*kept, f"train.run_dir={run_dir}"]
 
@@ -153,7 +156,7 @@ def render_train(config: Path, overrides: list[str], run_dir: Path, res: Resourc
     """slurm/train.sbatch for `python -m train CONFIG overrides...` with the job's resources."""
     return render("train.sbatch", {
         "job_name": f"clip-{run_dir.name}", "nodes": res.nodes, "procs_per_node": res.procs_per_node,
-        "world_size": res.world_size, "time": res.time, "workdir": REPO, "run_dir": run_dir,
+        "world_size": res.world_size, "time": res.time, "workdir": Path.cwd(), "repo": REPO, "run_dir": run_dir,
         "signal_seconds": res.signal_seconds, "sbatch_options": sbatch_options(res),
         "bin_dir": bin_dir or Path(sys.executable).parent,
         "train_args": shlex.join([str(config.absolute()), *overrides]),
@@ -178,8 +181,8 @@ def submit(script: str, path: Path, dry_run: bool) -> str | None:
 
 def submit_training(config: Path, overrides: list[str], res: Resources, dry_run: bool, stamp: str) -> tuple[str | None, Path]:
     """Validate, render and submit one training job; returns (job id, run dir)."""
-    run_dir, overrides = choose_run_dir(config, overrides, stamp)
     load_checked(config, overrides)
+    run_dir, overrides = choose_run_dir(config, overrides, stamp)
     script = render_train(config, overrides, run_dir, res)
     job_id = submit(script, run_dir / "train.sbatch", dry_run)
     if job_id:
@@ -188,7 +191,8 @@ def submit_training(config: Path, overrides: list[str], res: Resources, dry_run:
 
 
 def main_train(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(prog="python -m train.submit", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m train.submit", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("config", type=Path, help="training config YAML, e.g. configs/tiny.yaml")
     parser.add_argument("overrides", nargs="*", help="section.key=value overrides for python -m train")
     add_resource_arguments(parser)
@@ -258,6 +262,8 @@ def main_sweep(argv: list[str]) -> None:
     data = yaml.safe_load(args.config.read_text()) or {}
     config = read_sweep_file(args.config, args) if "config" in data else args.config
     check_config_path(config)
+    if not (args.sizes or args.attentions or args.samples):
+        raise SubmitError("a sweep needs at least one of --sizes, --attentions, --samples (or those keys in a sweep YAML)")
     res, stamp = resources_from(args), timestamp()
     base = load_checked(config, args.overrides)
     try:
@@ -277,13 +283,15 @@ def main_sweep(argv: list[str]) -> None:
 
 def write_manifest(rows: list[dict], path: Path | None) -> None:
     """manifest.csv (job_id, run_dir, size, attention, samples, overrides); printed instead when path is None."""
-    out = open(path, "w", newline="") if path else sys.stdout
-    writer = csv.DictWriter(out, fieldnames=list(rows[0]))
+    text = io.StringIO()
+    writer = csv.DictWriter(text, fieldnames=list(rows[0]), lineterminator="\n")
     writer.writeheader()
     writer.writerows(rows)
-    if path:
-        out.close()
-        print(f"manifest: {path}")
+    if path is None:
+        print(text.getvalue(), end="")
+        return
+    path.write_text(text.getvalue())
+    print(f"manifest: {path}")
 
 
 def eval_output(target: Path, dataset: Path, out_dir: Path | None) -> Path:
@@ -316,7 +324,8 @@ def main_eval(argv: list[str]) -> None:
     outputs = [eval_output(p, args.dataset, args.out and args.out.absolute()) for p in targets]
     log_dir = outputs[0].parent
     script = render("eval.sbatch", {
-        "job_name": f"clip-eval-{targets[0].name}", "time": res.time, "workdir": REPO, "out_dir": log_dir,
+        "job_name": f"clip-eval-{targets[0].name}", "time": res.time, "workdir": Path.cwd(), "repo": REPO,
+        "out_dir": log_dir,
         "sbatch_options": sbatch_options(res), "bin_dir": Path(sys.executable).parent,
         "checkpoints": shlex.join(map(str, targets)), "outputs": shlex.join(map(str, outputs)),
         "eval_args": shlex.join(["--dataset", str(args.dataset.absolute()), *eval_args]),

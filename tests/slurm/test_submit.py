@@ -59,6 +59,7 @@ def test_run_dir_of_the_config_file_is_kept(tmp_path, monkeypatch, capsys):
     (["--time", "1h"], "not a Slurm time"),
     (["--time", "2", "--signal-seconds", "120"], "not below the time limit"),
     (["--time", "10", "--gpus-per-node", "8", "--procs-per-node", "4"], "one process per GPU"),
+    (["--time", "10", "train.run_dir=/tmp/a b"], "holds whitespace"),
 ])
 def test_bad_input_is_one_line(config, argv, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
@@ -83,6 +84,11 @@ def test_sweep_submits_the_grid_and_writes_the_manifest(config, tmp_path, capsys
         assert f"train.max_steps={math.ceil(int(row['samples']) / 32)}" in overrides
         assert f"train.run_dir={row['run_dir']}" in overrides
         assert (tmp_path / "sweep" / row["run_dir"].rsplit("/", 1)[1] / "train.sbatch").is_file()
+
+
+def test_sweep_without_axes_is_refused(config):
+    with pytest.raises(SystemExit, match="at least one of --sizes"):
+        main(["sweep", str(config), "--time", "20", "--dry-run"])
 
 
 def test_sweep_file(config, tmp_path, capsys):

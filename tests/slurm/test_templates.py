@@ -29,7 +29,7 @@ def test_four_nodes_of_eight_gpus_script():
     lines = sbatch_lines(script)
     for expected in ["--nodes=4", "--ntasks-per-node=1", "--gres=gpu:8", "--partition=gpu", "--account=clip",
                      "--time=2-00:00:00", "--requeue", "--open-mode=append", "--signal=B:USR1@120",
-                     f"--output={RUN}/slurm-%j.out"]:
+                     f"--output={RUN}/slurm-%j.out", f"--chdir={Path.cwd()}"]:
         assert expected in lines, f"missing #SBATCH {expected} in {lines}"
     assert "WORLD_SIZE=32" in script.splitlines()
     launch = " ".join(script.split("torchrun ", 1)[1].split("\\\n"))
