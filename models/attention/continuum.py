@@ -74,9 +74,11 @@ def log_phi2_pair_value(d: Tensor, with_slope: bool = False) -> tuple[Tensor, ..
     tends to 1 at +inf and to 0 at -inf.
     """
     terms = series_terms(d.dtype)
-    small, pos = d.abs() < SERIES_BOUND, d > 0
-    x = torch.where(small, d, 0.0)
-    y = torch.where(small, SERIES_BOUND, d.abs())
+    y = d.abs()
+    small, pos = y < SERIES_BOUND, d > 0
+    # each branch sees only arguments where it is finite: the series |x| <= 1, the closed forms y >= 1
+    x = d.clamp(-SERIES_BOUND, SERIES_BOUND)
+    y = y.clamp_min(SERIES_BOUND)
     ey = torch.exp(-y)
     even, odd = even_odd(x, [1 / math.factorial(j + 2) for j in range(terms)])  # phi2 = sum_j x^j / (j + 2)!
     log_y2 = 2 * torch.log(y)

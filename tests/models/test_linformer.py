@@ -55,16 +55,24 @@ def test_padding_in_the_middle_is_ignored():
 
 
 def test_works_as_image_tower_attention():
-    """A ViT-B/16 at 224 px has 197 tokens (class + 14 x 14 patches); projected to 64."""
+    """A /16 image tower at 224 px has 197 tokens (class + 14 x 14 patches); projected to 64."""
+    from models.vit import VisionTransformer
+
     torch.manual_seed(0)
-    m = build_attention("linformer", 64, 4, length=64, max_length=197)
-    x = torch.randn(2, 197, 64, requires_grad=True)
-    y = m(x)
-    assert y.shape == x.shape and torch.isfinite(y).all()
+    tower = VisionTransformer(image_size=224, patch_size=16, width=64, heads=4, output_dim=16,
+                              attentions=["linformer"], options=[{"length": 64, "max_length": 197}])
+    m = tower.transformer.resblocks[0].attn
+    assert m.proj_k.shape == (64, 197)
+    y = tower(torch.randn(2, 3, 224, 224))
+    assert y.shape == (2, 16) and torch.isfinite(y).all()
     y.square().sum().backward()
-    assert torch.isfinite(x.grad).all() and m.proj_k.grad.abs().sum() > 0
+    assert (m.proj_k.grad.abs().sum(0) > 0).all() and (m.proj_v.grad.abs().sum(0) > 0).all()
     q, k, v = (torch.randn(2, 4, 197, 16, dtype=torch.float64) for _ in range(3))
     m64 = build_attention("linformer", 64, 4, length=64, max_length=197).double()
     m64.load_state_dict(m.state_dict())
     out = m.attention(q.float(), k.float(), v.float(), None)
     torch.testing.assert_close(out.double(), m64.attention_reference(q, k, v, None), rtol=1e-5, atol=1e-5)
+    small = VisionTransformer(image_size=224, patch_size=16, width=64, heads=4, output_dim=16,
+                              attentions=["linformer"], options=[{"length": 64, "max_length": 196}])
+    with pytest.raises(ValueError, match="197 tokens exceed max_length=196"):
+        small(torch.randn(1, 3, 224, 224))
