@@ -20,8 +20,8 @@ log = logging.getLogger(__name__)
 def read_state_dict(path: str | Path) -> dict[str, Tensor]:
     """A plain state dict from a safetensors or torch file (weights_only=True).
 
-    Accepts open_clip's checkpoints ({"state_dict": ...} or a bare dict, "module." prefixes from DDP)
-    and training checkpoints that hold the weights under "model".
+    Accepts open_clip's checkpoints ({"state_dict": ...} or a bare dict, "module." prefixes from DDP,
+    "_orig_mod." from torch.compile) and training checkpoints that hold the weights under "model".
     """
     path = Path(path)
     if not path.is_file():
@@ -35,7 +35,7 @@ def read_state_dict(path: str | Path) -> dict[str, Tensor]:
     for key in ("state_dict", "model"):
         if isinstance(sd, dict) and isinstance(sd.get(key), dict):
             sd = sd[key]
-    return {k.removeprefix("module."): v for k, v in sd.items()}
+    return {k.removeprefix("module.").removeprefix("_orig_mod."): v for k, v in sd.items()}
 
 
 def load_pretrained(model: nn.Module, source: str | Path | dict[str, Tensor]) -> tuple[list[str], list[str], list[str]]:
@@ -70,6 +70,7 @@ def export_open_clip(model: nn.Module, path: str | Path) -> Path:
     non-softmax layer is refused: open_clip has only softmax attention, so such weights would load
     (when their names match) but compute something else.
     """
+    model = getattr(model, "_orig_mod", model)  # a torch.compile wrapper saves its inner module's keys
     names = attention_names(model)
     if names != {"softmax"}:
         raise ValueError(f"export_open_clip: open_clip only has softmax attention but this model uses {', '.join(sorted(names))}; export a softmax model")

@@ -42,6 +42,8 @@ def gmacs_per_sample(model: nn.Module) -> dict:
     """{"image_gmacs", "text_gmacs", "gmacs"} for one image and one text of full context length."""
     from .clip import build_clip
 
+    if getattr(model, "config", None) is None:
+        raise ValueError("gmacs_per_sample: the model has no ModelConfig; build it with models.build_clip or models.create_model")
     with torch.device("meta"):
         shadow = build_clip(dataclasses.replace(model.config, pretrained=None)).eval()
     h, w = shadow.visual.image_size

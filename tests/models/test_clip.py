@@ -214,7 +214,7 @@ def test_bf16_autocast_forward():
         assert (r - o.float()).abs().max() < 0.05
 
 
-def test_torch_compile_matches_eager_forward_and_backward():
+def test_torch_compile_matches_eager_forward_and_backward(tmp_path):
     """aot_eager traces forward and backward as inductor does, without generating C++ (seconds, not minutes)."""
     model = create_model("tiny-s")
     images, text = batch(model)
@@ -226,6 +226,8 @@ def test_torch_compile_matches_eager_forward_and_backward():
     torch.testing.assert_close(compiled_loss, eager_loss)
     for (name, _), a, b in zip(model.named_parameters(), compiled_grads, eager_grads):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6, msg=name)
+    exported = models.read_state_dict(models.export_open_clip(compiled, tmp_path / "compiled.pt"))
+    assert set(exported) == set(model.state_dict())
 
 
 @pytest.mark.skipif(not os.environ.get("RUN_SLOW"), reason="inductor on CPU compiles C++ for ~90 s on 2 cores; RUN_SLOW=1 runs it")
