@@ -38,10 +38,14 @@ def inv_norm(x: Tensor) -> Tensor:
     return torch.linalg.vector_norm(x, dim=-1, keepdim=True).clamp_min(1e-12).reciprocal()
 
 
-def unnormalise_grad(x: Tensor, r: Tensor, grad_hat: Tensor) -> Tensor:
-    """Gradient through x^ = r x with r = 1/|x|: r g - r^3 (x.g) x. Overwrites grad_hat [G, N, D]."""
-    dot = torch.linalg.vecdot(x, grad_hat).unsqueeze(-1)  # [G, N, 1]
-    return grad_hat.mul_(r).addcmul_(x, dot.mul_(r.pow(3)), value=-1)
+def rowdot(x: Tensor, y: Tensor) -> Tensor:
+    """[G, N, D] x2 -> [G, N, 1]: x_i . y_i as N tiny matmuls, which skips the [G, N, D] product a mul-sum makes."""
+    return torch.einsum("gnd,gnd->gn", x, y).unsqueeze(-1)
+
+
+def unnormalise_grad(x_hat: Tensor, r: Tensor, grad_hat: Tensor) -> Tensor:
+    """Gradient through x_hat = r x with r = 1/|x|: r (g - (x_hat.g) x_hat). Overwrites grad_hat [G, N, D]."""
+    return grad_hat.addcmul_(x_hat, rowdot(x_hat, grad_hat), value=-1).mul_(r)
 
 
 def safe_divide(num: Tensor, den: Tensor) -> Tensor:
@@ -50,11 +54,11 @@ def safe_divide(num: Tensor, den: Tensor) -> Tensor:
 
 
 class AffineNoDenom(torch.autograd.Function):
-    """Non-causal Eq. 7 of Gerami et al. 2026 with a hand-written backward.
+    """Non-causal Eq. 7 of Gerami et al. 2026 with a hand-written backward, on [G, N, D] tensors.
 
-    o = rq * (q S) + s with S = k^T v / 2 (k^ = k / |k|, zero for padding) and s = sum_n v_n / 2:
-    the "1 +" and the 1/2 live in the small state, q^ is never materialised (its 1/|q| scales
-    rows after the matmul), and the backward reuses S instead of rebuilding [N, D] temporaries.
+    o = q^ S + s with S = k^^T v / 2 (k^ zero for padding) and s = sum_n v_n / 2: the "1 +" and
+    the 1/2 live in the small state, so the forward is two matmuls. The backward reuses S and the
+    saved q^, k^ (kept instead of q, k) so it makes no [N, D] temporaries beyond its outputs.
     """
 
     @staticmethod
@@ -62,22 +66,65 @@ class AffineNoDenom(torch.autograd.Function):
         rq, rk = inv_norm(q), inv_norm(k)
         if keep is not None:
             rk = rk * keep
-        state = torch.bmm((k * rk).transpose(1, 2), v).mul_(0.5)  # [G, D, D]
+        q_hat, k_hat = q * rq, k * rk
+        state = torch.bmm(k_hat.transpose(1, 2), v).mul_(0.5)  # [G, D, D]
         v_sum = v.sum(1, keepdim=True) if keep is None else torch.bmm(keep.transpose(1, 2), v)  # [G, 1, D]
-        out = torch.bmm(q, state).mul_(rq).add_(v_sum, alpha=0.5)
-        ctx.save_for_backward(q, k, v, keep, rq, rk, state)
-        return out
+        ctx.save_for_backward(q_hat, k_hat, v, keep, rq, rk, state)
+        return torch.bmm(q_hat, state).add_(v_sum, alpha=0.5)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        q, k, v, keep, rq, rk, state = ctx.saved_tensors
-        # half of dL/dS, where S = k^T v: S enters o through q^ S / 2
-        half_grad_state = torch.bmm(q.transpose(1, 2), grad * rq).mul_(0.5)  # [G, D, D]
-        grad_q = unnormalise_grad(q, rq, torch.bmm(grad, state.transpose(1, 2)))
-        grad_k = unnormalise_grad(k, rk, torch.bmm(v, half_grad_state.transpose(1, 2)))
+        q_hat, k_hat, v, keep, rq, rk, state = ctx.saved_tensors
+        # half of dL/dS for S = k^^T v, which enters o as q^ S / 2
+        half_grad_state = torch.bmm(q_hat.transpose(1, 2), grad).mul_(0.5)  # [G, D, D]
+        grad_q = unnormalise_grad(q_hat, rq, torch.bmm(grad, state.transpose(1, 2)))
+        grad_k = unnormalise_grad(k_hat, rk, torch.bmm(v, half_grad_state.transpose(1, 2)))
         half_grad_sum = grad.sum(1, keepdim=True).mul_(0.5)  # [G, 1, D]
-        grad_v = torch.bmm(k, half_grad_state).mul_(rk)
+        grad_v = torch.bmm(k_hat, half_grad_state)
         grad_v = grad_v.add_(half_grad_sum) if keep is None else grad_v.addcmul_(keep, half_grad_sum)
+        return grad_q, grad_k, grad_v, None
+
+
+class AffineNormalised(torch.autograd.Function):
+    """Non-causal linear_affine with a hand-written backward, on [G, N, D] tensors.
+
+    o = c + q^ S / den with c the mean of the real v, S = k^^T (v - c) and den = count + q^ . z,
+    z = sum_n k^_n: centring v on c (exact, the weights sum to one) makes the result exact when
+    all v are equal; the backward reuses S, z, den and the saved q^, k^, v - c.
+    """
+
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None) -> Tensor:
+        rq, rk = inv_norm(q), inv_norm(k)
+        if keep is not None:
+            rk = rk * keep
+        q_hat, k_hat = q * rq, k * rk
+        count = v.new_full((1, 1, 1), v.shape[1]) if keep is None else keep.sum(1, keepdim=True)  # [G or 1, 1, 1]
+        v_sum = v.sum(1, keepdim=True) if keep is None else torch.bmm(keep.transpose(1, 2), v)
+        centre = safe_divide(v_sum, count)  # [G, 1, D]
+        # padded rows of v - c meet k^ = 0 only, so they need no mask
+        v_centred = v - centre
+        k_sum = k_hat.sum(1, keepdim=True)  # [G, 1, D]
+        state = torch.bmm(k_hat.transpose(1, 2), v_centred)  # [G, D, D]
+        den = torch.bmm(q_hat, k_sum.transpose(1, 2)).add_(count).clamp_min_(torch.finfo(v.dtype).tiny)  # [G, N, 1]
+        ctx.save_for_backward(q_hat, k_hat, v_centred, keep, rq, rk, state, k_sum, den, count)
+        return torch.bmm(q_hat, state).div_(den).add_(centre)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        q_hat, k_hat, v_centred, keep, rq, rk, state, k_sum, den, count = ctx.saved_tensors
+        grad_scaled = grad / den
+        grad_state = torch.bmm(q_hat.transpose(1, 2), grad_scaled)  # [G, D, D]
+        grad_q_hat = torch.bmm(grad_scaled, state.transpose(1, 2))
+        # o = c + q^ S / den: dL/dden = -(g . q^ S) / den^2 = -(q^ . (g / den) S^T) / den
+        grad_den = rowdot(q_hat, grad_q_hat).div_(den).neg_()  # [G, N, 1]
+        grad_q = unnormalise_grad(q_hat, rq, grad_q_hat.addcmul_(grad_den, k_sum))
+        grad_k_sum = torch.bmm(grad_den.transpose(1, 2), q_hat)  # [G, 1, D]
+        grad_k = unnormalise_grad(k_hat, rk, torch.bmm(v_centred, grad_state.transpose(1, 2)).add_(grad_k_sum))
+        # c enters o directly and through S = k^^T (v - c); c = sum of real v / count
+        grad_v_sum = (grad.sum(1, keepdim=True) - torch.bmm(k_sum, grad_state)).div_(count)  # [G, 1, D]
+        grad_v = torch.bmm(k_hat, grad_state)
+        grad_v = grad_v.add_(grad_v_sum) if keep is None else grad_v.addcmul_(keep, grad_v_sum)
         return grad_q, grad_k, grad_v, None
 
 
@@ -142,7 +189,10 @@ def linear_affine(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, key_
     shape, dtype = q.shape, q.dtype
     qf, kf, vf = flatten(q, k, v)
     keep = key_weights(key_mask, q, qf.dtype)
-    out = normalised(qf * inv_norm(qf), unit_keys(kf, keep), vf, keep, causal=causal, chunk_size=chunk_size, plus_one=True)
+    if causal:
+        out = normalised(qf * inv_norm(qf), unit_keys(kf, keep), vf, keep, causal=True, chunk_size=chunk_size, plus_one=True)
+    else:
+        out = AffineNormalised.apply(qf, kf, vf, keep)
     return out.reshape(shape).to(dtype)
 
 
