@@ -319,6 +319,8 @@ def main_eval(argv: list[str]) -> None:
     args, eval_args = parser.parse_known_args(argv)
     if args.gpus_per_node > 1:
         raise SubmitError("eval.zeroshot uses one device; pass --gpus-per-node 1 (or 0 for the CPU)")
+    if not args.dataset.is_dir():
+        raise SubmitError(f"--dataset {args.dataset} is not a folder; give an ImageFolder tree or a clip_benchmark webdataset folder")
     res = resources_from(args)
     targets = [p.absolute() for p in args.checkpoints]
     outputs = [eval_output(p, args.dataset, args.out and args.out.absolute()) for p in targets]

@@ -114,6 +114,7 @@ def fake_run(root, steps):
 def test_eval_job_lists_checkpoints_and_outputs(tmp_path, capsys, fake_sbatch):
     run = fake_run(tmp_path / "run", [10, 20])
     dataset = tmp_path / "synthetic" / "eval"
+    dataset.mkdir(parents=True)
     main(["eval", str(run / "checkpoints" / "step_00000010"), str(run), "--dataset", str(dataset),
           "--time", "15", "--gpus-per-node", "0", "--batch-size", "16"])
     out = capsys.readouterr().out.splitlines()
@@ -129,3 +130,9 @@ def test_eval_job_lists_checkpoints_and_outputs(tmp_path, capsys, fake_sbatch):
 def test_eval_refuses_what_is_not_a_checkpoint(tmp_path):
     with pytest.raises(SystemExit, match="neither a checkpoint folder"):
         main(["eval", str(tmp_path), "--dataset", str(tmp_path), "--time", "5", "--dry-run"])
+
+
+def test_eval_refuses_a_missing_dataset(tmp_path):
+    run = fake_run(tmp_path / "run", [10])
+    with pytest.raises(SystemExit, match="--dataset .* is not a folder"):
+        main(["eval", str(run), "--dataset", str(tmp_path / "nope"), "--time", "5", "--dry-run"])
