@@ -62,8 +62,18 @@ def _sizes_in_dir(directory: str) -> dict[str, int]:
     return {}
 
 
+def _img2dataset_count(url: str) -> int | None:
+    """Samples written to 00000.tar, from the 00000_stats.json img2dataset writes beside it."""
+    stats_path = os.path.splitext(url)[0] + "_stats.json"
+    if not os.path.isfile(stats_path):
+        return None
+    with open(stats_path) as f:
+        return int(json.load(f)["successes"])
+
+
 def read_sizes(urls: list[str]) -> list[int] | None:
-    """Sample count of every shard from the size files beside local shards; None if any is unknown."""
+    """Sample count of every local shard from sizes.json, _info.json or img2dataset's NNNNN_stats.json
+    beside it; None if any shard's count is unknown (then shards are dealt whole to the workers)."""
     if not all(is_local(url) for url in urls):
         return None
     by_dir: dict[str, dict[str, int]] = {}
@@ -73,6 +83,8 @@ def read_sizes(urls: list[str]) -> list[int] | None:
         if directory not in by_dir:
             by_dir[directory] = _sizes_in_dir(directory)
         count = by_dir[directory].get(os.path.basename(url))
+        if count is None:
+            count = _img2dataset_count(url)
         if count is None:
             return None
         sizes.append(count)

@@ -14,13 +14,15 @@ def test_braces_and_sources_expand_in_order_with_weights_per_source():
     assert expand_spec("x.tar")[1] is None
 
 
-def test_sizes_from_sizes_json_or_info_json(tmp_path):
+def test_sizes_from_sizes_json_info_json_or_img2dataset_stats(tmp_path):
     spec = write_shards(tmp_path / "a", [3, 5])
     (tmp_path / "b").mkdir()
     info = {"shardlist": [{"url": "0.tar", "nsamples": 7}, {"url": "1.tar", "nsamples": 2}]}
     (tmp_path / "b" / "_info.json").write_text(json.dumps(info))
     assert read_sizes(expand_spec(spec)[0] + [str(tmp_path / "b" / "1.tar")]) == [3, 5, 2]
-    assert read_sizes([str(tmp_path / "b" / "9.tar")]) is None
+    (tmp_path / "b" / "9_stats.json").write_text(json.dumps({"count": 10, "successes": 8}))
+    assert read_sizes([str(tmp_path / "b" / "9.tar")]) == [8]
+    assert read_sizes([str(tmp_path / "b" / "8.tar")]) is None
     assert read_sizes(["pipe:cat x.tar"]) is None
 
 

@@ -1,0 +1,119 @@
+"""Throughput of our shard loader against open_clip's webdataset pipeline, on the same shards.
+
+    python scripts/bench_data.py [--samples 4000] [--image-size 224] [--batch-size 64] [--workers 2]
+
+Both loaders decode JPEGs, apply open_clip's train transform and tokenizer in `--workers`
+DataLoader workers and yield batches; each reads one epoch of synthetic 224 px JPEG shards
+written to a temporary folder. Rounds alternate between the two loaders and the median is kept.
+Writes docs/bench_data.csv and docs/bench_data.md.
+"""
+
+import argparse
+import csv
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from argparse import Namespace
+from functools import partial
+from pathlib import Path
+
+import open_clip
+import open_clip_train.data
+import torch
+from open_clip_train.data import get_wds_dataset
+from webdataset.tariterators import tar_file_expander
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from data import DataConfig, build_train_data  # noqa: E402
+from data.synthetic import make_synthetic  # noqa: E402
+
+
+def time_epoch(batches) -> tuple[int, float]:
+    """(samples, seconds) for one pass, worker start-up included."""
+    start, samples = time.perf_counter(), 0
+    for images, tokens in batches:
+        assert images.shape[0] == tokens.shape[0]
+        samples += images.shape[0]
+    return samples, time.perf_counter() - start
+
+
+def ours(spec: str, transform, tokenizer, args) -> tuple[int, float]:
+    cfg = DataConfig(train_shards=spec, batch_size=args.batch_size, workers=args.workers)
+    return time_epoch(build_train_data(cfg, transform, tokenizer).loader)
+
+
+def open_clips(spec: str, transform, tokenizer, args) -> tuple[int, float]:
+    # webdataset >= 0.2.96 ends every shard with an empty EOF dict that open_clip_train's
+    # group_by_keys_nothrow cannot read (KeyError 'fname', webdataset issue #384); the fix from that
+    # thread, eof_value=None, restores the behaviour open_clip was written for.
+    open_clip_train.data.tar_file_expander = partial(tar_file_expander, eof_value=None)
+    options = Namespace(train_data=spec, val_data=None, dataset_resampled=False, train_num_samples=None,
+                        train_data_upsampling_factors=None, seed=0, batch_size=args.batch_size,
+                        workers=args.workers, world_size=1)
+    info = get_wds_dataset(options, transform, is_train=True, epoch=0, tokenizer=tokenizer)
+    return time_epoch(info.dataloader)
+
+
+def write_report(rows: list[dict], out: Path, args) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "bench_data.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    lines = [
+        "# Data loader throughput",
+        "",
+        f"`python scripts/bench_data.py --samples {args.samples} --image-size {args.image_size} "
+        f"--batch-size {args.batch_size} --workers {args.workers} --rounds {args.rounds}` on "
+        f"{platform.machine()} with {os.cpu_count()} CPU cores, torch {torch.__version__}.",
+        "Synthetic JPEG shards; open_clip train transform and ViT-B-16 tokenizer in the workers; one epoch "
+        "per round, worker start-up included; median over rounds.",
+        "",
+        "| loader | samples/s (median) | rounds (samples/s) |",
+        "| --- | --- | --- |",
+    ]
+    for name in ("ours", "open_clip"):
+        runs = [r["samples_per_s"] for r in rows if r["loader"] == name]
+        lines.append(f"| {name} | {statistics.median(runs):.0f} | {', '.join(f'{x:.0f}' for x in runs)} |")
+    ratio = median_rate(rows, "ours") / median_rate(rows, "open_clip")
+    lines += ["", f"Ratio ours / open_clip: **{ratio:.2f}**", ""]
+    (out / "bench_data.md").write_text("\n".join(lines))
+
+
+def median_rate(rows: list[dict], name: str) -> float:
+    return statistics.median(r["samples_per_s"] for r in rows if r["loader"] == name)
+
+
+def main(argv: list[str] | None = None) -> float:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--samples", type=int, default=4000)
+    parser.add_argument("--image-size", type=int, default=224)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "docs"))
+    args = parser.parse_args(argv)
+    transform = open_clip.image_transform(args.image_size, is_train=True)
+    tokenizer = open_clip.get_tokenizer("ViT-B-16")
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        spec = make_synthetic(tmp, train_samples=args.samples, eval_per_class=0, image_size=args.image_size,
+                              shard_size=max(1, args.samples // 8))
+        for round_ in range(args.rounds):
+            for name, run in (("ours", ours), ("open_clip", open_clips)):
+                samples, seconds = run(spec, transform, tokenizer, args)
+                rows.append({"loader": name, "round": round_, "samples": samples, "seconds": round(seconds, 3),
+                             "samples_per_s": round(samples / seconds, 1), "batch_size": args.batch_size,
+                             "workers": args.workers, "image_size": args.image_size})
+                print(f"round {round_} {name:9s} {samples} samples in {seconds:.2f}s = {samples / seconds:.0f}/s")
+    ratio = median_rate(rows, "ours") / median_rate(rows, "open_clip")
+    print(f"ours / open_clip = {ratio:.2f}")
+    write_report(rows, Path(args.out), args)
+    return ratio
+
+
+if __name__ == "__main__":
+    main()
