@@ -14,6 +14,7 @@ import logging
 import random
 import warnings
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 from PIL import Image
@@ -32,31 +33,36 @@ def tar_samples(url: str):
     """Raw samples of one tar as dicts {"__key__", "__url__", ext: bytes}. A key seen twice in the tar
     gives a sample marked "duplicate_key"; a tar that cannot be opened or breaks off ends with one
     sample marked "unreadable_tar" (the sample it was inside is lost with it)."""
-    seen, current = set(), None
+    seen, current, stream = set(), None, None
     try:
-        with contextlib.closing(gopen(url)) as stream:
-            for member in tar_file_iterator(stream):
-                key, suffix = base_plus_ext(member["fname"])
-                if key is None:
-                    continue
-                suffix = suffix.lower()
-                if current is not None and key == current["__key__"]:
-                    if suffix in current:
-                        current["__error__"] = "duplicate_key"
-                    current[suffix] = member["data"]
-                    continue
-                if current is not None:
-                    yield current
-                current = {"__key__": key, "__url__": url, suffix: member["data"]}
-                if key in seen:
+        stream = gopen(url)
+        for member in tar_file_iterator(stream):
+            key, suffix = base_plus_ext(member["fname"])
+            if key is None:
+                continue
+            suffix = suffix.lower()
+            if current is not None and key == current["__key__"]:
+                if suffix in current:
                     current["__error__"] = "duplicate_key"
-                seen.add(key)
+                current[suffix] = member["data"]
+                continue
+            if current is not None:
+                yield current
+            current = {"__key__": key, "__url__": url, suffix: member["data"]}
+            if key in seen:
+                current["__error__"] = "duplicate_key"
+            seen.add(key)
     except Exception as exn:
         # Every member read so far is whole (tar stores sizes), so a sample with both parts is good.
         if current is not None and "txt" in current and any(ext in current for ext in IMAGE_EXTENSIONS):
             yield current
         yield {"__key__": None, "__url__": url, "__error__": "unreadable_tar", "__detail__": repr(exn)}
         return
+    finally:
+        # A pipe stopped early (the worker needed no more of this shard) may exit non-zero on close.
+        with contextlib.suppress(Exception):
+            if stream is not None:
+                stream.close()
     if current is not None:
         yield current
 
@@ -114,6 +120,11 @@ def block_shuffle(raw, size: int, rng_of_block, block: int = 0, index: int = 0, 
             yield units[order[k]][0], position
         piece, offset = units[-1][1], units[-1][2]
         block, index = block + 1, 0
+
+
+def block_rng(stream_key: str, block: int) -> random.Random:
+    """The RNG that permutes one block: a function of the stream's identity and the block number."""
+    return random.Random(f"{stream_key}:{block}")
 
 
 def decode(sample: dict, max_pixels: int) -> tuple[Image.Image, str]:
@@ -174,8 +185,8 @@ class ShardStream(IterableDataset):
 
     def __iter__(self):
         job = self.job
-        info = get_worker_info()
-        worker = ((info.id if info else 0) + job.start_batch) % max(1, job.workers)
+        loader_worker = get_worker_info()
+        worker = ((loader_worker.id if loader_worker else 0) + job.start_batch) % max(1, job.workers)
         counts = zero_counts()
         samples = self.samples(worker, counts)
         for j in worker_batches(job.shape, job.workers, worker, job.start_batch):
@@ -221,12 +232,12 @@ class ShardStream(IterableDataset):
         if job.pieces is None:
             stream_key = f"{key}:{job.start_batch}"
             raw = resampled_raw(job.urls, job.weights, random.Random(f"{stream_key}:shards"))
-            yield from block_shuffle(raw, job.shuffle_buffer, lambda b: random.Random(f"{stream_key}:{b}"))
+            yield from block_shuffle(raw, job.shuffle_buffer, partial(block_rng, stream_key))
             return
         position = job.positions.get(worker, {"pass": 0, "raw": 0})
         pieces, pass_ = job.pieces[worker], position["pass"]
         while True:
-            rng_of_block = (lambda p: lambda b: random.Random(f"{key}:{p}:{b}"))(pass_)
+            rng_of_block = partial(block_rng, f"{key}:{pass_}")
             if "piece" in position:
                 where = {k: position[k] for k in ("block", "index", "piece", "offset")}
                 raw = epoch_raw(pieces, position["piece"], position["offset"])

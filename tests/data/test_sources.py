@@ -1,6 +1,9 @@
 """Shard specs (braces, `::` sources, weights, pipe:, size files) and resampled mode."""
 
 import json
+import threading
+from functools import partial
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 
 from data import DataConfig, build_train_data
 from data.sources import expand_spec, read_sizes
@@ -67,3 +70,17 @@ def test_resampled_streams_are_seeded_per_rank_and_resume_reproducibly(tmp_path)
         resumed.load_state_dict(state)
         tails.append(batch_ids(resumed.loader))
     assert tails[0] == tails[1] and len(tails[0]) == 5
+
+
+def test_http_shards_are_read_through_curl(tmp_path):
+    write_shards(tmp_path, [5, 7], sizes_json=False)
+    handler = partial(SimpleHTTPRequestHandler, directory=str(tmp_path))
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        spec = f"http://127.0.0.1:{server.server_port}/{{0000..0001}}.tar"
+        cfg = DataConfig(train_shards=spec, train_num_samples=12, batch_size=4, workers=0)
+        data = build_train_data(cfg, to_tensor, ids_tokenizer)
+        assert sorted(i for batch in batch_ids(data.loader) for i in batch) == list(range(12))
+    finally:
+        server.shutdown()
