@@ -1,0 +1,81 @@
+"""Helpers of the training tests: a tiny config on the session's synthetic data, in-process and CLI runs."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from train.main import main
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def tiny_config(tmp_path: Path, synthetic: dict, **sections) -> Path:
+    """A YAML config of tiny-s on the synthetic shards (batch 16, fp32, no eval), updated per section."""
+    cfg = {
+        "model": {"name": "tiny-s"},
+        "data": {"train_shards": synthetic["train"], "batch_size": 16, "workers": 0, "shuffle_buffer": 64},
+        "optim": {"lr": 1.0e-3, "warmup_steps": 2},
+        "train": {"run_dir": str(tmp_path / "run"), "max_steps": 4, "log_every": 1, "save_every": 0,
+                  "progress": False, "wandb": "disabled", "augment": False},
+        "eval": {"dataset": None},
+    }
+    for section, values in sections.items():
+        cfg[section].update(values)
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def run(config: Path, *overrides: str) -> int:
+    """main() in this process."""
+    return main([str(config), *overrides])
+
+
+def cli(args: list[str], *, env: dict | None = None, launcher: list[str] | None = None, **popen) -> subprocess.Popen:
+    """`python -m train ARGS` (or under a launcher such as torchrun) in a subprocess, from the repo root."""
+    full_env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", **(env or {})}
+    command = (launcher or [sys.executable]) + ["-m", "train", *args]
+    return subprocess.Popen(command, cwd=REPO, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, **popen)
+
+
+def finish(proc: subprocess.Popen, timeout: float = 240) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) of a subprocess; killed (with its children, via its process group) on timeout."""
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        out, err = proc.communicate()
+        raise AssertionError(f"timed out after {timeout} s: {err[-3000:]}") from None
+    return proc.returncode, out, err
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    path = Path(run_dir) / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+
+
+def train_records(run_dir: Path) -> list[dict]:
+    """The per-step lines of metrics.jsonl (not the eval lines)."""
+    return [r for r in metrics(run_dir) if "loss" in r]
+
+
+def checkpoints(run_dir: Path) -> list[Path]:
+    root = Path(run_dir) / "checkpoints"
+    return sorted(p for p in root.iterdir() if p.name.startswith("step_")) if root.is_dir() else []
+
+
+def weights(folder: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(Path(folder) / "model.safetensors"))
+
+
+def max_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max((a[k].double() - b[k].double()).abs().max().item() for k in a)

@@ -1,0 +1,27 @@
+"""Fixtures of the training tests: one small synthetic data set per session, fresh accelerate state per test."""
+import pytest
+import torch
+from accelerate.state import AcceleratorState, GradientState
+
+from data import make_synthetic
+
+
+@pytest.fixture(scope="session")
+def synthetic(tmp_path_factory) -> dict:
+    """{"train": shard spec, "eval": ImageFolder path} of 1536 train samples in 24 shards, 5 eval images per class."""
+    out = tmp_path_factory.mktemp("synthetic")
+    spec = make_synthetic(out, train_samples=1536, eval_per_class=5, shard_size=64, seed=0)
+    return {"train": spec, "eval": str(out / "eval")}
+
+
+@pytest.fixture(autouse=True)
+def fresh_accelerate():
+    """main() creates an Accelerator; its process-wide state must not leak into the next test.
+    One intra-op thread: tiny models gain nothing from more, and on a shared CPU their spin-waits cost a lot."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    torch.use_deterministic_algorithms(False)

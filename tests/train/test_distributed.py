@@ -1,0 +1,31 @@
+"""Two gloo processes under torchrun against one process with the same global batch."""
+import sys
+
+import pytest
+
+from .common import checkpoints, cli, finish, max_difference, run, tiny_config, train_records, weights
+
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+
+
+@pytest.mark.parametrize("accum_freq", [1, 2])
+def test_two_processes_equal_one_with_the_global_batch(tmp_path, synthetic, accum_freq):
+    """Per-rank batch b on 2 ranks (x accum_freq micro-batches) = batch 2b*accum_freq on 1 process: losses and weights.
+
+    data.train_num_samples = one optimizer step, so every epoch is one step and both runs see the same
+    samples each step (each rank reads its own contiguous half of the epoch)."""
+    step_batch = 16
+    common = ["train.max_steps=3", "train.save_every=0", "optim.lr=1e-4", f"data.train_num_samples={step_batch}"]
+    one, two = tmp_path / "one", tmp_path / "two"
+    proc = cli([str(tiny_config(tmp_path, synthetic)), f"train.run_dir={two}", f"data.batch_size={step_batch // accum_freq}",
+                f"train.accum_freq={accum_freq}", *common], launcher=TORCHRUN)
+    code, _, err = finish(proc)
+    assert code == 0, err[-3000:]
+    assert run(tiny_config(tmp_path, synthetic), f"train.run_dir={one}", f"data.batch_size={step_batch}", *common) == 0
+    ones, twos = train_records(one), train_records(two)
+    assert [r["step"] for r in twos] == [1, 2, 3]  # rank 0 alone writes metrics
+    assert [r["samples_seen"] for r in twos] == [r["samples_seen"] for r in ones] == [16, 32, 48]
+    for a, b in zip(ones, twos):
+        assert abs(a["loss"] - b["loss"]) < 1e-5 and abs(a["grad_norm"] - b["grad_norm"]) < 1e-4 * a["grad_norm"]
+    assert max_difference(weights(checkpoints(one)[-1]), weights(checkpoints(two)[-1])) < 1e-5
+    assert sorted(p.name for p in checkpoints(two)[-1].iterdir()) == ["data_state_0.json", "data_state_1.json", "meta.json", "model.safetensors", "state"]

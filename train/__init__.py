@@ -1,0 +1,1 @@
+"""Training: `python -m train CONFIG.yaml [key=value ...]` (see train/main.py)."""

@@ -1,0 +1,95 @@
+"""The distributed setup through accelerate, and the per-step agreement between ranks.
+
+`Accelerator()` reads the world from the environment, so `torchrun`, `accelerate launch` and Slurm's
+`srun` (one task per node running torchrun) all work unchanged; on machines without a GPU the backend
+is gloo. Pre-emption (SIGTERM, or SIGUSR1 from Slurm's `--signal`) only raises a flag; the loop finishes
+its step, and all ranks stop at the same step because the flag is all-reduced every step.
+"""
+from __future__ import annotations
+
+import os
+import random
+import signal
+
+import numpy as np
+import torch
+from accelerate import Accelerator, DistributedDataParallelKwargs, FullyShardedDataParallelPlugin, InitProcessGroupKwargs
+
+from .config import ConfigError, TrainConfig
+
+PRECISION = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}
+PREEMPT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+def world_size_from_env() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def make_accelerator(cfg: TrainConfig) -> Accelerator:
+    """An Accelerator for DDP (default) or FSDP, with the configured mixed precision."""
+    if cfg.precision == "fp16" and (cfg.cpu or not torch.cuda.is_available()):
+        raise ConfigError("train.precision=fp16 needs a GPU (its gradient scaler is CUDA-only); use train.precision=bf16 on the CPU")
+    if cfg.deterministic:
+        # cuBLAS needs a fixed workspace to be deterministic; must be set before the first CUDA matmul
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    seed_everything(cfg.seed)
+    fsdp = None
+    if cfg.distributed == "fsdp":
+        fsdp = FullyShardedDataParallelPlugin(
+            fsdp_version=2,
+            auto_wrap_policy="transformer_based_wrap",
+            transformer_cls_names_to_wrap=list(cfg.fsdp_wrap),
+            state_dict_type="SHARDED_STATE_DICT",
+            reshard_after_forward=True,
+        )
+    handlers = [InitProcessGroupKwargs(), DistributedDataParallelKwargs(find_unused_parameters=False)]
+    # the schedule is defined per optimizer step; by default accelerate would step it once per process
+    # accelerate treats a torchrun world as multi-process CPU (gloo) only when told it is on the CPU
+    return Accelerator(
+        mixed_precision=PRECISION[cfg.precision],
+        cpu=cfg.cpu or not torch.cuda.is_available(),
+        fsdp_plugin=fsdp,
+        kwargs_handlers=handlers,
+        step_scheduler_with_optimizer=False,
+    )
+
+
+def seed_everything(seed: int) -> None:
+    """The same seed on every rank, so every rank builds the same initial model."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+class StopFlag:
+    """Set by SIGTERM/SIGUSR1; read once per step. Installs its handlers for the life of the object."""
+
+    def __init__(self):
+        self.signal: int | None = None
+        self.previous = {}
+        for sig in PREEMPT_SIGNALS:
+            self.previous[sig] = signal.signal(sig, self.handle)
+
+    def handle(self, signum, frame) -> None:
+        self.signal = signum
+
+    def restore(self) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+    @property
+    def requested(self) -> bool:
+        return self.signal is not None
+
+
+def agree(accelerator: Accelerator, loss: torch.Tensor, stop: bool) -> tuple[float, bool]:
+    """(loss averaged over ranks, whether any rank must stop) from one small all-reduce per step.
+
+    A non-finite loss on any rank makes the average non-finite, so every rank skips the same step.
+    """
+    t = torch.stack([loss.detach().float().reshape(()), torch.tensor(float(stop), device=loss.device)])
+    if accelerator.num_processes > 1:
+        torch.distributed.all_reduce(t)
+    loss_mean, stops = t.tolist()
+    return loss_mean / accelerator.num_processes, stops > 0

@@ -1,0 +1,227 @@
+"""The training loop: one optimizer step per iteration, over a contrastive loss of the whole (accumulated) batch.
+
+A step: draw `accum_freq` micro-batches, compute gradients (`compute_gradients`), agree over all ranks on
+whether the loss was finite and whether a pre-emption signal arrived, then take the optimizer step (or skip
+it), step the schedule, clamp the logit scale, log, evaluate and checkpoint as configured.
+"""
+from __future__ import annotations
+
+import math
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+from accelerate import Accelerator
+from torch import Tensor, nn
+
+from .checkpoint import save_checkpoint
+from .config import TrainConfig
+from .dist import StopFlag, agree
+from .log import RunLog
+from .optim import clamp_logit_scale
+
+PREEMPTED = 75  # exit code after a pre-emption checkpoint; the Slurm wrapper requeues on it
+
+
+class TrainingError(RuntimeError):
+    """The run cannot continue (e.g. too many non-finite steps); `python -m train` prints it and exits with 1."""
+
+
+@dataclass
+class Progress:
+    """Where the run is; saved in every checkpoint's meta.json."""
+
+    step: int = 0
+    samples_seen: int = 0
+    epoch: int = 0
+    bad_steps: int = 0  # non-finite steps skipped so far
+    consecutive_bad: int = 0
+
+
+class DataStream:
+    """Endless micro-batches from `build_train_data`'s result, epoch after epoch, moved to the device."""
+
+    def __init__(self, data, device: torch.device, epoch: int = 0):
+        self.data, self.device, self.epoch = data, device, epoch
+        self.iterator = None
+
+    def next(self) -> tuple[Tensor, Tensor]:
+        """-> (images [b, 3, H, W], tokens [b, L]) of this rank."""
+        while True:
+            if self.iterator is None:
+                self.data.set_epoch(self.epoch)
+                self.iterator = iter(self.data.loader)
+            try:
+                images, tokens = next(self.iterator)
+                return images.to(self.device, non_blocking=True), tokens.to(self.device, non_blocking=True)
+            except StopIteration:
+                self.iterator, self.epoch = None, self.epoch + 1
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "stream": self.data.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch = state["epoch"]
+        self.data.load_state_dict(state["stream"])
+
+
+def plain_param(p: Tensor | None) -> Tensor | None:
+    """A parameter as an ordinary tensor, also when FSDP holds it as a sharded DTensor (gathered with grad)."""
+    return p.full_tensor() if hasattr(p, "full_tensor") else p
+
+
+def compute_gradients(accelerator: Accelerator, model: nn.Module, loss_fn: nn.Module, micro_batches: list, *,
+                      logit_bias: Tensor | None = None, poison: bool = False) -> Tensor:
+    """Backward of the contrastive loss over all micro-batches together; returns the loss (detached).
+
+    With several micro-batches (open_clip's --accum-freq): first the features of every micro-batch without
+    gradients, then each micro-batch again with gradients, scored against the cached features of the others.
+    The gradients sum to those of one batch of the combined size. The logit scale and bias take part with
+    gradients in the last pass only (the one that syncs across ranks), so they are counted once.
+    """
+    cached = None
+    if len(micro_batches) > 1:
+        with torch.no_grad():
+            cached = [model(images, tokens)[:2] for images, tokens in micro_batches]
+    for j, (images, tokens) in enumerate(micro_batches):
+        last = j == len(micro_batches) - 1
+        with nullcontext() if last else accelerator.no_sync(model):
+            image_features, text_features, scale = model(images, tokens)
+            bias = plain_param(logit_bias)
+            if not last:
+                scale, bias = scale.detach(), None if bias is None else bias.detach()
+            if cached is not None:
+                image_features = torch.cat([c[0] for c in cached[:j]] + [image_features] + [c[0] for c in cached[j + 1:]])
+                text_features = torch.cat([c[1] for c in cached[:j]] + [text_features] + [c[1] for c in cached[j + 1:]])
+            loss = loss_fn(image_features, text_features, scale, bias)
+            if poison:
+                loss = loss * float("nan")
+            accelerator.backward(loss)
+    return loss.detach()
+
+
+def apply_gradients(accelerator: Accelerator, model: nn.Module, optimizer, clip_norm: float | None) -> tuple[bool, float]:
+    """Clip and step unless the gradient norm is non-finite; returns (stepped, gradient norm).
+
+    Under fp16 a non-finite norm is the gradient scaler's business: it skips the step and lowers the scale.
+    """
+    norm = accelerator.clip_grad_norm_(model.parameters(), clip_norm if clip_norm else math.inf)
+    norm = float(norm)
+    if math.isfinite(norm) or accelerator.scaler is not None:
+        optimizer.step()
+        return True, norm
+    return False, norm
+
+
+@dataclass
+class Trainer:
+    """Everything the loop touches; built by train.main."""
+
+    accelerator: Accelerator
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    schedule: torch.optim.lr_scheduler.LRScheduler
+    loss_fn: nn.Module
+    stream: DataStream
+    cfg: TrainConfig
+    log: RunLog
+    config_dict: dict  # the resolved config, stored in every checkpoint
+    clip_norm: float | None = None
+    evaluate: Callable[[], dict] | None = None  # zero-shot results (on rank 0; {} elsewhere)
+    eval_every: int = 0
+    progress: Progress = field(default_factory=Progress)
+
+    def run(self) -> int:
+        """Train to cfg.max_steps; returns the exit code (0 done, 75 pre-empted)."""
+        stop = StopFlag()
+        try:
+            while self.progress.step < self.cfg.max_steps:
+                if self.step(stop):
+                    self.message(f"signal {stop.signal} received: checkpoint at step {self.progress.step}, exiting with {PREEMPTED} to be requeued")
+                    self.save()
+                    return PREEMPTED
+            if not self.due(self.cfg.save_every):
+                self.save()
+            if self.evaluate is not None and not self.due(self.eval_every):
+                self.run_eval()
+            return 0
+        finally:
+            stop.restore()
+            self.log.close()
+
+    def due(self, every: int) -> bool:
+        """Whether something done every `every` steps (0 = never) falls on the current step."""
+        return every > 0 and self.progress.step % every == 0
+
+    def step(self, stop: StopFlag) -> bool:
+        """One optimizer step with logging, eval and checkpoints; returns whether all ranks must stop now.
+
+        The stop flag is read after the backward pass, so a signal during a step stops the run at that step."""
+        acc, p, cfg = self.accelerator, self.progress, self.cfg
+        start = time.perf_counter()
+        batches = [self.stream.next() for _ in range(cfg.accum_freq)]
+        data_wait = time.perf_counter() - start
+        self.optimizer.zero_grad(set_to_none=True)
+        bias = getattr(acc.unwrap_model(self.model), "logit_bias", None)
+        loss = compute_gradients(acc, self.model, self.loss_fn, batches, logit_bias=bias, poison=p.step + 1 in cfg.debug_nan_steps)
+        loss, stop_now = agree(acc, loss, stop.requested)
+        bad, grad_norm = not math.isfinite(loss), math.nan
+        if not bad:
+            stepped, grad_norm = apply_gradients(acc, self.model, self.optimizer, self.clip_norm)
+            bad = not stepped
+        lr = self.schedule.get_last_lr()[0]
+        self.schedule.step()
+        clamp_logit_scale(acc.unwrap_model(self.model))
+        p.step += 1
+        step_samples = sum(len(images) for images, _ in batches) * acc.num_processes
+        p.samples_seen += step_samples
+        self.count_bad(bad, loss, grad_norm)
+        self.report(loss, lr, grad_norm, data_wait, step_samples / max(time.perf_counter() - start, 1e-9))
+        if self.evaluate is not None and self.due(self.eval_every):
+            self.run_eval()
+        if self.due(cfg.save_every) and not stop_now:
+            self.save()
+        return stop_now
+
+    def count_bad(self, bad: bool, loss: float, grad_norm: float) -> None:
+        """Count a skipped step; too many in a row stop the run."""
+        p = self.progress
+        if not bad:
+            p.consecutive_bad = 0
+            return
+        p.bad_steps += 1
+        p.consecutive_bad += 1
+        self.message(f"warning: step {p.step}: non-finite loss {loss} or gradient norm {grad_norm}, optimizer step skipped ({p.consecutive_bad} in a row)")
+        if p.consecutive_bad >= self.cfg.max_bad_steps:
+            raise TrainingError(f"stopped at step {p.step}: {p.consecutive_bad} consecutive steps with a non-finite loss or gradient "
+                                f"(train.max_bad_steps={self.cfg.max_bad_steps}); lower optim.lr, set optim.grad_clip_norm, or use train.precision=fp32")
+
+    def report(self, loss: float, lr: float, grad_norm: float, data_wait: float, samples_per_s: float) -> None:
+        """Progress bar every step; metrics.jsonl and wandb every log_every steps and at the last step."""
+        p, acc = self.progress, self.accelerator
+        self.log.progress(1, loss=loss, lr=lr, samples_s=samples_per_s)
+        if not self.due(max(1, self.cfg.log_every)) and p.step != self.cfg.max_steps:
+            return
+        scale = float(plain_param(acc.unwrap_model(self.model).logit_scale).detach().exp())
+        self.log.log({"step": p.step, "samples_seen": p.samples_seen, "loss": loss, "lr": lr, "logit_scale": scale,
+                      "samples_per_s": samples_per_s, "data_wait_s": data_wait, "grad_norm": grad_norm,
+                      "bad_steps": p.bad_steps, "skipped": self.stream.data.skipped(), "time": time.time()})
+
+    def run_eval(self) -> None:
+        results = self.evaluate()
+        if results:
+            self.log.log({"step": self.progress.step, "samples_seen": self.progress.samples_seen, **results})
+            self.message(f"step {self.progress.step}: " + ", ".join(f"{k}={results[k]:.4f}" for k in ("zeroshot/top1", "zeroshot/top5") if k in results))
+
+    def save(self) -> Path:
+        p = self.progress
+        meta = {"step": p.step, "samples_seen": p.samples_seen, "epoch": self.stream.epoch, "bad_steps": p.bad_steps,
+                "config": self.config_dict}
+        return save_checkpoint(self.accelerator, self.model, Path(self.cfg.run_dir), meta, self.stream.state_dict(), self.cfg.keep_last)
+
+    def message(self, text: str) -> None:
+        """A line for the user on rank 0 (through the progress bar when there is one)."""
+        self.log.write(text)

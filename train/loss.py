@@ -1,0 +1,79 @@
+"""Contrastive losses over the global batch, in the local-loss form.
+
+Every rank gathers the features of all ranks *with* gradients (torch.distributed.nn.functional.all_gather,
+whose backward sums the gradients arriving from every rank) and scores only its own rows against the
+global batch. With DDP averaging the gradients over ranks this gives exactly the gradient of the loss over
+the global batch, while each rank builds only a [b, W*b] logit block instead of [W*b, W*b].
+"""
+from __future__ import annotations
+
+import warnings
+
+import torch
+import torch.distributed as dist
+import torch.distributed.nn.functional as dist_fn
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+# the issue asks for this autograd-aware gather; its replacement in _functional_collectives is not differentiable here
+warnings.filterwarnings("ignore", message="torch.distributed.nn.functional.all_gather is deprecated")
+
+
+def world() -> tuple[int, int]:
+    """(rank, world size) of the default process group, (0, 1) without one."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def gather_with_grad(x: Tensor) -> Tensor:
+    """[b, D] on each rank -> [W*b, D], rank-major; gradients flow back to the rank that owns each row."""
+    if world()[1] == 1:
+        return x
+    return torch.cat(dist_fn.all_gather(x.contiguous()), dim=0)
+
+
+class ClipLoss(nn.Module):
+    """Symmetric InfoNCE (Radford et al. 2021, CLIP; van den Oord et al. 2018).
+
+    loss = (CE(s * I T^T, labels) + CE(s * T I^T, labels)) / 2 over the global batch, where I, T are
+    L2-normalised image and text features and s = exp(logit_scale).
+    """
+
+    def forward(self, image_features: Tensor, text_features: Tensor, logit_scale: Tensor, logit_bias: Tensor | None = None) -> Tensor:
+        """image_features, text_features [b, D] (this rank's rows), logit_scale scalar (exp'd) -> scalar."""
+        image_features, text_features = image_features.float(), text_features.float()
+        rank, _ = world()
+        all_images, all_texts = gather_with_grad(image_features), gather_with_grad(text_features)  # [W*b, D]
+        logits_per_image = logit_scale * image_features @ all_texts.T  # [b, W*b]
+        logits_per_text = logit_scale * text_features @ all_images.T  # [b, W*b]
+        labels = torch.arange(len(image_features), device=image_features.device) + rank * len(image_features)
+        return (F.cross_entropy(logits_per_image, labels) + F.cross_entropy(logits_per_text, labels)) / 2
+
+
+class SigLipLoss(nn.Module):
+    """Pairwise sigmoid loss (Zhai et al. 2023, SigLIP, eq. 1).
+
+    loss = -1/|B| sum_i sum_j log sigmoid(z_ij (s <I_i, T_j> + b)), z_ij = 1 if i == j else -1, over the
+    global batch B; this rank sums its own images i against all texts j.
+    """
+
+    def forward(self, image_features: Tensor, text_features: Tensor, logit_scale: Tensor, logit_bias: Tensor | None = None) -> Tensor:
+        """image_features, text_features [b, D], logit_scale and logit_bias scalars -> scalar."""
+        if logit_bias is None:
+            raise ValueError("the siglip loss needs the model's logit_bias; build the model with train.loss=siglip")
+        image_features, text_features = image_features.float(), text_features.float()
+        rank, _ = world()
+        all_texts = gather_with_grad(text_features)  # [W*b, D]
+        logits = logit_scale * image_features @ all_texts.T + logit_bias  # [b, W*b]
+        b = len(image_features)
+        signs = -torch.ones_like(logits)
+        signs[torch.arange(b), torch.arange(b) + rank * b] = 1.0
+        return -F.logsigmoid(signs * logits).sum() / b
+
+
+LOSSES = {"clip": ClipLoss, "siglip": SigLipLoss}
+
+
+def build_loss(name: str) -> nn.Module:
+    return LOSSES[name]()

@@ -1,0 +1,152 @@
+"""`python -m train CONFIG.yaml [section.key=value ...]`: train a CLIP from a config file plus overrides.
+
+Launch on one process, or under `torchrun` / `accelerate launch` / Slurm's `srun` for many; see configs/*.yaml
+for the launch command of each experiment. Exit codes: 0 done, 75 pre-empted (checkpoint written), 1 error.
+"""
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from data import DataConfig, build_train_data
+from data.errors import DataError
+from eval.zeroshot import evaluate
+from models import ModelConfig, build_clip, tokenizer, transforms
+
+from .checkpoint import load_checkpoint, resolve
+from .config import Config, ConfigError, dump, load_config, to_dict
+from .dist import make_accelerator, world_size_from_env
+from .log import RunLog, check_wandb, git_commit, trim_metrics
+from .loop import DataStream, Progress, Trainer
+from .loss import build_loss
+from .optim import build_optimizer
+
+SIGLIP_INIT = {"logit_scale": math.log(10), "logit_bias": -10.0}  # Zhai et al. 2023, sec. 3.1
+
+
+def main(argv: list[str] | None = None) -> int:
+    cfg = load_config(sys.argv[1:] if argv is None else argv)
+    preflight(cfg, world_size_from_env())
+    accelerator = make_accelerator(cfg.train)
+    data = build_data(cfg.data, cfg.model, cfg.train.augment, accelerator)
+    model = build_model(cfg.model, cfg.train.loss, cfg.train.compile)
+    optimizer, schedule = build_optimizer(model, cfg.optim, cfg.train.max_steps)
+    model, optimizer, schedule = accelerator.prepare(model, optimizer, schedule)
+    stream, progress = DataStream(data, accelerator.device), Progress()
+    resume(cfg, accelerator, stream, progress)
+    log = start_run_dir(cfg, accelerator, progress.step)
+    trainer = Trainer(accelerator, model, optimizer, schedule, build_loss(cfg.train.loss), stream, cfg.train, log,
+                      to_dict(cfg), clip_norm=cfg.optim.grad_clip_norm, evaluate=make_evaluator(cfg, accelerator, model),
+                      eval_every=cfg.eval.every, progress=progress)
+    code = trainer.run()
+    accelerator.end_training()
+    return code
+
+
+def preflight(cfg: Config, world_size: int) -> None:
+    """Every check that needs no work: paths, batch split, wandb credentials. Raises ConfigError."""
+    try:
+        cfg.data.validate(world_size)
+    except DataError as e:
+        raise ConfigError(str(e)) from None
+    if cfg.eval.dataset and "://" not in cfg.eval.dataset and not Path(cfg.eval.dataset).exists():
+        raise ConfigError(f"eval.dataset={cfg.eval.dataset} does not exist; point it at an ImageFolder tree or set eval.dataset=null")
+    if cfg.train.max_steps < 1 or cfg.train.accum_freq < 1 or cfg.train.keep_last < 1 or cfg.train.max_bad_steps < 1:
+        raise ConfigError("train.max_steps, train.accum_freq, train.keep_last and train.max_bad_steps must be >= 1")
+    check_wandb(cfg.train.wandb)
+
+
+def build_data(data_cfg: DataConfig, model_cfg: ModelConfig, augment: bool, accelerator):
+    """The train stream of this rank; a missing or bad shard spec is a ConfigError before any training."""
+    train_transform, eval_transform = transforms(model_cfg)
+    try:
+        return build_train_data(data_cfg, train_transform if augment else eval_transform, tokenizer(model_cfg),
+                                rank=accelerator.process_index,
+                                world_size=accelerator.num_processes)
+    except DataError as e:
+        raise ConfigError(str(e)) from None
+
+
+def build_model(model_cfg: ModelConfig, loss: str, compile: bool) -> nn.Module:
+    """The CLIP of the model section; SigLIP adds a learnable logit bias and starts from its own temperature."""
+    try:
+        model = build_clip(model_cfg)
+    except ValueError as e:
+        raise ConfigError(f"model: {e}") from None
+    if loss == "siglip":
+        with torch.no_grad():
+            model.logit_scale.fill_(SIGLIP_INIT["logit_scale"])
+        model.logit_bias = nn.Parameter(torch.tensor(SIGLIP_INIT["logit_bias"]))
+    return torch.compile(model) if compile else model
+
+
+def resume(cfg: Config, accelerator, stream: DataStream, progress: Progress) -> None:
+    """Load the checkpoint train.resume names (auto: the newest complete one in the run directory)."""
+    try:
+        folder = resolve(cfg.train.resume, Path(cfg.train.run_dir))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    if folder is None:
+        return
+    meta, data_state = load_checkpoint(accelerator, folder)
+    progress.step, progress.samples_seen, progress.bad_steps = meta["step"], meta["samples_seen"], meta.get("bad_steps", 0)
+    if data_state is not None:
+        stream.load_state_dict(data_state)
+    if accelerator.is_main_process:
+        print(f"resumed from {folder} at step {progress.step} ({progress.samples_seen} samples seen)", file=sys.stderr)
+
+
+def start_run_dir(cfg: Config, accelerator, step: int) -> RunLog:
+    """RUN/config.yaml, RUN/git_commit.txt, metrics.jsonl trimmed to the resumed step, and the run's log."""
+    run_dir = Path(cfg.train.run_dir)
+    if accelerator.is_main_process:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(dump(cfg))
+        (run_dir / "git_commit.txt").write_text(git_commit() + "\n")
+        trim_metrics(run_dir / "metrics.jsonl", step)
+    accelerator.wait_for_everyone()
+    return RunLog(run_dir, to_dict(cfg), main=accelerator.is_main_process, wandb_mode=cfg.train.wandb,
+                  project=cfg.train.wandb_project, name=cfg.train.wandb_name, total_steps=cfg.train.max_steps,
+                  start_step=step, progress=cfg.train.progress)
+
+
+def make_evaluator(cfg: Config, accelerator, model: nn.Module):
+    """A callable returning {"zeroshot/top1": ...} on rank 0 ({} on the others), or None without eval.dataset."""
+    if not cfg.eval.dataset:
+        return None
+    _, eval_transform = transforms(cfg.model)
+    tok = tokenizer(cfg.model)
+
+    def run() -> dict:
+        net = eval_model(accelerator, model, cfg.model)
+        results = {}
+        if accelerator.is_main_process:
+            was_training = net.training
+            net.eval()
+            # the eval must not move the training RNG, or a resumed run would diverge from an uninterrupted one
+            with torch.random.fork_rng(devices=[accelerator.device] if accelerator.device.type == "cuda" else []):
+                out = evaluate(net, dataset=cfg.eval.dataset, tokenizer=tok, transform=eval_transform,
+                               batch_size=cfg.eval.batch_size, device=accelerator.device, workers=cfg.eval.workers)
+            net.train(was_training)
+            results = {f"zeroshot/{k}": v for k, v in out.items() if isinstance(v, (int, float))}
+        accelerator.wait_for_everyone()
+        return results
+
+    return run
+
+
+def eval_model(accelerator, model: nn.Module, model_cfg: ModelConfig) -> nn.Module:
+    """The plain CLIP to evaluate on rank 0: the unwrapped model, or under FSDP a full copy gathered from the shards."""
+    if accelerator.distributed_type.name != "FSDP":
+        return accelerator.unwrap_model(model)
+    state = accelerator.get_state_dict(model)
+    if not accelerator.is_main_process:
+        return model
+    full = build_clip(model_cfg).to(accelerator.device)
+    full.load_state_dict({k: v for k, v in state.items() if k != "logit_bias"})
+    return full
+
