@@ -53,6 +53,14 @@ def safe_divide(num: Tensor, den: Tensor) -> Tensor:
     return num / den.clamp_min(torch.finfo(den.dtype).tiny)
 
 
+def unit_pair(q: Tensor, k: Tensor, keep: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """q^, k^ [G, N, D] and their scales 1/|q|, 1/|k| [G, N, 1]; k^ and its scale are zero for padded keys."""
+    rq, rk = inv_norm(q), inv_norm(k)
+    if keep is not None:
+        rk = rk * keep
+    return q * rq, k * rk, rq, rk
+
+
 class AffineNoDenom(torch.autograd.Function):
     """Non-causal Eq. 7 of Gerami et al. 2026 with a hand-written backward, on [G, N, D] tensors.
 
@@ -63,10 +71,7 @@ class AffineNoDenom(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None) -> Tensor:
-        rq, rk = inv_norm(q), inv_norm(k)
-        if keep is not None:
-            rk = rk * keep
-        q_hat, k_hat = q * rq, k * rk
+        q_hat, k_hat, rq, rk = unit_pair(q, k, keep)
         state = torch.bmm(k_hat.transpose(1, 2), v).mul_(0.5)  # [G, D, D]
         v_sum = v.sum(1, keepdim=True) if keep is None else torch.bmm(keep.transpose(1, 2), v)  # [G, 1, D]
         ctx.save_for_backward(q_hat, k_hat, v, keep, rq, rk, state)
@@ -95,10 +100,7 @@ class AffineNormalised(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None) -> Tensor:
-        rq, rk = inv_norm(q), inv_norm(k)
-        if keep is not None:
-            rk = rk * keep
-        q_hat, k_hat = q * rq, k * rk
+        q_hat, k_hat, rq, rk = unit_pair(q, k, keep)
         count = v.new_full((1, 1, 1), v.shape[1]) if keep is None else keep.sum(1, keepdim=True)  # [G or 1, 1, 1]
         v_sum = v.sum(1, keepdim=True) if keep is None else torch.bmm(keep.transpose(1, 2), v)
         centre = safe_divide(v_sum, count)  # [G, 1, D]
@@ -128,11 +130,6 @@ class AffineNormalised(torch.autograd.Function):
         return grad_q, grad_k, grad_v, None
 
 
-def unit_keys(k: Tensor, keep: Tensor | None) -> Tensor:
-    """k^ = k / |k| [G, N, D], zero for padded keys."""
-    return k * (inv_norm(k) if keep is None else inv_norm(k) * keep)
-
-
 def with_ones(v: Tensor, keep: Tensor | None) -> Tensor:
     """[G, N, D] -> [G, N, D + 1]: v with a column of ones (zero for padding) whose output is the normaliser."""
     ones = torch.ones_like(v[..., :1]) if keep is None else keep
@@ -150,7 +147,7 @@ def linear_affine_nodenom(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = Fal
     keep = key_weights(key_mask, q, qf.dtype)
     if causal:
         v_kept = vf if keep is None else vf * keep
-        out = causal_linear(qf * inv_norm(qf), unit_keys(kf, keep), v_kept, chunk_size=chunk_size, plus_one=True) * 0.5
+        out = causal_linear(*unit_pair(qf, kf, keep)[:2], v_kept, chunk_size=chunk_size, plus_one=True) * 0.5
     else:
         out = AffineNoDenom.apply(qf, kf, vf, keep)
     return out.reshape(shape).to(dtype)
@@ -190,7 +187,7 @@ def linear_affine(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, key_
     qf, kf, vf = flatten(q, k, v)
     keep = key_weights(key_mask, q, qf.dtype)
     if causal:
-        out = normalised(qf * inv_norm(qf), unit_keys(kf, keep), vf, keep, causal=True, chunk_size=chunk_size, plus_one=True)
+        out = normalised(*unit_pair(qf, kf, keep)[:2], vf, keep, causal=True, chunk_size=chunk_size, plus_one=True)
     else:
         out = AffineNormalised.apply(qf, kf, vf, keep)
     return out.reshape(shape).to(dtype)

@@ -1,0 +1,287 @@
+"""Forward + backward time and peak memory of every registered attention on q, k, v [B, H, N, D].
+
+    .venv/bin/python -m scripts.bench_attention                 # full run, about 10 minutes on 2 cores
+    .venv/bin/python -m scripts.bench_attention --quick         # a smoke run in seconds
+
+Times the attention math only (q, k, v require grad; forward, then backward of a fixed random
+gradient), best of several repeats within a per-point budget, softmax through torch SDPA as the
+peer. A point whose predicted time is over --max-seconds is not run: its time is extrapolated from
+the two largest measured points of the same line, O(N^p) with p their slope rounded to 1 or 2, and
+the row is marked extrapolated. Peak memory is the process's resident-set high-water mark (Linux
+VmHWM, reset through /proc/self/clear_refs) during one forward + backward, minus the resident set
+before it (inputs excluded): it sees torch's CPU allocations, which tracemalloc does not. The
+machine's fp32 GEMM rate (a square torch.mm) is measured in the same run; linear variants report
+their achieved GFLOP/s counting the matmuls of the linear algorithm (non-causal 12 N D^2 per head
+for forward + backward, causal 12 N (C D + D^2) with chunks of C tokens).
+Writes <out>.csv, <out>.png (log-log time vs N) and <out>.md (table with ratios to SDPA softmax).
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import inspect
+import platform
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from models.attention import ATTENTIONS, build_attention
+from models.attention.chunked import causal_linear
+from models.attention.linear import LinearAttention
+
+B, H, D, CHUNK = 1, 6, 64, 64
+SIZES = [77, 197, 577, 1024, 4096, 16384, 65536]
+LONG_SIZES = [131072]
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sizes", type=int, nargs="+", default=SIZES, help="sequence lengths for every variant")
+    p.add_argument("--long-sizes", type=int, nargs="*", default=LONG_SIZES, help="extra lengths for linear variants only")
+    p.add_argument("--bf16-variants", nargs="*", default=["softmax", "linear_affine_nodenom", "linear_affine"])
+    p.add_argument("--bf16-max-n", type=int, default=16384, help="largest N timed in bf16")
+    p.add_argument("--variants", nargs="*", default=None, help="registry names (default: all)")
+    p.add_argument("--budget", type=float, default=1.5, help="seconds of repeats per point (at least 2 repeats)")
+    p.add_argument("--max-seconds", type=float, default=4.0, help="extrapolate a point predicted to take longer than this")
+    p.add_argument("--total-minutes", type=float, default=9.0, help="after this, remaining points are extrapolated")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice, all cores)")
+    p.add_argument("--out", default="docs/bench_attention", help="output path without extension")
+    p.add_argument("--quick", action="store_true", help="tiny sizes and budgets, for a smoke test")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.sizes, args.long_sizes, args.budget, args.max_seconds, args.bf16_max_n = [77, 300], [1024], 0.05, 2.0, 300
+    args.deadline = time.perf_counter() + 60 * args.total_minutes
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    return args
+
+
+def memory_kb(field: str) -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
+
+
+def peak_extra_mb(step) -> float | None:
+    """Resident-set high-water mark during step(), minus the resident set before it; None off Linux."""
+    try:
+        gc.collect()
+        Path("/proc/self/clear_refs").write_text("5")
+        before = memory_kb("VmRSS")
+        step()
+        return (memory_kb("VmHWM") - before) / 1024
+    except OSError:
+        step()
+        return None
+
+
+def make_step(name: str, causal: bool, n: int, dtype: torch.dtype):
+    """A closure running forward + backward of the variant's attention math at length n."""
+    cls = ATTENTIONS[name]
+    options = {"max_length": n} if "max_length" in inspect.signature(cls.__init__).parameters else {}
+    layer = build_attention(name, H * D, H, causal=causal, **options).to(dtype)
+    q, k, v = (torch.randn(B, H, n, D, dtype=dtype, requires_grad=True) for _ in range(3))
+    grad = torch.randn(B, H, n, D, dtype=dtype)
+
+    def step():
+        q.grad = k.grad = v.grad = None
+        layer.attention(q, k, v, None).backward(grad)
+
+    return step
+
+
+def time_point(step, budget: float) -> tuple[float, float, int, float | None]:
+    """(best seconds, median seconds, repeats, peak MB) of step() after one warm-up run; the memory run is timed too."""
+    step()
+    start = time.perf_counter()
+    peak = peak_extra_mb(step)
+    times = [time.perf_counter() - start]
+    while len(times) < 3 or (time.perf_counter() - start < budget and len(times) < 50):
+        t = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t)
+    times.sort()
+    return times[0], times[len(times) // 2], len(times), peak
+
+
+def gemm_gflops(n: int = 4096, dtype: torch.dtype = torch.float32) -> float:
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    torch.mm(a, b)
+    best = min(timed(lambda: torch.mm(a, b)) for _ in range(5))
+    return 2 * n**3 / best / 1e9
+
+
+def timed(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def linear_flops(causal: bool, n: int) -> float:
+    per_token = 12 * (CHUNK * D + D * D) if causal else 12 * D * D
+    return B * H * n * per_token
+
+
+def predict(points: list[tuple[int, float]], n: int, power: int) -> float:
+    """Time at n from the largest measured (N, seconds), as O(N^power)."""
+    n1, t1 = points[-1]
+    return t1 * (n / n1) ** power
+
+
+def bench_line(name: str, causal: bool, dtype: torch.dtype, sizes: list[int], args) -> list[dict]:
+    """Rows for one variant / mode / dtype over all sizes, extrapolating the ones that would take too long."""
+    rows, measured = [], []
+    is_linear = issubclass(ATTENTIONS[name], LinearAttention)
+    power = 1 if is_linear else 2  # other variants are assumed quadratic: a safe side for softmax-like ones
+    for n in sizes:
+        row = dict(variant=name, mode="causal" if causal else "full", dtype=str(dtype).removeprefix("torch."), N=n)
+        guess = predict(measured, n, power) if measured else 0.0
+        late = time.perf_counter() > args.deadline
+        if len(measured) > 1 and (guess > args.max_seconds or late):
+            row.update(time_ms=1e3 * guess, extrapolated=f"O(N^{power})" + (" (out of time)" if late else ""))
+        elif late:
+            continue
+        else:
+            best, median, reps, peak = time_point(make_step(name, causal, n, dtype), args.budget)
+            measured.append((n, best))
+            row.update(time_ms=1e3 * best, median_ms=1e3 * median, reps=reps, peak_mb=peak, extrapolated="")
+        if is_linear:
+            row["gflops"] = linear_flops(causal, n) / (row["time_ms"] / 1e3) / 1e9
+        rows.append(row)
+        print(", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()), flush=True)
+        gc.collect()
+    return rows
+
+
+def chunk_loop_ms(n: int = 16384) -> tuple[float, float]:
+    """Forward + backward of causal_linear with its cumsum over chunk states vs a Python loop carrying the state."""
+    qf, kf, v = (torch.randn(B * H, n, D, requires_grad=True) for _ in range(3))
+
+    def looped():
+        state, outs = qf.new_zeros(B * H, D, D), []
+        keep = torch.ones(CHUNK, CHUNK, dtype=torch.bool).tril()
+        for q_c, k_c, v_c in zip(qf.split(CHUNK, 1), kf.split(CHUNK, 1), v.split(CHUNK, 1)):
+            scores = (q_c @ k_c.transpose(1, 2)).masked_fill(~keep[: q_c.shape[1], : q_c.shape[1]], 0)
+            outs.append(scores @ v_c + q_c @ state)
+            state = state + k_c.transpose(1, 2) @ v_c
+        return torch.cat(outs, 1)
+
+    grad, out = torch.randn_like(v), []
+    for fn in (lambda: causal_linear(qf, kf, v, chunk_size=CHUNK), looped):
+        fn().backward(grad)
+        out.append(1e3 * min(timed(lambda: fn().backward(grad)) for _ in range(3)))
+    return out[0], out[1]
+
+
+def run(args) -> tuple[pd.DataFrame, dict]:
+    first = [n for n in ("softmax", "linear_affine_nodenom") if n in ATTENTIONS]
+    names = args.variants or first + sorted(set(ATTENTIONS) - set(first))
+    info = dict(gemm=gemm_gflops(), gemm_bf16=gemm_gflops(dtype=torch.bfloat16), threads=torch.get_num_threads())
+    print(f"fp32 GEMM {info['gemm']:.0f} GFLOP/s, bf16 GEMM {info['gemm_bf16']:.0f} GFLOP/s, {info['threads']} threads", flush=True)
+    rows = []
+    for name in names:
+        sizes = args.sizes + (args.long_sizes if issubclass(ATTENTIONS[name], LinearAttention) else [])
+        for causal in (False, True) if ATTENTIONS[name].supports_causal else (False,):
+            rows += bench_line(name, causal, torch.float32, sizes, args)
+            if name in args.bf16_variants:
+                rows += bench_line(name, causal, torch.bfloat16, [n for n in args.sizes if n <= args.bf16_max_n], args)
+    info["chunk_n"] = 4096 if args.quick else 16384
+    info["chunk_cumsum_ms"], info["chunk_loop_ms"] = chunk_loop_ms(info["chunk_n"])
+    frame = pd.DataFrame(rows)
+    if "gflops" in frame:
+        frame["gemm_fraction"] = frame["gflops"] / frame["dtype"].map({"float32": info["gemm"], "bfloat16": info["gemm_bf16"]})
+    return frame, info
+
+
+def add_ratios(frame: pd.DataFrame) -> pd.DataFrame:
+    """ratio_to_softmax: time / time of SDPA softmax in the same mode, dtype and N (< 1 is faster)."""
+    peer = frame[frame.variant == "softmax"].set_index(["mode", "dtype", "N"])["time_ms"]
+    keys = pd.MultiIndex.from_frame(frame[["mode", "dtype", "N"]])
+    frame["ratio_to_softmax"] = frame["time_ms"].to_numpy() / peer.reindex(keys).to_numpy()
+    return frame
+
+
+def plot(frame: pd.DataFrame, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5.5))
+    for (name, mode), line in frame[frame.dtype == "float32"].groupby(["variant", "mode"], sort=True):
+        style = "--" if "softmax" in name else "-"
+        drawn = ax.plot(line.N, line.time_ms, style, marker="o", markersize=3, label=f"{name} ({mode})")
+        extra = line[line.extrapolated != ""]
+        ax.plot(extra.N, extra.time_ms, "x", color=drawn[0].get_color(), markersize=8)
+    ax.set(xscale="log", yscale="log", xlabel="sequence length N", ylabel="forward + backward time (ms)",
+           title=f"attention math, B={B} H={H} D={D}, fp32, CPU ({torch.get_num_threads()} threads); x = extrapolated")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def md_table(frame: pd.DataFrame, index: bool = True) -> str:
+    """A Markdown table (pandas' to_markdown needs the tabulate package, which the project does not pin)."""
+    frame = frame.reset_index() if index else frame
+    fmt = lambda x: f"{x:.3g}" if isinstance(x, float) else str(x)
+    lines = ["| " + " | ".join(map(str, frame.columns)) + " |", "|" + "---|" * len(frame.columns)]
+    lines += ["| " + " | ".join(fmt(x) for x in row) + " |" for row in frame.itertuples(index=False)]
+    return "\n".join(lines)
+
+
+def cell(row) -> str:
+    ratio = "" if pd.isna(row.ratio_to_softmax) or row.variant == "softmax" else f" ({row.ratio_to_softmax:.3g}x)"
+    return f"{row.time_ms:.4g}{'*' if row.extrapolated else ''}{ratio}"
+
+
+def markdown(frame: pd.DataFrame, info: dict, args) -> str:
+    when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [
+        "# Attention benchmark: forward + backward on q, k, v [B, H, N, D]",
+        "",
+        f"{when}; {platform.processor() or platform.machine()}, {info['threads']} CPU threads, torch {torch.__version__}; "
+        f"B={B}, H={H}, D={D}. All numbers come from one run of `python -m scripts.bench_attention`, so the ratios are "
+        "side by side on the same (shared, noisy) machine. Time: best of repeats within "
+        f"{args.budget} s per point, in ms; (r x) is the ratio to SDPA softmax in the same mode, dtype and N; "
+        "* = extrapolated, not run (see the script's docstring).",
+        "",
+        f"Machine fp32 GEMM: {info['gemm']:.0f} GFLOP/s; bf16 GEMM: {info['gemm_bf16']:.0f} GFLOP/s. Causal chunkwise "
+        f"form (forward + backward of chunked.causal_linear, N={info['chunk_n']}): cumsum over chunk states {info['chunk_cumsum_ms']:.1f} ms vs Python loop over chunks "
+        f"{info['chunk_loop_ms']:.1f} ms.",
+    ]
+    for dtype, part in frame.groupby("dtype", sort=False):
+        table = part.assign(line=part.variant + " " + part["mode"], text=part.apply(cell, axis=1))
+        wide = table.pivot(index="line", columns="N", values="text").fillna("")
+        wide.index.name, wide.columns = f"variant mode \\ N", [str(n) for n in wide.columns]
+        lines += ["", f"## {dtype}: time in ms (ratio to softmax)", "", md_table(wide)]
+    linear = frame[frame.gflops.notna() & (frame.N >= 16384) & (frame.extrapolated == "")] if "gflops" in frame else frame[:0]
+    if len(linear):
+        shown = linear[["variant", "mode", "dtype", "N", "time_ms", "gflops", "gemm_fraction", "peak_mb"]]
+        lines += ["", "## Linear variants at N >= 16384: achieved GFLOP/s (matmuls of the linear algorithm) and fraction of GEMM", "",
+                  md_table(shown, index=False)]
+    measured = frame[frame.peak_mb.notna()]
+    memory = measured.assign(line=measured.variant + " " + measured["mode"] + " " + measured.dtype).pivot(index="line", columns="N", values="peak_mb")
+    memory.index.name, memory.columns = "variant mode dtype \\ N", [str(n) for n in memory.columns]
+    lines += ["", "## Peak extra resident memory (MB) during one forward + backward", "",
+              "0 means it fit in memory the process already held (small N); inputs and their gradients' first "
+              "allocation are included, q, k, v themselves are not.", "", md_table(memory.round(1).astype(object).where(memory.notna(), ""))]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    frame, info = run(args)
+    frame = add_ratios(frame)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    frame.to_csv(out.with_suffix(".csv"), index=False, float_format="%.6g")
+    plot(frame, out.with_suffix(".png"))
+    out.with_suffix(".md").write_text(markdown(frame, info, args))
+    print(f"wrote {out}.csv, {out}.png, {out}.md")
+
+
+if __name__ == "__main__":
+    main()
