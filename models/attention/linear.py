@@ -39,7 +39,7 @@ def inv_norm(x: Tensor) -> Tensor:
 
 
 def rowdot(x: Tensor, y: Tensor) -> Tensor:
-    """[G, N, D] x2 -> [G, N, 1]: x_i . y_i as N tiny matmuls, which skips the [G, N, D] product a mul-sum makes."""
+    """[G, N, D] x2 -> [G, N, 1]: x_i . y_i; einsum skips the [G, N, D] product of a mul-sum (2-3x faster at large N)."""
     return torch.einsum("gnd,gnd->gn", x, y).unsqueeze(-1)
 
 
@@ -80,6 +80,7 @@ class AffineNoDenom(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor):
         q_hat, k_hat, v, keep, rq, rk, state = ctx.saved_tensors
+        grad = grad.contiguous()  # e.g. the zero-stride gradient of a .sum() would send bmm down a slow path
         # half of dL/dS for S = k^^T v, which enters o as q^ S / 2
         half_grad_state = torch.bmm(q_hat.transpose(1, 2), grad).mul_(0.5)  # [G, D, D]
         grad_q = unnormalise_grad(q_hat, rq, torch.bmm(grad, state.transpose(1, 2)))
@@ -90,44 +91,64 @@ class AffineNoDenom(torch.autograd.Function):
         return grad_q, grad_k, grad_v, None
 
 
-class AffineNormalised(torch.autograd.Function):
-    """Non-causal linear_affine with a hand-written backward, on [G, N, D] tensors.
+def elu_feature(x: Tensor) -> Tensor:
+    return F.elu(x) + 1
 
-    o = c + q^ S / den with c the mean of the real v, S = k^^T (v - c) and den = count + q^ . z,
-    z = sum_n k^_n: centring v on c (exact, the weights sum to one) makes the result exact when
-    all v are equal; the backward reuses S, z, den and the saved q^, k^, v - c.
+
+def features(q: Tensor, k: Tensor, keep: Tensor | None, unit: bool) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
+    """phi(q), phi(k) [G, N, D] (phi(k) zero for padded keys) and, for unit features, the scales 1/|q|, 1/|k|."""
+    if unit:
+        return unit_pair(q, k, keep)
+    k_phi = elu_feature(k) if keep is None else elu_feature(k).mul_(keep)
+    return elu_feature(q), k_phi, None, None
+
+
+def feature_grad(x_phi: Tensor, r: Tensor | None, grad_phi: Tensor) -> Tensor:
+    """dL/dx from dL/dphi(x) (overwritten): through x / |x| for unit features, else elu'(x) = min(elu(x) + 1, 1)."""
+    return unnormalise_grad(x_phi, r, grad_phi) if r is not None else grad_phi.mul_(x_phi.clamp(max=1))
+
+
+class NormalisedLinear(torch.autograd.Function):
+    """Non-causal normalised linear attention with a hand-written backward, on [G, N, D] tensors.
+
+    sim = 1 + q^.k^ (unit, linear_affine) or phi(q).phi(k) with phi = elu + 1 (linear_elu).
+    o = c + phi(q) S / den with c the mean of the real v, S = phi(k)^T (v - c), den = [count +] phi(q) . z
+    and z = sum_n phi(k_n): centring v on c (exact, the weights sum to one) makes the result exact
+    when all v are equal; the backward reuses S, z, den and the saved features and v - c.
     """
 
     @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None) -> Tensor:
-        q_hat, k_hat, rq, rk = unit_pair(q, k, keep)
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, unit: bool) -> Tensor:
+        q_phi, k_phi, rq, rk = features(q, k, keep, unit)
         count = v.new_full((1, 1, 1), v.shape[1]) if keep is None else keep.sum(1, keepdim=True)  # [G or 1, 1, 1]
         v_sum = v.sum(1, keepdim=True) if keep is None else torch.bmm(keep.transpose(1, 2), v)
         centre = safe_divide(v_sum, count)  # [G, 1, D]
-        # padded rows of v - c meet k^ = 0 only, so they need no mask
+        # padded rows of v - c meet phi(k) = 0 only, so they need no mask
         v_centred = v - centre
-        k_sum = k_hat.sum(1, keepdim=True)  # [G, 1, D]
-        state = torch.bmm(k_hat.transpose(1, 2), v_centred)  # [G, D, D]
-        den = torch.bmm(q_hat, k_sum.transpose(1, 2)).add_(count).clamp_min_(torch.finfo(v.dtype).tiny)  # [G, N, 1]
-        ctx.save_for_backward(q_hat, k_hat, v_centred, keep, rq, rk, state, k_sum, den, count)
-        return torch.bmm(q_hat, state).div_(den).add_(centre)
+        k_sum = k_phi.sum(1, keepdim=True)  # [G, 1, D]
+        state = torch.bmm(k_phi.transpose(1, 2), v_centred)  # [G, D, D]
+        den = torch.bmm(q_phi, k_sum.transpose(1, 2))  # [G, N, 1]
+        den = (den.add_(count) if unit else den).clamp_min_(torch.finfo(v.dtype).tiny)
+        ctx.save_for_backward(q_phi, k_phi, v_centred, keep, rq, rk, state, k_sum, den, count)
+        return torch.bmm(q_phi, state).div_(den).add_(centre)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        q_hat, k_hat, v_centred, keep, rq, rk, state, k_sum, den, count = ctx.saved_tensors
+        q_phi, k_phi, v_centred, keep, rq, rk, state, k_sum, den, count = ctx.saved_tensors
+        grad = grad.contiguous()
         grad_scaled = grad / den
-        grad_state = torch.bmm(q_hat.transpose(1, 2), grad_scaled)  # [G, D, D]
-        grad_q_hat = torch.bmm(grad_scaled, state.transpose(1, 2))
-        # o = c + q^ S / den: dL/dden = -(g . q^ S) / den^2 = -(q^ . (g / den) S^T) / den
-        grad_den = rowdot(q_hat, grad_q_hat).div_(den).neg_()  # [G, N, 1]
-        grad_q = unnormalise_grad(q_hat, rq, grad_q_hat.addcmul_(grad_den, k_sum))
-        grad_k_sum = torch.bmm(grad_den.transpose(1, 2), q_hat)  # [G, 1, D]
-        grad_k = unnormalise_grad(k_hat, rk, torch.bmm(v_centred, grad_state.transpose(1, 2)).add_(grad_k_sum))
-        # c enters o directly and through S = k^^T (v - c); c = sum of real v / count
+        grad_state = torch.bmm(q_phi.transpose(1, 2), grad_scaled)  # [G, D, D]
+        grad_q_phi = torch.bmm(grad_scaled, state.transpose(1, 2))
+        # o = c + phi(q) S / den: dL/dden = -(g . phi(q) S) / den^2 = -(phi(q) . (g / den) S^T) / den
+        grad_den = rowdot(q_phi, grad_q_phi).div_(den).neg_()  # [G, N, 1]
+        grad_q = feature_grad(q_phi, rq, grad_q_phi.addcmul_(grad_den, k_sum))
+        grad_k_sum = torch.bmm(grad_den.transpose(1, 2), q_phi)  # [G, 1, D]
+        grad_k = feature_grad(k_phi, rk, torch.bmm(v_centred, grad_state.transpose(1, 2)).add_(grad_k_sum))
+        # c enters o directly and through S = phi(k)^T (v - c); c = sum of real v / count
         grad_v_sum = (grad.sum(1, keepdim=True) - torch.bmm(k_sum, grad_state)).div_(count)  # [G, 1, D]
-        grad_v = torch.bmm(k_hat, grad_state)
+        grad_v = torch.bmm(k_phi, grad_state)
         grad_v = grad_v.add_(grad_v_sum) if keep is None else grad_v.addcmul_(keep, grad_v_sum)
-        return grad_q, grad_k, grad_v, None
+        return grad_q, grad_k, grad_v, None, None
 
 
 def with_ones(v: Tensor, keep: Tensor | None) -> Tensor:
@@ -153,28 +174,30 @@ def linear_affine_nodenom(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = Fal
     return out.reshape(shape).to(dtype)
 
 
-def normalised(q_phi: Tensor, k_phi: Tensor, v: Tensor, keep: Tensor | None, *, causal: bool, chunk_size: int, plus_one: bool) -> Tensor:
-    """o_i = sum_n sim(i, n) v_n / sum_n sim(i, n) with sim = plus_one + q_phi_i.k_phi_n; [G, N, F], [G, N, F], [G, N, E].
+def causal_normalised(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, *, unit: bool, chunk_size: int) -> Tensor:
+    """Causal o_i = sum_{n <= i} sim(i, n) v_n / sum_{n <= i} sim(i, n), [G, N, D] x3 -> [G, N, D].
 
-    k_phi must already be zero at padded keys. The weights sum to one, so o_i = c + sum_n w_in (v_n - c)
-    for any c; centring v (on its mean, or causally on the first token) makes the result exact
-    when all v are equal, e.g. the gradient of k is exactly 0 for a single token.
+    The weights sum to one, so o_i = c + sum_n w_in (v_n - c) for any c; centring v on the first
+    token (in every prefix, so causality holds) makes the result exact when all v are equal, e.g.
+    the gradient of k is exactly 0 for a single token. The normaliser is the output of a ones column.
     """
+    q_phi, k_phi, _, _ = features(q, k, keep, unit)
+    centre = v[:, :1] if keep is None else v[:, :1] * keep[:, :1]  # [G, 1, D]
+    v_centred = v - centre if keep is None else (v - centre) * keep
+    out = causal_linear(q_phi, k_phi, with_ones(v_centred, keep), chunk_size=chunk_size, plus_one=unit)
+    return centre + safe_divide(out[..., :-1], out[..., -1:])
+
+
+def normalised_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, key_mask: Tensor | None, chunk_size: int, unit: bool) -> Tensor:
+    """[B, H, N, D] x3 -> [B, H, N, D] for linear_affine (unit) and linear_elu."""
+    shape, dtype = q.shape, q.dtype
+    qf, kf, vf = flatten(q, k, v)
+    keep = key_weights(key_mask, q, qf.dtype)
     if causal:
-        centre = v[:, :1] if keep is None else v[:, :1] * keep[:, :1]  # [G, 1, E], the first token is in every prefix
-        v_centred = v - centre if keep is None else (v - centre) * keep
-        out = causal_linear(q_phi, k_phi, with_ones(v_centred, keep), chunk_size=chunk_size, plus_one=plus_one)
-        return centre + safe_divide(out[..., :-1], out[..., -1:])
-    count = v.new_full((1, 1, 1), v.shape[-2]) if keep is None else keep.sum(1, keepdim=True)  # [G or 1, 1, 1]
-    v_sum = v.sum(1, keepdim=True) if keep is None else keep.transpose(1, 2) @ v  # [G, 1, E]
-    centre = safe_divide(v_sum, count)
-    k_sum = k_phi.sum(1, keepdim=True)  # [G, 1, F]
-    # sum_n k_n (v_n - centre)^T; the constant term sum_n (v_n - centre) is exactly zero
-    state = k_phi.transpose(1, 2) @ v - k_sum.transpose(1, 2) @ centre  # [G, F, E]
-    den = q_phi @ k_sum.transpose(1, 2)  # [G, N, 1]
-    if plus_one:
-        den = den + count
-    return centre + safe_divide(q_phi @ state, den)
+        out = causal_normalised(qf, kf, vf, keep, unit=unit, chunk_size=chunk_size)
+    else:
+        out = NormalisedLinear.apply(qf, kf, vf, keep, unit)
+    return out.reshape(shape).to(dtype)
 
 
 def linear_affine(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, key_mask: Tensor | None = None, chunk_size: int = 64) -> Tensor:
@@ -183,28 +206,12 @@ def linear_affine(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, key_
     1 + cos >= 0, so o_i is a convex combination of the v_n. Non-causal it is two small matmuls:
     numerator sum_n v_n + q^_i (K^T V), denominator N + q^_i . sum_n k^_n.
     """
-    shape, dtype = q.shape, q.dtype
-    qf, kf, vf = flatten(q, k, v)
-    keep = key_weights(key_mask, q, qf.dtype)
-    if causal:
-        out = normalised(*unit_pair(qf, kf, keep)[:2], vf, keep, causal=True, chunk_size=chunk_size, plus_one=True)
-    else:
-        out = AffineNormalised.apply(qf, kf, vf, keep)
-    return out.reshape(shape).to(dtype)
-
-
-def elu_feature(x: Tensor) -> Tensor:
-    return F.elu(x) + 1
+    return normalised_attention(q, k, v, causal, key_mask, chunk_size, unit=True)
 
 
 def linear_elu(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, key_mask: Tensor | None = None, chunk_size: int = 64) -> Tensor:
     """Katharopoulos et al. 2020: o_i = phi(q_i) S / phi(q_i).z, S = sum_n phi(k_n) v_n^T, z = sum_n phi(k_n), phi = elu + 1."""
-    shape, dtype = q.shape, q.dtype
-    qf, kf, vf = flatten(q, k, v)
-    keep = key_weights(key_mask, q, qf.dtype)
-    k_phi = elu_feature(kf) if keep is None else elu_feature(kf) * keep
-    out = normalised(elu_feature(qf), k_phi, vf, keep, causal=causal, chunk_size=chunk_size, plus_one=False)
-    return out.reshape(shape).to(dtype)
+    return normalised_attention(q, k, v, causal, key_mask, chunk_size, unit=False)
 
 
 def efficient(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, key_mask: Tensor | None = None) -> Tensor:

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from models.attention import attend, build_attention
-from models.attention.linear import AffineNoDenom, AffineNormalised
+from models.attention.linear import AffineNoDenom, NormalisedLinear
 
 CAUSAL_LINEAR = ["linear_affine", "linear_affine_nodenom", "linear_elu"]
 
@@ -80,12 +80,19 @@ def test_bad_key_mask_names_the_fix():
         attend("linear_affine", q, q, q, key_mask=torch.ones(2, 6, dtype=torch.bool))
 
 
-@pytest.mark.parametrize("function", [AffineNoDenom, AffineNormalised])
+HAND_WRITTEN = {
+    "nodenom": AffineNoDenom.apply,
+    "affine": lambda q, k, v, keep: NormalisedLinear.apply(q, k, v, keep, True),
+    "elu": lambda q, k, v, keep: NormalisedLinear.apply(q, k, v, keep, False),
+}
+
+
+@pytest.mark.parametrize("function", HAND_WRITTEN)
 @pytest.mark.parametrize("masked", [False, True])
 def test_hand_written_backward_passes_gradcheck(function, masked):
     q, k, v = (torch.randn(2, 9, 5, dtype=torch.float64, requires_grad=True) for _ in range(3))
     keep = torch.tensor([1.0] * 6 + [0.0] * 3, dtype=torch.float64).expand(2, 9)[..., None] if masked else None
-    assert torch.autograd.gradcheck(lambda q, k, v: function.apply(q, k, v, keep), (q, k, v))
+    assert torch.autograd.gradcheck(lambda q, k, v: HAND_WRITTEN[function](q, k, v, keep), (q, k, v))
 
 
 def test_padded_query_rows_stay_finite_when_no_key_is_real_yet():
