@@ -36,6 +36,12 @@ def test_odd_total_leaves_out_fewer_than_world_size(tmp_path):
     assert len(seen) == 30 and set(seen.values()) == {1}
 
 
+def test_epoch_of_twice_the_data_shows_every_sample_twice(tmp_path):
+    spec = write_shards(tmp_path, [7, 13, 5, 11, 10])
+    seen = Counter(i for batches in run_ranks(spec, train_num_samples=92) for b in batches for i in b)
+    assert sorted(seen) == list(range(46)) and set(seen.values()) == {2}
+
+
 def test_without_sizes_every_rank_runs_the_same_steps(tmp_path):
     spec = write_shards(tmp_path, [3, 20, 6, 17], sizes_json=False)
     per_rank = run_ranks(spec, train_num_samples=40)
