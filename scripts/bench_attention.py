@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import gc
 import inspect
+import os
 import platform
 import time
 from datetime import datetime, timezone
@@ -178,7 +179,8 @@ def chunk_loop_ms(n: int = 16384) -> tuple[float, float]:
 def run(args) -> tuple[pd.DataFrame, dict]:
     first = [n for n in ("softmax", "linear_affine_nodenom") if n in ATTENTIONS]
     names = args.variants or first + sorted(set(ATTENTIONS) - set(first))
-    info = dict(gemm=gemm_gflops(), gemm_bf16=gemm_gflops(dtype=torch.bfloat16), threads=torch.get_num_threads())
+    info = dict(load_start=os.getloadavg()[0], threads=torch.get_num_threads())
+    info.update(gemm=gemm_gflops(), gemm_bf16=gemm_gflops(dtype=torch.bfloat16))
     print(f"fp32 GEMM {info['gemm']:.0f} GFLOP/s, bf16 GEMM {info['gemm_bf16']:.0f} GFLOP/s, {info['threads']} threads", flush=True)
     rows = []
     for name in names:
@@ -189,7 +191,7 @@ def run(args) -> tuple[pd.DataFrame, dict]:
                 rows += bench_line(name, causal, torch.bfloat16, [n for n in args.sizes if n <= args.bf16_max_n], args)
     info["chunk_n"] = 4096 if args.quick else 16384
     info["chunk_cumsum_ms"], info["chunk_loop_ms"] = chunk_loop_ms(info["chunk_n"])
-    frame = pd.DataFrame(rows)
+    frame, info["load_end"] = pd.DataFrame(rows), os.getloadavg()[0]
     if "gflops" in frame:
         frame["gemm_fraction"] = frame["gflops"] / frame["dtype"].map({"float32": info["gemm"], "bfloat16": info["gemm_bf16"]})
     return frame, info
@@ -251,6 +253,11 @@ def markdown(frame: pd.DataFrame, info: dict, args) -> str:
         f"Machine fp32 GEMM: {info['gemm']:.0f} GFLOP/s; bf16 GEMM: {info['gemm_bf16']:.0f} GFLOP/s. Causal chunkwise "
         f"form (forward + backward of chunked.causal_linear, N={info['chunk_n']}): cumsum over chunk states {info['chunk_cumsum_ms']:.1f} ms vs Python loop over chunks "
         f"{info['chunk_loop_ms']:.1f} ms.",
+        "",
+        f"1-minute load average at start / end: {info['load_start']:.1f} / {info['load_end']:.1f} (other jobs share "
+        "the cores; with more runnable threads than cores, every multi-threaded op waits for both of its threads "
+        "to be scheduled, which penalises many small ops far more than a few large ones, so under load the "
+        "benchmark is best run with --threads 1).",
     ]
     for dtype, part in frame.groupby("dtype", sort=False):
         table = part.assign(line=part.variant + " " + part["mode"], text=part.apply(cell, axis=1))
