@@ -49,7 +49,7 @@ class TrainConfig:
     loss: str = "clip"  # clip (symmetric InfoNCE) | siglip (sigmoid)
     precision: str = "fp32"  # fp32 | bf16 | fp16 (fp16 uses a gradient scaler; GPU only)
     distributed: str = "ddp"  # ddp | fsdp (full sharding of the transformer blocks)
-    fsdp_wrap: list[str] = field(default_factory=lambda: ["ResidualAttentionBlock"])  # block classes to shard
+    fsdp_wrap: list[str] = field(default_factory=lambda: ["Block"])  # block classes to shard
     augment: bool = True  # open_clip's random-crop train transform; false: the eval transform (deterministic)
     cpu: bool = False  # train on the CPU even when a GPU is visible
     compile: bool = False  # torch.compile the model
@@ -72,6 +72,8 @@ class EvalConfig:
     """Zero-shot classification through eval.zeroshot.evaluate, every `every` steps and at the end."""
 
     dataset: str | None = None  # ImageFolder tree (with classnames.txt/templates.txt) or clip_benchmark wds folder
+    classnames: str | None = None  # null: from the dataset folder; else a file or a built-in name such as imagenet1k
+    templates: str | None = None  # null: from the dataset folder; else a file or openai | simple
     every: int = 0  # steps between evaluations; 0 = only at the end
     batch_size: int = 64
     workers: int = 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import random
 import signal
+from datetime import timedelta
 
 import numpy as np
 import torch
@@ -43,16 +44,21 @@ def make_accelerator(cfg: TrainConfig) -> Accelerator:
             state_dict_type="SHARDED_STATE_DICT",
             reshard_after_forward=True,
         )
-    handlers = [InitProcessGroupKwargs(), DistributedDataParallelKwargs(find_unused_parameters=False)]
-    # the schedule is defined per optimizer step; by default accelerate would step it once per process
-    # accelerate treats a torchrun world as multi-process CPU (gloo) only when told it is on the CPU
-    return Accelerator(
+    # other ranks wait at a barrier while rank 0 evaluates or writes a checkpoint: allow more than NCCL's 10 min
+    handlers = [InitProcessGroupKwargs(timeout=timedelta(minutes=60)), DistributedDataParallelKwargs(find_unused_parameters=False)]
+    accelerator = Accelerator(
         mixed_precision=PRECISION[cfg.precision],
+        # accelerate treats a torchrun world as multi-process CPU (gloo) only when told it is on the CPU
         cpu=cfg.cpu or not torch.cuda.is_available(),
         fsdp_plugin=fsdp,
         kwargs_handlers=handlers,
+        # the schedule counts optimizer steps; by default accelerate would step it once per process
         step_scheduler_with_optimizer=False,
     )
+    if cfg.distributed == "fsdp" and accelerator.distributed_type.name != "FSDP":
+        raise ConfigError(f"train.distributed=fsdp needs several GPU processes (accelerate shards only across GPUs), "
+                          f"this is {accelerator.distributed_type.name} with {accelerator.num_processes} process(es); use train.distributed=ddp")
+    return accelerator
 
 
 def seed_everything(seed: int) -> None:
@@ -93,3 +99,13 @@ def agree(accelerator: Accelerator, loss: torch.Tensor, stop: bool) -> tuple[flo
         torch.distributed.all_reduce(t)
     loss_mean, stops = t.tolist()
     return loss_mean / accelerator.num_processes, stops > 0
+
+
+def sum_over_ranks(accelerator: Accelerator, counts: dict[str, int]) -> dict[str, int]:
+    """Counters (e.g. skipped samples by cause) summed over all ranks; every rank must call it."""
+    if accelerator.num_processes == 1 or not counts:
+        return dict(counts)
+    keys = sorted(counts)
+    t = torch.tensor([counts[k] for k in keys], dtype=torch.float64, device=accelerator.device)
+    torch.distributed.all_reduce(t)
+    return {k: int(v) for k, v in zip(keys, t.tolist())}

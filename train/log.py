@@ -6,6 +6,7 @@ import math
 import netrc
 import os
 import subprocess
+import uuid
 import sys
 from pathlib import Path
 
@@ -92,7 +93,7 @@ def start_wandb(run_dir: Path, config: dict, mode: str, project: str, name: str 
     import wandb
 
     id_file = run_dir / "wandb_id.txt"
-    run_id = id_file.read_text().strip() if id_file.is_file() else wandb.util.generate_id()
+    run_id = id_file.read_text().strip() if id_file.is_file() else uuid.uuid4().hex[:8]
     id_file.write_text(run_id + "\n")
     settings = wandb.Settings(init_timeout=90, silent=True, x_disable_stats=True)
     return wandb.init(project=project, name=name or run_dir.name, id=run_id, resume="allow", dir=str(run_dir),

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 from .checkpoint import save_checkpoint
 from .config import TrainConfig
-from .dist import StopFlag, agree
+from .dist import StopFlag, agree, sum_over_ranks
 from .log import RunLog
 from .optim import clamp_logit_scale
 
@@ -36,7 +36,6 @@ class Progress:
 
     step: int = 0
     samples_seen: int = 0
-    epoch: int = 0
     bad_steps: int = 0  # non-finite steps skipped so far
     consecutive_bad: int = 0
 
@@ -134,9 +133,12 @@ class Trainer:
     eval_every: int = 0
     progress: Progress = field(default_factory=Progress)
 
-    def run(self) -> int:
+    def run(self, stop: StopFlag) -> int:
         """Train to cfg.max_steps; returns the exit code (0 done, 75 pre-empted)."""
-        stop = StopFlag()
+        if self.progress.step >= self.cfg.max_steps:
+            self.message(f"nothing to do: the run is at step {self.progress.step} of train.max_steps={self.cfg.max_steps}")
+            self.log.close()
+            return 0
         try:
             while self.progress.step < self.cfg.max_steps:
                 if self.step(stop):
@@ -149,7 +151,6 @@ class Trainer:
                 self.run_eval()
             return 0
         finally:
-            stop.restore()
             self.log.close()
 
     def due(self, every: int) -> bool:
@@ -205,10 +206,11 @@ class Trainer:
         self.log.progress(1, loss=loss, lr=lr, samples_s=samples_per_s)
         if not self.due(max(1, self.cfg.log_every)) and p.step != self.cfg.max_steps:
             return
+        skipped = sum_over_ranks(acc, self.stream.data.skipped())
         scale = float(plain_param(acc.unwrap_model(self.model).logit_scale).detach().exp())
         self.log.log({"step": p.step, "samples_seen": p.samples_seen, "loss": loss, "lr": lr, "logit_scale": scale,
                       "samples_per_s": samples_per_s, "data_wait_s": data_wait, "grad_norm": grad_norm,
-                      "bad_steps": p.bad_steps, "skipped": self.stream.data.skipped(), "time": time.time()})
+                      "bad_steps": p.bad_steps, "skipped": skipped, "time": time.time()})
 
     def run_eval(self) -> None:
         results = self.evaluate()

@@ -19,7 +19,7 @@ from models import ModelConfig, build_clip, tokenizer, transforms
 
 from .checkpoint import load_checkpoint, resolve
 from .config import Config, ConfigError, dump, load_config, to_dict
-from .dist import make_accelerator, world_size_from_env
+from .dist import StopFlag, make_accelerator, world_size_from_env
 from .log import RunLog, check_wandb, git_commit, trim_metrics
 from .loop import DataStream, Progress, Trainer
 from .loss import build_loss
@@ -31,6 +31,15 @@ SIGLIP_INIT = {"logit_scale": math.log(10), "logit_bias": -10.0}  # Zhai et al. 
 def main(argv: list[str] | None = None) -> int:
     cfg = load_config(sys.argv[1:] if argv is None else argv)
     preflight(cfg, world_size_from_env())
+    stop = StopFlag()  # from here on SIGTERM/SIGUSR1 mean: checkpoint after the current step, exit 75
+    try:
+        return fit(cfg, stop)
+    finally:
+        stop.restore()
+
+
+def fit(cfg: Config, stop: StopFlag) -> int:
+    """Build everything from the config, resume if there is a checkpoint, train; returns the exit code."""
     accelerator = make_accelerator(cfg.train)
     data = build_data(cfg.data, cfg.model, cfg.train.augment, accelerator)
     model = build_model(cfg.model, cfg.train.loss, cfg.train.compile)
@@ -42,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     trainer = Trainer(accelerator, model, optimizer, schedule, build_loss(cfg.train.loss), stream, cfg.train, log,
                       to_dict(cfg), clip_norm=cfg.optim.grad_clip_norm, evaluate=make_evaluator(cfg, accelerator, model),
                       eval_every=cfg.eval.every, progress=progress)
-    code = trainer.run()
+    code = trainer.run(stop)
     accelerator.end_training()
     return code
 
@@ -130,6 +139,7 @@ def make_evaluator(cfg: Config, accelerator, model: nn.Module):
             # the eval must not move the training RNG, or a resumed run would diverge from an uninterrupted one
             with torch.random.fork_rng(devices=[accelerator.device] if accelerator.device.type == "cuda" else []):
                 out = evaluate(net, dataset=cfg.eval.dataset, tokenizer=tok, transform=eval_transform,
+                               classnames=cfg.eval.classnames, templates=cfg.eval.templates,
                                batch_size=cfg.eval.batch_size, device=accelerator.device, workers=cfg.eval.workers)
             net.train(was_training)
             results = {f"zeroshot/{k}": v for k, v in out.items() if isinstance(v, (int, float))}

@@ -139,3 +139,13 @@ def test_tiny_clip_learns_zero_shot(tmp_path, synthetic, attention):
     result = [r for r in metrics(tmp_path / "run") if "zeroshot/top1" in r][-1]
     assert result["step"] == 30 and result["zeroshot/num_images"] == 120
     assert result["zeroshot/top1"] >= 0.10 and result["zeroshot/top5"] >= 0.40, result
+
+
+def test_wandb_offline_needs_no_network(tmp_path, synthetic, monkeypatch):
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")  # nothing listens there: any network use would fail
+    assert run(tiny_config(tmp_path, synthetic, train={"max_steps": 2, "wandb": "offline"})) == 0
+    runs = list((tmp_path / "run" / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1 and list(runs[0].glob("*.wandb"))
+    assert (tmp_path / "run" / "wandb_id.txt").read_text().strip() in runs[0].name
