@@ -147,6 +147,9 @@ def evaluate_from_args(args: argparse.Namespace, evaluate: Callable[..., dict], 
     """CLI body: load the model the arguments name, run `evaluate(model, dataset=..., **options)`, add where the
     model came from and its size, print the result JSON and write it to `args.out`."""
     with one_line_errors():
+        if not Path(args.dataset).exists():
+            raise EvalInputError(f"dataset {args.dataset} does not exist; pass an ImageFolder tree, a webdataset "
+                                 "folder or (retrieval) a .csv/.tsv file")
         loaded = load_from_args(args)
         result = evaluate(loaded.model, dataset=args.dataset, tokenizer=loaded.tokenizer, transform=loaded.transform,
                           batch_size=args.batch_size, device=args.device, workers=args.workers, split=args.split,

@@ -89,6 +89,8 @@ def test_zeroshot_matches_clip_benchmark(colour_model, tmp_path, monkeypatch):
     loader = torch.utils.data.DataLoader(folder, batch_size=16)
     ref = zeroshot_classification.evaluate(model, loader, tokenizer, COLOURS, TEMPLATES, "cpu", amp=False)
 
+    print(f"\nzero-shot ours {ours['top1']:.4f}/{ours['top5']:.4f}/{ours['mean_per_class_recall']:.4f} "
+          f"clip_benchmark {ref['acc1']:.4f}/{ref['acc5']:.4f}/{ref['mean_per_class_recall']:.4f} (top1/top5/recall)")
     assert ours["num_images"] == len(folder) == 60
     assert 0.2 < ours["top1"] < 0.95, "accuracy should be far from chance (0.1) and from perfect"
     assert ours["top1"] == pytest.approx(ref["acc1"], abs=1e-3)
@@ -117,6 +119,8 @@ def test_retrieval_matches_clip_benchmark(colour_model, tmp_path):
     loader = torch.utils.data.DataLoader(pairs, batch_size=5, collate_fn=lambda b: (torch.stack([x for x, _ in b]),
                                                                                     [t for _, t in b]))
     ref = zeroshot_retrieval.evaluate(model, loader, tokenizer, "cpu", amp=False, recall_k_list=[1, 5, 10])
+    print("\nretrieval ours", {k: round(v, 4) for k, v in ours.items() if "_R@" in k}, "clip_benchmark",
+          {k: round(v, 4) for k, v in ref.items()})
     assert ours["num_images"] == 24 and ours["num_captions"] == 48
     for k in (1, 5, 10):
         assert ours[f"text_to_image_R@{k}"] == pytest.approx(ref[f"image_retrieval_recall@{k}"], abs=1e-3)
