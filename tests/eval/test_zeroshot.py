@@ -2,6 +2,7 @@
 checkpoint kinds, and the one-line messages for bad input."""
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ from eval import checkpoint, datasets, zeroshot
 from eval.datasets import EvalInputError
 
 STEPS, PER_CLASS, CLASSES = 25, 3, 24
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -189,3 +191,19 @@ def test_imagenet21k_style_names_file_defines_all_classes(run_dir, synthetic, tm
     assert result["num_templates"] == len(zero_shot_metadata.SIMPLE_IMAGENET_TEMPLATES)
     evalset = datasets.open_classification(root, loaded.transform, str(tmp_path / "names.txt"))
     assert sorted({label for _, label in evalset.dataset.samples}) == [0, 1, 2]
+
+
+def test_run_directory_written_by_the_trainer(synthetic, tmp_path):
+    """The checkpoint contract end to end: `train.main` writes RUN/checkpoints/..., eval rebuilds the model."""
+    from train.main import main as train_main
+
+    run = tmp_path / "run"
+    assert train_main([str(REPO / "configs" / "tiny.yaml"), f"data.train_shards={synthetic[0]}", f"train.run_dir={run}",
+                       "train.max_steps=3", "train.save_every=3", "data.batch_size=16", "data.workers=0",
+                       "eval.dataset=null", "model.image_attention=linear_elu"]) == 0
+    result = zeroshot.main([str(run), "--dataset", str(synthetic[1]), "--workers", "0", "--device", "cpu"])
+    meta = json.loads((run / "checkpoints" / "step_00000003" / "meta.json").read_text())
+    assert result["checkpoint"] == str(run / "checkpoints" / "step_00000003")
+    assert result["step"] == 3 and result["samples_seen"] == meta["samples_seen"] > 0
+    assert result["image_attention"] == "linear_elu" and result["text_attention"] == "softmax"
+    assert result["num_images"] == CLASSES * PER_CLASS
