@@ -61,32 +61,53 @@ def unit_pair(q: Tensor, k: Tensor, keep: Tensor | None) -> tuple[Tensor, Tensor
     return q * rq, k * rk, rq, rk
 
 
+def scaled_gram(x: Tensor, r: Tensor, y: Tensor, block: int = 4096) -> Tensor:
+    """sum_n r_n x_n y_n^T: [G, N, D], [G, N, 1], [G, N, E] -> [G, D, E].
+
+    Row blocks keep the scaled copy of x small: it is reused from the allocator's cache and stays
+    in cache, where one [G, N, D] copy would cost fresh pages (page faults dominate at large N).
+    """
+    out = None
+    for xs, rs, ys in zip(x.split(block, 1), r.split(block, 1), y.split(block, 1)):
+        part = (xs * rs).transpose(1, 2)
+        out = torch.bmm(part, ys) if out is None else out.baddbmm_(part, ys)
+    return out
+
+
+def unscale_grad(x: Tensor, r: Tensor, grad_hat: Tensor) -> Tensor:
+    """Gradient through x^ = r x with r = 1/|x| from x itself: r (g - r^2 (x.g) x). Overwrites grad_hat."""
+    return grad_hat.addcmul_(x, rowdot(x, grad_hat).mul_(r.square()), value=-1).mul_(r)
+
+
 class AffineNoDenom(torch.autograd.Function):
     """Non-causal Eq. 7 of Gerami et al. 2026 with a hand-written backward, on [G, N, D] tensors.
 
-    o = q^ S + s with S = k^^T v / 2 (k^ zero for padding) and s = sum_n v_n / 2: the "1 +" and
-    the 1/2 live in the small state, so the forward is two matmuls. The backward reuses S and the
-    saved q^, k^ (kept instead of q, k) so it makes no [N, D] temporaries beyond its outputs.
+    o = rq (q S) + s with S = k^^T v / 2 (k^ zero for padding), s = sum_n v_n / 2 and rq = 1/|q|:
+    the "1 +" and the 1/2 live in the small state, q^ and k^ are never stored (their scales are
+    applied to the small state or after each matmul), so forward + backward allocate no [N, D]
+    tensor beyond o and the three gradients, and only q, k, v are kept for the backward.
     """
 
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None) -> Tensor:
-        q_hat, k_hat, rq, rk = unit_pair(q, k, keep)
-        state = torch.bmm(k_hat.transpose(1, 2), v).mul_(0.5)  # [G, D, D]
+        rq, rk = inv_norm(q), inv_norm(k)
+        if keep is not None:
+            rk = rk * keep
+        state = scaled_gram(k, rk, v).mul_(0.5)  # [G, D, D]
         v_sum = v.sum(1, keepdim=True) if keep is None else torch.bmm(keep.transpose(1, 2), v)  # [G, 1, D]
-        ctx.save_for_backward(q_hat, k_hat, v, keep, rq, rk, state)
-        return torch.bmm(q_hat, state).add_(v_sum, alpha=0.5)
+        ctx.save_for_backward(q, k, v, keep, rq, rk, state)
+        return torch.bmm(q, state).mul_(rq).add_(v_sum, alpha=0.5)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        q_hat, k_hat, v, keep, rq, rk, state = ctx.saved_tensors
+        q, k, v, keep, rq, rk, state = ctx.saved_tensors
         grad = grad.contiguous()  # e.g. the zero-stride gradient of a .sum() would send bmm down a slow path
         # half of dL/dS for S = k^^T v, which enters o as q^ S / 2
-        half_grad_state = torch.bmm(q_hat.transpose(1, 2), grad).mul_(0.5)  # [G, D, D]
-        grad_q = unnormalise_grad(q_hat, rq, torch.bmm(grad, state.transpose(1, 2)))
-        grad_k = unnormalise_grad(k_hat, rk, torch.bmm(v, half_grad_state.transpose(1, 2)))
+        half_grad_state = scaled_gram(q, rq, grad).mul_(0.5)  # [G, D, D]
+        grad_q = unscale_grad(q, rq, torch.bmm(grad, state.transpose(1, 2)))
+        grad_k = unscale_grad(k, rk, torch.bmm(v, half_grad_state.transpose(1, 2)))
         half_grad_sum = grad.sum(1, keepdim=True).mul_(0.5)  # [G, 1, D]
-        grad_v = torch.bmm(k_hat, half_grad_state)
+        grad_v = torch.bmm(k, half_grad_state).mul_(rk)
         grad_v = grad_v.add_(half_grad_sum) if keep is None else grad_v.addcmul_(keep, half_grad_sum)
         return grad_q, grad_k, grad_v, None
 
