@@ -26,6 +26,8 @@ import torch
 from accelerate import Accelerator
 from safetensors.torch import load_file, save_file
 
+from .dist import sum_over_ranks
+
 STEP_DIR = re.compile(r"^step_(\d{8})$")
 # present under DDP and FSDP alike (FSDP stores the model and optimizer as sharded folders instead)
 REQUIRED = ("meta.json", "model.safetensors", "data_state_0.json", "state/scheduler.bin", "state/random_states_0.pkl")
@@ -40,10 +42,11 @@ def save_checkpoint(accelerator: Accelerator, model, run_dir: Path, meta: dict, 
     """Write a complete checkpoint for meta["step"] (call on every rank); returns its folder."""
     root = Path(run_dir) / "checkpoints"
     final, tmp = root / step_name(meta["step"]), root / f".tmp_{step_name(meta['step'])}"
-    state_dict = unwrapped_state_dict(accelerator, model)  # collective under FSDP
+    state_dict = unwrapped_state_dict(accelerator, model)  # collective under FSDP: the full dict lands on rank 0
+    broken = accelerator.is_main_process and not all(torch.isfinite(t).all() for t in state_dict.values() if t.is_floating_point())
+    if sum_over_ranks(accelerator, {"broken": int(broken)})["broken"]:  # every rank raises, none waits forever
+        raise RuntimeError(f"refusing to write checkpoint {final.name}: the model holds NaN or Inf weights")
     if accelerator.is_main_process:
-        if not all(torch.isfinite(t).all() for t in state_dict.values() if t.is_floating_point()):
-            raise RuntimeError(f"refusing to write checkpoint {final.name}: the model holds NaN or Inf weights")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     accelerator.wait_for_everyone()
@@ -56,6 +59,7 @@ def save_checkpoint(accelerator: Accelerator, model, run_dir: Path, meta: dict, 
         write_json(tmp / "meta.json", meta)
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
+        fsync_tree(tmp)  # the rename must not make visible files that a power loss could still lose
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
         write_text_atomic(root / "latest", final.name)
@@ -75,6 +79,15 @@ def write_json(path: Path, obj) -> None:
         json.dump(obj, f)
         f.flush()
         os.fsync(f.fileno())
+
+
+def fsync_tree(folder: Path) -> None:
+    for path in sorted(folder.rglob("*"), key=lambda p: len(p.parts), reverse=True) + [folder]:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def write_text_atomic(path: Path, text: str) -> None:
@@ -138,10 +151,11 @@ def resolve(resume: str, run_dir: Path) -> Path | None:
     return folder
 
 
-def load_checkpoint(accelerator: Accelerator, folder: Path) -> tuple[dict, dict | None]:
+def load_checkpoint(accelerator: Accelerator, folder: Path) -> tuple[dict, dict]:
     """Restore model, optimizer, scheduler, scaler and RNG from `folder`; returns (meta, this rank's data state)."""
     accelerator.load_state(str(folder / "state"))
     meta = json.loads((folder / "meta.json").read_text())
+    # a rank that did not exist when the checkpoint was written continues from rank 0's position (approximately)
     data_file = folder / f"data_state_{accelerator.process_index}.json"
-    data_state = json.loads(data_file.read_text()) if data_file.is_file() else None
+    data_state = json.loads((data_file if data_file.is_file() else folder / "data_state_0.json").read_text())
     return meta, data_state

@@ -103,8 +103,7 @@ def resume(cfg: Config, accelerator, stream: DataStream, progress: Progress) -> 
         return
     meta, data_state = load_checkpoint(accelerator, folder)
     progress.step, progress.samples_seen, progress.bad_steps = meta["step"], meta["samples_seen"], meta.get("bad_steps", 0)
-    if data_state is not None:
-        stream.load_state_dict(data_state)
+    stream.load_state_dict(data_state)
     if accelerator.is_main_process:
         print(f"resumed from {folder} at step {progress.step} ({progress.samples_seen} samples seen)", file=sys.stderr)
 
