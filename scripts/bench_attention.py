@@ -65,8 +65,9 @@ def memory_kb(field: str) -> int:
         return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
 
 
-def peak_extra_mb(step) -> float | None:
-    """Resident-set high-water mark during step(), minus the resident set before it; None off Linux."""
+def peak_extra_mb(step, clear) -> float | None:
+    """Resident-set high-water mark during step(), minus the resident set before it (inputs, no gradients); None off Linux."""
+    clear()
     try:
         gc.collect()
         Path("/proc/self/clear_refs").write_text("5")
@@ -87,19 +88,26 @@ def make_step(name: str, causal: bool, n: int, dtype: torch.dtype):
     grad = torch.randn(B, H, n, D, dtype=dtype)
 
     def step():
-        q.grad = k.grad = v.grad = None
         layer.attention(q, k, v, None).backward(grad)
 
-    return step
+    def clear():
+        q.grad = k.grad = v.grad = None
+        layer.zero_grad(set_to_none=True)
+
+    return step, clear
 
 
-def time_point(step, budget: float) -> tuple[float, float, int, float | None]:
-    """(best seconds, median seconds, repeats, peak MB) of step() after one warm-up run; the memory run is timed too."""
+def time_point(step, clear, budget: float) -> tuple[float, float, int, float | None]:
+    """(best seconds, median seconds, repeats, peak MB) of step() after one warm-up run; the memory run is timed too.
+
+    Gradients are released before each step, outside the timing, so every step allocates them afresh.
+    """
     step()
     start = time.perf_counter()
-    peak = peak_extra_mb(step)
+    peak = peak_extra_mb(step, clear)
     times = [time.perf_counter() - start]
     while len(times) < 3 or (time.perf_counter() - start < budget and len(times) < 50):
+        clear()
         t = time.perf_counter()
         step()
         times.append(time.perf_counter() - t)
@@ -145,7 +153,7 @@ def bench_line(name: str, causal: bool, dtype: torch.dtype, sizes: list[int], ar
         elif late:
             continue
         else:
-            best, median, reps, peak = time_point(make_step(name, causal, n, dtype), args.budget)
+            best, median, reps, peak = time_point(*make_step(name, causal, n, dtype), args.budget)
             measured.append((n, best))
             row.update(time_ms=1e3 * best, median_ms=1e3 * median, reps=reps, peak_mb=peak, extrapolated="")
         if is_linear:
@@ -273,8 +281,9 @@ def markdown(frame: pd.DataFrame, info: dict, args) -> str:
     memory = measured.assign(line=measured.variant + " " + measured["mode"] + " " + measured.dtype).pivot(index="line", columns="N", values="peak_mb")
     memory.index.name, memory.columns = "variant mode dtype \\ N", [str(n) for n in memory.columns]
     lines += ["", "## Peak extra resident memory (MB) during one forward + backward", "",
-              "0 means it fit in memory the process already held (small N); inputs and their gradients' first "
-              "allocation are included, q, k, v themselves are not.", "", md_table(memory.round(1).astype(object).where(memory.notna(), ""))]
+              "Above the resident set with q, k, v and the output gradient alive and no input gradients; it "
+              "includes the output and the three input gradients (4 [B, H, N, D] tensors). 0 means it fit in memory "
+              "the process already held (small N, or blocks under glibc's mmap threshold reused).", "", md_table(memory.round(1).astype(object).where(memory.notna(), ""))]
     return "\n".join(lines) + "\n"
 
 
