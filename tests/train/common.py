@@ -14,6 +14,7 @@ from safetensors.torch import load_file
 from train.main import main
 
 REPO = Path(__file__).resolve().parents[2]
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]  # two gloo processes
 
 
 def tiny_config(tmp_path: Path, synthetic: dict, **sections) -> Path:

@@ -1,11 +1,7 @@
 """Two gloo processes under torchrun against one process with the same global batch."""
-import sys
-
 import pytest
 
-from .common import checkpoints, cli, finish, max_difference, run, tiny_config, train_records, weights
-
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+from .common import TORCHRUN, checkpoints, cli, finish, max_difference, run, tiny_config, train_records, weights
 
 
 @pytest.mark.parametrize("accum_freq", [1, 2])

@@ -1,19 +1,16 @@
-"""Pre-emption and crashes: SIGUSR1 -> checkpoint + exit 75; kill -9 anywhere, even inside a checkpoint write."""
+"""Pre-emption and crashes: SIGUSR1/SIGTERM -> checkpoint + exit 75; kill -9 anywhere, even inside a checkpoint write."""
 import os
 import random
 import signal
 import subprocess
-import sys
 import time
 
+import pytest
 import torch
 
 from train.checkpoint import CRASH_HOOK, problem
 
-from .common import checkpoints, cli, finish, run, tiny_config, train_records, weights
-
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-
+from .common import TORCHRUN, checkpoints, cli, finish, run, tiny_config, train_records, weights
 
 def wait_for_step(proc: subprocess.Popen, run_dir, step: int, timeout: float = 180) -> None:
     """Poll metrics.jsonl until it holds `step` (log_every=1)."""
@@ -27,15 +24,16 @@ def wait_for_step(proc: subprocess.Popen, run_dir, step: int, timeout: float = 1
     raise AssertionError(f"step {step} not reached in {timeout} s")
 
 
-def test_sigusr1_writes_a_checkpoint_and_exits_75(tmp_path, synthetic, capsys):
+@pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGTERM], ids=["SIGUSR1", "SIGTERM"])
+def test_signal_writes_a_checkpoint_and_exits_75(tmp_path, synthetic, capsys, sig):
     path = tiny_config(tmp_path, synthetic, train={"max_steps": 100})
     proc = cli([str(path)])
     wait_for_step(proc, tmp_path / "run", 2)
-    proc.send_signal(signal.SIGUSR1)
+    proc.send_signal(sig)
     code, _, err = finish(proc)
     assert code == 75, err[-2000:]
     stopped = train_records(tmp_path / "run")[-1]["step"]
-    assert f"signal {int(signal.SIGUSR1)} received: checkpoint at step {stopped}, exiting with 75" in err
+    assert f"signal {int(sig)} received: checkpoint at step {stopped}, exiting with 75" in err
     assert [p.name for p in checkpoints(tmp_path / "run")] == [f"step_{stopped:08d}"]
     assert problem(checkpoints(tmp_path / "run")[0]) is None
     assert run(path, f"train.max_steps={stopped + 2}") == 0
