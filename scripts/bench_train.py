@@ -1,7 +1,7 @@
 """Seconds per training step (forward, loss, backward, AdamW step) of our CLIP against open_clip's, and per attention.
 
     python scripts/bench_train.py [--batch-size 8] [--steps 3] [--sizes ViT-S-16,ViT-B-16] [--resolutions 224,448]
-                                  [--attention-batch-size 2] [--threads 1]
+                                  [--attention-batch-size 2] [--threads 1] [--out docs]
 
 Part 1: ViT-S-16 and ViT-B-16 with softmax attention, ours (models.build_clip + train.loss.ClipLoss) against
 open_clip's own (open_clip.create_model + open_clip.loss.ClipLoss), on the same batch at 224 px, fp32 and bf16
@@ -124,9 +124,10 @@ def attentions(size: str, resolutions: list[int], batch_size: int, rounds: int, 
 
 
 def write_outputs(rows: list[dict], args, seconds: float) -> None:
-    DOCS.mkdir(exist_ok=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
     fields = ["part", "model", "pixels", "precision", "attention", "ours_s", "open_clip_s", "ratio"]
-    with open(DOCS / "bench_train.csv", "w", newline="") as f:
+    with open(out / "bench_train.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fields)
         writer.writeheader()
         writer.writerows(rows)
@@ -143,11 +144,11 @@ def write_outputs(rows: list[dict], args, seconds: float) -> None:
               "| pixels | attention | s/step | / softmax |", "| ---: | --- | ---: | ---: |"]
     lines += [f"| {r['pixels']} | {r['attention']} | {r['ours_s']:.3f} | {r['ratio']:.2f} |" for r in second]
     lines += ["", "![seconds per step](bench_train.png)", ""]
-    (DOCS / "bench_train.md").write_text("\n".join(lines))
-    plot(first, second)
+    (out / "bench_train.md").write_text("\n".join(lines))
+    plot(first, second, out)
 
 
-def plot(first: list[dict], second: list[dict]) -> None:
+def plot(first: list[dict], second: list[dict], out: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -173,7 +174,7 @@ def plot(first: list[dict], second: list[dict]) -> None:
     right.set_title("image attention variants, fp32")
     right.legend()
     fig.tight_layout()
-    fig.savefig(DOCS / "bench_train.png", dpi=120)
+    fig.savefig(out / "bench_train.png", dpi=120)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -185,6 +186,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--resolutions", default="224,448")
     parser.add_argument("--attention-batch-size", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", default=str(DOCS), help="folder for bench_train.csv/.md/.png")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
@@ -192,7 +194,7 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as folder:
         rows += attentions(args.attention_size, [int(p) for p in args.resolutions.split(",")], args.attention_batch_size, args.steps, Path(folder))
     write_outputs(rows, args, time.perf_counter() - start)
-    print(f"wrote {DOCS / 'bench_train.md'}, .csv and .png in {(time.perf_counter() - start) / 60:.1f} min")
+    print(f"wrote {Path(args.out) / 'bench_train.md'}, .csv and .png in {(time.perf_counter() - start) / 60:.1f} min")
 
 
 if __name__ == "__main__":
