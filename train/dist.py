@@ -15,6 +15,7 @@ from datetime import timedelta
 import numpy as np
 import torch
 from accelerate import Accelerator, DistributedDataParallelKwargs, FullyShardedDataParallelPlugin, InitProcessGroupKwargs
+from accelerate.state import AcceleratorState, GradientState
 
 from .config import ConfigError, TrainConfig
 
@@ -44,6 +45,10 @@ def make_accelerator(cfg: TrainConfig) -> Accelerator:
             state_dict_type="SHARDED_STATE_DICT",
             reshard_after_forward=True,
         )
+    # main() may run again in this process (tests, scripts/demo.py) with other settings: accelerate keeps its
+    # state process-wide and refuses a change, so forget it (the process group itself stays)
+    AcceleratorState._reset_state(reset_partial_state=False)
+    GradientState._reset_state()
     # other ranks wait at a barrier while rank 0 evaluates or writes a checkpoint: allow more than NCCL's 10 min
     handlers = [InitProcessGroupKwargs(timeout=timedelta(minutes=60)), DistributedDataParallelKwargs(find_unused_parameters=False)]
     accelerator = Accelerator(
