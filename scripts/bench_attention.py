@@ -213,20 +213,23 @@ def add_ratios(frame: pd.DataFrame) -> pd.DataFrame:
     return frame
 
 
-def plot(frame: pd.DataFrame, path: Path) -> None:
+def plot(frame: pd.DataFrame, path: Path, threads: int) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 5.5))
-    for (name, mode), line in frame[frame.dtype == "float32"].groupby(["variant", "mode"], sort=True):
-        style = "--" if "softmax" in name else "-"
-        drawn = ax.plot(line.N, line.time_ms, style, marker="o", markersize=3, label=f"{name} ({mode})")
+    lines = frame[frame.dtype == "float32"].groupby(["variant", "mode"], sort=True)
+    colours = plt.cm.tab20(range(len(lines)))
+    for colour, ((name, mode), line) in zip(colours, lines):
+        style = dict(color="black" if name == "softmax" else colour, linestyle="--" if "softmax" in name else "-")
+        style["marker"] = "s" if mode == "causal" else "o"
+        drawn = ax.plot(line.N, line.time_ms, markersize=3, label=f"{name} ({mode})", **style)
         extra = line[line.extrapolated != ""]
         ax.plot(extra.N, extra.time_ms, "x", color=drawn[0].get_color(), markersize=8)
     ax.set(xscale="log", yscale="log", xlabel="sequence length N", ylabel="forward + backward time (ms)",
-           title=f"attention math, B={B} H={H} D={D}, fp32, CPU ({torch.get_num_threads()} threads); x = extrapolated")
+           title=f"attention math, B={B} H={H} D={D}, fp32, CPU ({threads} threads); x = extrapolated")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
@@ -294,7 +297,7 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     frame.to_csv(out.with_suffix(".csv"), index=False, float_format="%.6g")
-    plot(frame, out.with_suffix(".png"))
+    plot(frame, out.with_suffix(".png"), info["threads"])
     out.with_suffix(".md").write_text(markdown(frame, info, args))
     print(f"wrote {out}.csv, {out}.png, {out}.md")
 
