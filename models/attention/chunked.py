@@ -5,8 +5,10 @@ Inside a chunk of C tokens the sum is an exact masked C x C matmul; the contribu
 chunks is qf_i S_m, where S_m = sum over earlier chunks of kf^T v is an exclusive cumsum over the
 per-chunk states. Everything is a batched matmul over (groups x chunks), so there is no Python loop
 over chunks. Time O(N (C F + F E)), memory O(N (C + F E / C)): linear in N.
-A Python loop carrying S from chunk to chunk was measured slower on CPU (one small matmul per
-chunk, thousands of them at N = 65536), see scripts/bench_attention.py --chunk-loop.
+A Python loop carrying S from chunk to chunk issues ~10 small ops per chunk (thousands at
+N = 65536). Measured at N = 16384 (docs/bench_attention.md): on one thread the loop is ~25% faster,
+on two threads of a busy machine it is ~3x slower (each small op waits for both threads); the
+cumsum form is kept for its fixed, small number of ops.
 """
 from __future__ import annotations
 
