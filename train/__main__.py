@@ -1,12 +1,15 @@
 """`python -m train CONFIG.yaml [section.key=value ...]`; errors the user can fix are one line on stderr, exit code 1."""
 import sys
 
+from . import main as entry
 from .config import ConfigError
 from .loop import TrainingError
-from .main import main
 
+if sys.argv[1:2] in (["-h"], ["--help"]):
+    print(entry.__doc__)
+    sys.exit(0)
 try:
-    sys.exit(main())
+    sys.exit(entry.main())
 except (ConfigError, TrainingError) as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(1)

@@ -1,7 +1,12 @@
 """`python -m train CONFIG.yaml [section.key=value ...]`: train a CLIP from a config file plus overrides.
 
-Launch on one process, or under `torchrun` / `accelerate launch` / Slurm's `srun` for many; see configs/*.yaml
-for the launch command of each experiment. Exit codes: 0 done, 75 pre-empted (checkpoint written), 1 error.
+    python -m train configs/tiny.yaml model.image_attention=linear_elu train.max_steps=50 optim.lr=1e-4
+
+Config sections: model (models.ModelConfig), data (data.DataConfig), optim, train, eval; every field with its
+default is in train/config.py and data/config.py, models/config.py. Launch on one process, or under `torchrun` /
+`accelerate launch` / Slurm's `srun` for many; configs/*.yaml give the launch command of each experiment.
+A rerun of the same command resumes from the newest complete checkpoint (train.resume=auto).
+Exit codes: 0 done, 75 pre-empted (SIGTERM/SIGUSR1: checkpoint written after the current step), 1 error.
 """
 from __future__ import annotations
 
@@ -90,7 +95,9 @@ def build_model(model_cfg: ModelConfig, loss: str, compile: bool) -> nn.Module:
         with torch.no_grad():
             model.logit_scale.fill_(SIGLIP_INIT["logit_scale"])
         model.logit_bias = nn.Parameter(torch.tensor(SIGLIP_INIT["logit_bias"]))
-    return torch.compile(model) if compile else model
+    if compile:
+        model.compile()  # in place: state-dict keys stay those of the plain model, so checkpoints move freely
+    return model
 
 
 def resume(cfg: Config, accelerator, stream: DataStream, progress: Progress) -> None:
