@@ -43,11 +43,6 @@ def rowdot(x: Tensor, y: Tensor) -> Tensor:
     return torch.einsum("gnd,gnd->gn", x, y).unsqueeze(-1)
 
 
-def unnormalise_grad(x_hat: Tensor, r: Tensor, grad_hat: Tensor) -> Tensor:
-    """Gradient through x_hat = r x with r = 1/|x|: r (g - (x_hat.g) x_hat). Overwrites grad_hat [G, N, D]."""
-    return grad_hat.addcmul_(x_hat, rowdot(x_hat, grad_hat), value=-1).mul_(r)
-
-
 def safe_divide(num: Tensor, den: Tensor) -> Tensor:
     """num / den with 0 / 0 -> 0: a query without any real key (padding, never used) stays finite."""
     return num / den.clamp_min(torch.finfo(den.dtype).tiny)
@@ -124,9 +119,23 @@ def features(q: Tensor, k: Tensor, keep: Tensor | None, unit: bool) -> tuple[Ten
     return elu_feature(q), k_phi, None, None
 
 
-def feature_grad(x_phi: Tensor, r: Tensor | None, grad_phi: Tensor) -> Tensor:
-    """dL/dx from dL/dphi(x) (overwritten): through x / |x| for unit features, else elu'(x) = min(elu(x) + 1, 1)."""
-    return unnormalise_grad(x_phi, r, grad_phi) if r is not None else grad_phi.mul_(x_phi.clamp(max=1))
+def scales(q: Tensor, k: Tensor, keep: Tensor | None, unit: bool) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
+    """The stored features and their row scales: q, k with 1/|q|, 1/|k| (phi = r x, applied lazily) for unit
+    features, else elu(q) + 1, elu(k) + 1 with no scale. phi(k) is zero for padded keys either way."""
+    if not unit:
+        return features(q, k, keep, unit=False)
+    rk = inv_norm(k) if keep is None else inv_norm(k) * keep
+    return q, k, inv_norm(q), rk
+
+
+def scaled(x: Tensor, r: Tensor | None) -> Tensor:
+    """x [G, N, E] times the row scales r [G, N, 1] in place, or x when r is None."""
+    return x if r is None else x.mul_(r)
+
+
+def feature_grad(x: Tensor, r: Tensor | None, grad_phi: Tensor) -> Tensor:
+    """dL/dx from dL/dphi(x) (overwritten): through r x with r = 1/|x| for unit features, else elu'(x) = min(elu(x) + 1, 1)."""
+    return unscale_grad(x, r, grad_phi) if r is not None else grad_phi.mul_(x.clamp(max=1))
 
 
 class NormalisedLinear(torch.autograd.Function):
@@ -135,39 +144,39 @@ class NormalisedLinear(torch.autograd.Function):
     sim = 1 + q^.k^ (unit, linear_affine) or phi(q).phi(k) with phi = elu + 1 (linear_elu).
     o = c + phi(q) S / den with c the mean of the real v, S = phi(k)^T (v - c), den = [count +] phi(q) . z
     and z = sum_n phi(k_n): centring v on c (exact, the weights sum to one) makes the result exact
-    when all v are equal; the backward reuses S, z, den and the saved features and v - c.
+    when all v are equal. Unit features are never stored: q, k are kept with their 1/|x| row scales.
     """
 
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, unit: bool) -> Tensor:
-        q_phi, k_phi, rq, rk = features(q, k, keep, unit)
+        q_f, k_f, rq, rk = scales(q, k, keep, unit)
         count = v.new_full((1, 1, 1), v.shape[1]) if keep is None else keep.sum(1, keepdim=True)  # [G or 1, 1, 1]
         v_sum = v.sum(1, keepdim=True) if keep is None else torch.bmm(keep.transpose(1, 2), v)
         centre = safe_divide(v_sum, count)  # [G, 1, D]
         # padded rows of v - c meet phi(k) = 0 only, so they need no mask
         v_centred = v - centre
-        k_sum = k_phi.sum(1, keepdim=True)  # [G, 1, D]
-        state = torch.bmm(k_phi.transpose(1, 2), v_centred)  # [G, D, D]
-        den = torch.bmm(q_phi, k_sum.transpose(1, 2))  # [G, N, 1]
+        k_sum = k_f.sum(1, keepdim=True) if rk is None else torch.bmm(rk.transpose(1, 2), k_f)  # [G, 1, D]
+        state = torch.bmm(k_f.transpose(1, 2), v_centred) if rk is None else scaled_gram(k_f, rk, v_centred)  # [G, D, D]
+        den = scaled(torch.bmm(q_f, k_sum.transpose(1, 2)), rq)  # [G, N, 1]
         den = (den.add_(count) if unit else den).clamp_min_(torch.finfo(v.dtype).tiny)
-        ctx.save_for_backward(q_phi, k_phi, v_centred, keep, rq, rk, state, k_sum, den, count)
-        return torch.bmm(q_phi, state).div_(den).add_(centre)
+        ctx.save_for_backward(q_f, k_f, v_centred, keep, rq, rk, state, k_sum, den, count)
+        return scaled(torch.bmm(q_f, state), rq).div_(den).add_(centre)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        q_phi, k_phi, v_centred, keep, rq, rk, state, k_sum, den, count = ctx.saved_tensors
+        q_f, k_f, v_centred, keep, rq, rk, state, k_sum, den, count = ctx.saved_tensors
         grad = grad.contiguous()
         grad_scaled = grad / den
-        grad_state = torch.bmm(q_phi.transpose(1, 2), grad_scaled)  # [G, D, D]
+        grad_state = torch.bmm(q_f.transpose(1, 2), grad_scaled) if rq is None else scaled_gram(q_f, rq, grad_scaled)
         grad_q_phi = torch.bmm(grad_scaled, state.transpose(1, 2))
         # o = c + phi(q) S / den: dL/dden = -(g . phi(q) S) / den^2 = -(phi(q) . (g / den) S^T) / den
-        grad_den = rowdot(q_phi, grad_q_phi).div_(den).neg_()  # [G, N, 1]
-        grad_q = feature_grad(q_phi, rq, grad_q_phi.addcmul_(grad_den, k_sum))
-        grad_k_sum = torch.bmm(grad_den.transpose(1, 2), q_phi)  # [G, 1, D]
-        grad_k = feature_grad(k_phi, rk, torch.bmm(v_centred, grad_state.transpose(1, 2)).add_(grad_k_sum))
+        grad_den = scaled(rowdot(q_f, grad_q_phi), rq).div_(den).neg_()  # [G, N, 1]
+        grad_q = feature_grad(q_f, rq, grad_q_phi.addcmul_(grad_den, k_sum))
+        grad_k_sum = torch.bmm((grad_den if rq is None else grad_den * rq).transpose(1, 2), q_f)  # [G, 1, D]
+        grad_k = feature_grad(k_f, rk, torch.bmm(v_centred, grad_state.transpose(1, 2)).add_(grad_k_sum))
         # c enters o directly and through S = phi(k)^T (v - c); c = sum of real v / count
         grad_v_sum = (grad.sum(1, keepdim=True) - torch.bmm(k_sum, grad_state)).div_(count)  # [G, 1, D]
-        grad_v = torch.bmm(k_phi, grad_state)
+        grad_v = scaled(torch.bmm(k_f, grad_state), rk)
         grad_v = grad_v.add_(grad_v_sum) if keep is None else grad_v.addcmul_(keep, grad_v_sum)
         return grad_q, grad_k, grad_v, None, None
 
