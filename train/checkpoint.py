@@ -151,10 +151,14 @@ def resolve(resume: str, run_dir: Path) -> Path | None:
     return folder
 
 
+def read_meta(folder: Path) -> dict:
+    return json.loads((Path(folder) / "meta.json").read_text())
+
+
 def load_checkpoint(accelerator: Accelerator, folder: Path) -> tuple[dict, dict]:
     """Restore model, optimizer, scheduler, scaler and RNG from `folder`; returns (meta, this rank's data state)."""
     accelerator.load_state(str(folder / "state"))
-    meta = json.loads((folder / "meta.json").read_text())
+    meta = read_meta(folder)
     # a rank that did not exist when the checkpoint was written continues from rank 0's position (approximately)
     data_file = folder / f"data_state_{accelerator.process_index}.json"
     data_state = json.loads((data_file if data_file.is_file() else folder / "data_state_0.json").read_text())

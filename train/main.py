@@ -22,7 +22,7 @@ from data.errors import DataError
 from eval.zeroshot import evaluate
 from models import ModelConfig, build_clip, tokenizer, transforms
 
-from .checkpoint import load_checkpoint, resolve
+from .checkpoint import load_checkpoint, read_meta, resolve
 from .config import Config, ConfigError, dump, load_config, to_dict
 from .dist import StopFlag, make_accelerator, world_size_from_env
 from .log import RunLog, check_wandb, git_commit, trim_metrics
@@ -108,6 +108,11 @@ def resume(cfg: Config, accelerator, stream: DataStream, progress: Progress) -> 
         raise ConfigError(str(e)) from None
     if folder is None:
         return
+    saved = {k: v for k, v in read_meta(folder)["config"]["model"].items() if k != "pretrained"}
+    wanted = {k: v for k, v in to_dict(cfg)["model"].items() if k != "pretrained"}
+    if saved != wanted:
+        changed = ", ".join(f"model.{k}={saved.get(k)!r} there" for k in sorted(wanted) if saved.get(k) != wanted.get(k))
+        raise ConfigError(f"{folder} holds another model ({changed}); pick a new train.run_dir or set train.resume=none")
     meta, data_state = load_checkpoint(accelerator, folder)
     progress.step, progress.samples_seen, progress.bad_steps = meta["step"], meta["samples_seen"], meta.get("bad_steps", 0)
     stream.load_state_dict(data_state)

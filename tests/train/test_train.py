@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from models.attention import ATTENTIONS
-from train.config import load_config, to_dict
+from train.config import ConfigError, load_config, to_dict
 from train.loop import TrainingError
 
 from .common import checkpoints, metrics, run, tiny_config, train_records, weights
@@ -100,6 +100,14 @@ def test_resume_skips_incomplete_and_corrupt_checkpoints(tmp_path, synthetic, mo
     assert [r["step"] for r in train_records(tmp_path / "run")] == [1, 2, 3, 4]
     assert loads and all(w is True for w in loads)  # optimizer, scheduler and RNG states: no code from the file
     assert not (root / ".tmp_step_00000004").exists()
+
+
+def test_resume_refuses_a_checkpoint_of_another_model(tmp_path, synthetic):
+    path = tiny_config(tmp_path, synthetic, train={"max_steps": 1})
+    assert run(path) == 0
+    with pytest.raises(ConfigError, match=r"holds another model \(model.image_attention='softmax' there\); pick a new train.run_dir"):
+        run(path, "train.max_steps=2", "model.image_attention=linear_elu")
+    assert run(path, "train.max_steps=2", "model.image_attention=linear_elu", "train.resume=none") == 0
 
 
 def test_siglip_trains_with_its_own_bias_and_scale(tmp_path, synthetic):
