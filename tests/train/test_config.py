@@ -83,3 +83,8 @@ def test_cli_prints_one_line_and_exits_1(tmp_path, synthetic):
 def test_defaults_match_the_issue():
     optim = OptimConfig()
     assert (optim.lr, optim.betas, optim.eps, optim.weight_decay) == (5e-4, [0.9, 0.98], 1e-6, 0.2)
+
+
+def test_unknown_attention_is_a_config_error(tmp_path, synthetic):
+    with pytest.raises(ConfigError, match="model: image tower: unknown attention 'nope'; known attentions: .*softmax"):
+        run(tiny_config(tmp_path, synthetic), "model.image_attention=nope")
