@@ -4,14 +4,14 @@ import pytest
 from .common import TORCHRUN, checkpoints, cli, finish, max_difference, run, tiny_config, train_records, weights
 
 
-@pytest.mark.parametrize("accum_freq", [1, 2])
-def test_two_processes_equal_one_with_the_global_batch(tmp_path, synthetic, accum_freq):
+@pytest.mark.parametrize("accum_freq, loss", [(1, "clip"), (2, "clip"), (1, "siglip")])
+def test_two_processes_equal_one_with_the_global_batch(tmp_path, synthetic, accum_freq, loss):
     """Per-rank batch b on 2 ranks (x accum_freq micro-batches) = batch 2b*accum_freq on 1 process: losses and weights.
 
     data.train_num_samples = one optimizer step, so every epoch is one step and both runs see the same
     samples each step (each rank reads its own contiguous half of the epoch)."""
     step_batch = 16
-    common = ["train.max_steps=3", "train.save_every=0", "optim.lr=1e-4", f"data.train_num_samples={step_batch}"]
+    common = ["train.max_steps=3", "train.save_every=0", "optim.lr=1e-4", f"data.train_num_samples={step_batch}", f"train.loss={loss}"]
     one, two = tmp_path / "one", tmp_path / "two"
     proc = cli([str(tiny_config(tmp_path, synthetic)), f"train.run_dir={two}", f"data.batch_size={step_batch // accum_freq}",
                 f"train.accum_freq={accum_freq}", *common], launcher=TORCHRUN)
