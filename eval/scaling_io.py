@@ -3,7 +3,7 @@
 What is read from each kind of input (one row of the table per run, or per CSV row):
 
 - ``*.csv``: every row is a point; the columns are whatever the file names them.
-- ``*.json``: one JSON object per file (the eval result files: top1, top5, params, params_no_embed,
+- ``*.json``: one JSON object per file (the eval result files: top1, top5, params, params_without_token_embedding,
   gmacs_per_sample, samples_seen, step, image_attention, text_attention, model, ...). Nested objects
   are flattened with dots: ``{"model": {"width": 512}}`` becomes the column ``model.width``.
 - a run directory (a folder holding ``metrics.jsonl``, or that file itself): one row merged from

@@ -80,7 +80,7 @@ def train_run(out: Path, shards: str, size: str, attention: str, plan: Plan) -> 
     evals = [m for m in metrics if "zeroshot/top1" in m]
     losses = [m for m in metrics if "loss" in m]
     return {"size": size, "attention": attention, "run_dir": str(run_dir), "train_seconds": seconds,
-            "params": sizes["total"], "params_no_embed": sizes["without_token_embedding"],
+            "params": sizes["total"], "params_without_token_embedding": sizes["without_token_embedding"],
             "gmacs_per_sample": sizes["gmacs"], "final_loss": losses[-1]["loss"],
             "top1": evals[-1]["zeroshot/top1"], "top5": evals[-1]["zeroshot/top5"],
             "curve": [(m["samples_seen"], m["zeroshot/top1"]) for m in evals]}
@@ -93,7 +93,8 @@ def scaling_fits(runs: list[dict], out: Path, n_boot: int) -> list[tuple[str, di
     curve = pd.DataFrame([{"attention": r["attention"], "size": r["size"], "error": 1 - top1,
                            "compute": r["gmacs_per_sample"] * seen}
                           for r in runs for seen, top1 in r["curve"] if seen > 0])
-    jobs = [("params", final, "params_no_embed", None), ("compute", curve, "compute", max(2, len(runs) // len(set(final["attention"]))))]
+    sizes_per_attention = max(2, len(runs) // len(set(final["attention"])))
+    jobs = [("params", final, "params_without_token_embedding", None), ("compute", curve, "compute", sizes_per_attention)]
     results = []
     for name, frame, x, bins in jobs:
         try:
@@ -117,7 +118,7 @@ def attention_table(out: Path, sizes: list[int]) -> str:
 def report_md(runs: list[dict], fits: list, bench: str, plan: Plan, seconds: float) -> str:
     rows = ["| size | attention | params (no embedding) | zero-shot top-1 | top-5 | final loss | training time (s) |",
             "|---|---|---|---|---|---|---|"]
-    rows += [f"| {r['size']} | {r['attention']} | {r['params_no_embed'] / 1e6:.3f}M | {100 * r['top1']:.1f}% | "
+    rows += [f"| {r['size']} | {r['attention']} | {r['params_without_token_embedding'] / 1e6:.3f}M | {100 * r['top1']:.1f}% | "
              f"{100 * r['top5']:.1f}% | {r['final_loss']:.3f} | {r['train_seconds']:.0f} |" for r in runs]
     parts = [f"# Softmax vs linear attention on the synthetic data\n\nMade by `python -m scripts.demo` on "
              f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC in {seconds / 60:.1f} minutes: {plan.steps} steps of "
