@@ -45,7 +45,7 @@ class Plan:
     n_boot: int
 
 
-FULL = Plan(train_samples=9600, eval_per_class=10, steps=150, eval_every=50, batch_size=64,
+FULL = Plan(train_samples=20000, eval_per_class=10, steps=400, eval_every=100, batch_size=64,
             bench_sizes=[77, 197, 1024, 4096], n_boot=1000)
 QUICK = Plan(train_samples=256, eval_per_class=2, steps=4, eval_every=2, batch_size=16, bench_sizes=[77, 197], n_boot=50)
 
