@@ -26,6 +26,10 @@ class Attention(nn.Module):
     why_not_causal: ClassVar[str] = ""
     function: ClassVar[Callable | None] = None
     reference: ClassVar[Callable | None] = None
+    # Under torch.autocast the token mixing runs with autocast off: the variants accumulate in fp32
+    # themselves (autocast would recast their inner matmuls to bf16 and mix dtypes in hand-written
+    # backward passes). Softmax sets True: SDPA is built for bf16 and accumulates in fp32.
+    under_autocast: ClassVar[bool] = False
 
     def __init__(self, dim: int, num_heads: int, *, causal: bool = False, qkv_bias: bool = True, **options):
         super().__init__()
@@ -57,7 +61,8 @@ class Attention(nn.Module):
         B, N, C = x.shape
         qkv = F.linear(x, self.in_proj_weight, self.in_proj_bias)  # [B, N, 3C]
         q, k, v = qkv.view(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # 3 x [B, H, N, D]
-        o = self.attention(q, k, v, key_mask)
+        with torch.autocast(x.device.type, enabled=self.under_autocast and torch.is_autocast_enabled(x.device.type)):
+            o = self.attention(q, k, v, key_mask)
         return self.out_proj(o.transpose(1, 2).reshape(B, N, C))
 
 

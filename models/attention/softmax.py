@@ -35,5 +35,6 @@ def softmax_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, 
 class SoftmaxAttention(Attention):
     """Vaswani et al. 2017; O(N^2) time, O(N) memory with SDPA's fused kernels."""
 
+    under_autocast = True
     function = staticmethod(softmax_attention)
     reference = staticmethod(reference.softmax)

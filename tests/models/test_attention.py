@@ -110,6 +110,21 @@ def test_bf16_agrees_with_fp32_reference(mode):
     assert rel_err(out, ref) <= 2e-2
 
 
+@pytest.mark.parametrize("mode", MODES, ids=ids)
+def test_layer_trains_under_bf16_autocast(mode):
+    """The path of train.precision=bf16: fp32 weights, forward under autocast, backward outside it."""
+    m = layer(*mode)
+    x = torch.randn(2, 70, DIM)
+    with torch.no_grad():
+        ref = m(x)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = m(x)
+    y.float().square().sum().backward()
+    assert rel_err(y, ref) <= 2e-2
+    bad = [n for n, p in m.named_parameters() if p.grad is None or not torch.isfinite(p.grad).all()]
+    assert not bad, f"no finite gradient for {bad}"
+
+
 def test_unknown_name_lists_known_ones():
     with pytest.raises(ValueError, match="known attentions: " + ", ".join(NAMES)):
         build_attention("sofmax", DIM, HEADS)
