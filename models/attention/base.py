@@ -5,6 +5,7 @@ Parameter names follow open_clip's `nn.MultiheadAttention` (`in_proj_weight`, `i
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Callable, ClassVar
 
@@ -61,9 +62,16 @@ class Attention(nn.Module):
         B, N, C = x.shape
         qkv = F.linear(x, self.in_proj_weight, self.in_proj_bias)  # [B, N, 3C]
         q, k, v = qkv.view(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # 3 x [B, H, N, D]
-        with torch.autocast(x.device.type, enabled=self.under_autocast and torch.is_autocast_enabled(x.device.type)):
+        with autocast_off(x.device.type, not self.under_autocast):
             o = self.attention(q, k, v, key_mask)
         return self.out_proj(o.transpose(1, 2).reshape(B, N, C))
+
+
+def autocast_off(device_type: str, wanted: bool):
+    """A context that turns autocast off when it is on (and `wanted`); otherwise it does nothing."""
+    if wanted and device_type in ("cpu", "cuda") and torch.is_autocast_enabled(device_type):
+        return torch.autocast(device_type, enabled=False)
+    return contextlib.nullcontext()
 
 
 def scale(head_dim: int) -> float:
