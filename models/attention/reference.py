@@ -185,7 +185,7 @@ def linformer(q: Tensor, k: Tensor, v: Tensor, proj_k: Tensor, proj_v: Tensor, *
     """
     dtype, (q, k, v, proj_k, proj_v) = q.dtype, upcast(q, k, v, proj_k, proj_v)
     n = k.shape[-2]
-    real = torch.ones(1, 1, 1, n, 1, dtype=k.dtype) if key_mask is None else key_mask[:, None, None, :, None].to(k.dtype)
+    real = torch.ones(1, 1, 1, n, 1, dtype=k.dtype, device=k.device) if key_mask is None else key_mask[:, None, None, :, None].to(k.dtype)
     k = torch.where(real > 0, k[:, :, None], 0)  # [B, H, 1, N, D]; padded tokens are 0, whatever they held
     v = torch.where(real > 0, v[:, :, None], 0)
     k_proj = (proj_k[:, :n, None] * k).sum(-2)  # [B, H, m, D]
