@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import reference
+from . import reference, tiled
 from .base import Attention
 from .chunked import causal_linear
 from .registry import register_attention
@@ -78,32 +78,20 @@ class AffineNoDenom(torch.autograd.Function):
     """Non-causal Eq. 7 of Gerami et al. 2026 with a hand-written backward, on [G, N, D] tensors.
 
     o = rq (q S) + s with S = k^^T v / 2 (k^ zero for padding), s = sum_n v_n / 2 and rq = 1/|q|:
-    the "1 +" and the 1/2 live in the small state, q^ and k^ are never stored (their scales are
-    applied to the small state or after each matmul), so forward + backward allocate no [N, D]
-    tensor beyond o and the three gradients, and only q, k, v are kept for the backward.
+    the "1 +" and the 1/2 live in the small state, q^ and k^ are never stored, so forward + backward
+    allocate no [N, D] tensor beyond o and the three gradients. Both run block by block (tiled.py).
     """
 
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None) -> Tensor:
-        rq, rk = inv_norm(q), inv_norm(k)
-        if keep is not None:
-            rk = rk * keep
-        state = scaled_gram(k, rk, v).mul_(0.5)  # [G, D, D]
-        v_sum = v.sum(1, keepdim=True) if keep is None else torch.bmm(keep.transpose(1, 2), v)  # [G, 1, D]
+        out, rq, rk, state = tiled.forward(q, k, v, keep)
         ctx.save_for_backward(q, k, v, keep, rq, rk, state)
-        return torch.bmm(q, state).mul_(rq).add_(v_sum, alpha=0.5)
+        return out
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        q, k, v, keep, rq, rk, state = ctx.saved_tensors
-        grad = grad.contiguous()  # e.g. the zero-stride gradient of a .sum() would send bmm down a slow path
-        # half of dL/dS for S = k^^T v, which enters o as q^ S / 2
-        half_grad_state = scaled_gram(q, rq, grad).mul_(0.5)  # [G, D, D]
-        grad_q = unscale_grad(q, rq, torch.bmm(grad, state.transpose(1, 2)))
-        grad_k = unscale_grad(k, rk, torch.bmm(v, half_grad_state.transpose(1, 2)))
-        half_grad_sum = grad.sum(1, keepdim=True).mul_(0.5)  # [G, 1, D]
-        grad_v = torch.bmm(k, half_grad_state).mul_(rk)
-        grad_v = grad_v.add_(half_grad_sum) if keep is None else grad_v.addcmul_(keep, half_grad_sum)
+        # e.g. the zero-stride gradient of a .sum() would send bmm down a slow path
+        grad_q, grad_k, grad_v = tiled.backward(grad.contiguous(), *ctx.saved_tensors)
         return grad_q, grad_k, grad_v, None
 
 

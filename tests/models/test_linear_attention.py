@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from models.attention import attend, build_attention
+from models.attention import tiled
 from models.attention.linear import AffineNoDenom, NormalisedLinear
 
 CAUSAL_LINEAR = ["linear_affine", "linear_affine_nodenom", "linear_elu"]
@@ -102,3 +103,19 @@ def test_padded_query_rows_stay_finite_when_no_key_is_real_yet():
     for name in CAUSAL_LINEAR:
         assert torch.isfinite(attend(name, q, k, v, causal=True, key_mask=key_mask)).all(), name
 
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_nodenom_blocks_of_any_size_give_the_same_result(masked):
+    """Blocks of 64 and 300 rows (one head's row range; 300 does not divide 1000) and 4096 (several whole heads)."""
+    q, k, v, grad = torch.randn(4, 3, 1000, 8, dtype=torch.float64).unbind(0)
+    keep = (torch.arange(1000) < 950).double().expand(3, 1000)[..., None] if masked else None
+    results = []
+    for rows in (64, 300, 4096):
+        out, *saved = tiled.forward(q, k, v, keep, rows=rows)
+        results.append((out, *tiled.backward(grad, q, k, v, keep, *saved, rows=rows)))
+    for other in results[1:]:
+        for a, b in zip(results[0], other):
+            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    if masked:
+        assert (results[0][2][:, 950:] == 0).all() and (results[0][3][:, 950:] == 0).all()
