@@ -8,11 +8,12 @@ import torch
 # The repo root is the import root (models/, data/, train/, eval/ are top-level packages).
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("WANDB_MODE", "disabled")
-# Tiny models gain nothing from intra-op threads, and torch's pool busy-waits when the cores are
-# shared (data workers, a second rank): one thread makes these tests many times faster.
-torch.set_num_threads(1)
 
 
 @pytest.fixture(autouse=True)
-def _seed():
+def _seed_and_one_thread():
+    """Tiny models gain nothing from intra-op threads, and torch's pool busy-waits when the cores are
+    shared (data workers, a second rank): one thread makes these tests many times faster. Reset for
+    every test, so a test that changes it (a benchmark's --threads) leaks nothing."""
     torch.manual_seed(0)
+    torch.set_num_threads(1)

@@ -24,7 +24,6 @@ from clip_benchmark.metrics import zeroshot_classification, zeroshot_retrieval
 from PIL import Image
 
 from eval import retrieval, zeroshot
-from tests.eval.test_zeroshot import one_thread  # noqa: F401  (autouse)
 
 COLOURS = ["red", "orange", "yellow", "lime", "green", "teal", "cyan", "blue", "purple", "pink"]
 TEMPLATES = ["a photo of {c}.", "a {c} picture.", "something {c}."]

@@ -11,7 +11,6 @@ from PIL import Image
 import models
 from eval import retrieval
 from eval.datasets import EvalInputError
-from tests.eval.test_zeroshot import one_thread  # noqa: F401  (autouse)
 
 
 def test_recall_at_k_on_a_hand_built_example():

@@ -19,14 +19,6 @@ STEPS, PER_CLASS, CLASSES = 25, 3, 24
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models run faster on one thread; on the shared 2-core machine two threads contend badly."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 @pytest.fixture(scope="module")
 def synthetic(tmp_path_factory):

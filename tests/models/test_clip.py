@@ -18,14 +18,6 @@ NOT_CAUSAL = [n for n in NAMES if not ATTENTIONS[n].supports_causal]
 PAIRS = list(itertools.product(NAMES, CAUSAL))
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models gain nothing from intra-op threads, and on a shared CPU the threads' spin-waits cost ~50x."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 CAPTIONS = ["a photo of a cat", "two dogs on grass in the sun", "x"]
 

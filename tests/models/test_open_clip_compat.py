@@ -5,7 +5,6 @@ import torch
 
 import models
 from models import create_model
-from tests.models.test_clip import one_thread  # noqa: F401  (fixture: one intra-op thread for this module)
 
 
 def inputs(name, b=2):

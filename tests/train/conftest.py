@@ -16,12 +16,8 @@ def synthetic(tmp_path_factory) -> dict:
 
 @pytest.fixture(autouse=True)
 def fresh_accelerate():
-    """main() creates an Accelerator; its process-wide state must not leak into the next test.
-    One intra-op thread: tiny models gain nothing from more, and on a shared CPU their spin-waits cost a lot."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+    """main() creates an Accelerator; its process-wide state must not leak into the next test."""
     yield
-    torch.set_num_threads(threads)
     AcceleratorState._reset_state(True)
     GradientState._reset_state()
     torch.use_deterministic_algorithms(False)
