@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import reference, tiled
+from . import cpu_kernel, reference, tiled
 from .base import Attention
 from .chunked import causal_linear
 from .registry import register_attention
@@ -79,20 +79,33 @@ class AffineNoDenom(torch.autograd.Function):
 
     o = rq (q S) + s with S = k^^T v / 2 (k^ zero for padding), s = sum_n v_n / 2 and rq = 1/|q|:
     the "1 +" and the 1/2 live in the small state, q^ and k^ are never stored, so forward + backward
-    allocate no [N, D] tensor beyond o and the three gradients. Both run block by block (tiled.py).
+    allocate no [N, D] tensor beyond o and the three gradients. On the CPU in fp32 the fused C kernel
+    (cpu_kernel.py, nodenom_cpu.c) does each pass; elsewhere the same math runs block by block in
+    PyTorch ops (tiled.py).
     """
 
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None) -> Tensor:
-        out, rq, rk, state = tiled.forward(q, k, v, keep)
+        q, k, v = (t.contiguous() for t in (q, k, v))
+        keep = None if keep is None else keep.contiguous()
+        if cpu_kernel.usable(q, k, v, keep):
+            out = tiled.fresh(q, *q.shape)
+            rq, rk, state = cpu_kernel.forward(q, k, v, keep, out)
+        else:
+            out, rq, rk, state = tiled.forward(q, k, v, keep)
         ctx.save_for_backward(q, k, v, keep, rq, rk, state)
         return out
 
     @staticmethod
     def backward(ctx, grad: Tensor):
         # e.g. the zero-stride gradient of a .sum() would send bmm down a slow path
-        grad_q, grad_k, grad_v = tiled.backward(grad.contiguous(), *ctx.saved_tensors)
-        return grad_q, grad_k, grad_v, None
+        grad, saved = grad.contiguous(), ctx.saved_tensors
+        if cpu_kernel.usable(grad, *saved):
+            grads = [tiled.fresh(x, *x.shape) for x in saved[:3]]
+            cpu_kernel.backward(grad, *saved, *grads)
+        else:
+            grads = tiled.backward(grad, *saved)
+        return *grads, None
 
 
 def elu_feature(x: Tensor) -> Tensor:

@@ -95,7 +95,7 @@ def remove_radial(grad_hat: Tensor, x_hat: Tensor, r: Tensor) -> Tensor:
 def forward(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, rows: int | None = None) -> tuple[Tensor, ...]:
     """o = rq (q S) + s with S = sum_n rk_n k_n v_n^T / 2 and s = sum_n keep_n v_n / 2, [G, N, D] x3 -> o.
 
-    Also returns what the backward needs: rq, rk [G, N, 1] (rk zero for padded keys) and S [G, D, D].
+    Also returns what the backward needs: rq, rk [G, N, 1] (rk zero for padded keys) and [S; s] [G, D + 1, D].
     """
     (G, N, D), M = q.shape, k.shape[1]
     rows = rows or block_rows(k if M > N else q)
@@ -113,11 +113,11 @@ def forward(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, rows: int | No
     for q_b, r_b, o_b, S_b, s_b in zip(*(tiles(x, rows, N) for x in (q, rq, out)), per_tile(S, rows, N), per_tile(s, rows, N)):
         q_hat = fill_scaled(buf, q_b, block_inv_norm(q_b, r_b))[..., :D]
         torch.baddbmm(s_b, q_hat, S_b, out=o_b)
-    return out, rq, rk, S
+    return out, rq, rk, state
 
 
 def backward(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, rq: Tensor, rk: Tensor,
-             S: Tensor, rows: int | None = None) -> tuple[Tensor, Tensor, Tensor]:
+             state: Tensor, rows: int | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """dL/dq, dL/dk, dL/dv [G, N, D] of forward() from dL/do = grad [G, N, D] (contiguous).
 
     With H = sum_n q^_n g_n^T / 2 (half of dL/dS) and h = sum_n g_n / 2:
@@ -126,7 +126,7 @@ def backward(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None,
     (G, N, D), M = q.shape, k.shape[1]
     rows = rows or block_rows(k if M > N else q)
     grad_q, half, buf = fresh(q, *q.shape), q.new_zeros(G, D + 1, D), scale_buffer(q, rows)
-    St = S.transpose(1, 2)
+    St = state[:, :D].transpose(1, 2)
     for q_b, g_b, r_b, gq_b, half_b, St_b in zip(*(tiles(x, rows, N) for x in (q, grad, rq, grad_q)), per_tile(half, rows, N), per_tile(St, rows, N)):
         q_hat = fill_scaled(buf, q_b, r_b)
         half_b.baddbmm_(q_hat.transpose(1, 2), g_b)

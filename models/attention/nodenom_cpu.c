@@ -1,0 +1,349 @@
+/* Fused CPU kernel for non-causal linear_affine_nodenom (Gerami, Madani, Duraiswami 2026, Eq. 7).
+
+   o_i = sum_n (1 + q^_i.k^_n) / 2 v_n = rq_i (q_i S) + s,  S = sum_n rk_n k_n v_n^T / 2,  s = sum_n keep_n v_n / 2.
+   Forward and backward are each one OpenMP region (torch's own runtime: the process has one libgomp.so.1)
+   doing two passes over [G, N, D] fp32 rows; every row-scaling, norm, bias and radial projection is
+   applied to rows still in registers or L1, so memory sees only the reads of q, k, v, g and the writes
+   of o and the three gradients. The matmuls are register-blocked on GCC vector extensions (16 floats),
+   which GCC lowers to AVX-512, AVX2 or SSE, whatever -march allows. The same math in PyTorch ops is
+   tiled.py; cpu_kernel.py builds and calls this file and tests compare both with the O(N^2) reference.
+   Shapes: q [G, N, D], k and v [G, M, D], keep [G, M] (1 real key, 0 padding) or NULL, D = 16 nv with
+   nv in {1, 2, 4, 8}. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
+
+typedef float vf __attribute__((vector_size(64)));
+#define INLINE static inline __attribute__((always_inline))
+#define TILE 64 /* rows per gram tile: a scaled tile and its partner rows stay in L1 */
+
+INLINE vf load(const float *p) { vf x; memcpy(&x, p, sizeof x); return x; }
+INLINE void store(float *p, vf x) { memcpy(p, &x, sizeof x); }
+/* An output row written with a non-temporal store when nt (64-byte aligned p): a large output that nobody
+   reads soon then skips the read-for-ownership of its cache lines, a third of the memory traffic of a pass. */
+INLINE void put(float *p, vf x, const int nt) {
+#ifdef __AVX512F__
+  if (nt) { _mm512_stream_ps(p, (__m512)x); return; }
+#endif
+  store(p, x);
+}
+INLINE vf splat(float x) { return (vf){x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
+typedef float v8 __attribute__((vector_size(32)));
+typedef float v4 __attribute__((vector_size(16)));
+INLINE float hsum(vf x) { /* a tree: the 16 lanes in 4 dependent adds, not 16 */
+  v8 h = __builtin_shufflevector(x, x, 0, 1, 2, 3, 4, 5, 6, 7) + __builtin_shufflevector(x, x, 8, 9, 10, 11, 12, 13, 14, 15);
+  v4 f = __builtin_shufflevector(h, h, 0, 1, 2, 3) + __builtin_shufflevector(h, h, 4, 5, 6, 7);
+  return (f[0] + f[2]) + (f[1] + f[3]);
+}
+
+/* 1 / max(|x|, 1e-12) of one row of D = 16 nv floats: the floor of F.normalize. */
+INLINE float inv_norm(const float *x, const int nv) {
+  vf acc = {0};
+#pragma GCC unroll 8
+  for (int c = 0; c < nv; c++) { vf a = load(x + 16 * c); acc += a * a; }
+  return 1.0f / fmaxf(sqrtf(hsum(acc)), 1e-12f);
+}
+
+/* The micro-kernel of every matmul here: acc [16 / nv, D] = sum_kk x[i * si + kk * sk] m[kk, :] for kk < K,
+   16 accumulators in registers, one row of m loaded per kk and shared by all 16 / nv rows. */
+INLINE void products(const float *x, const int64_t si, const int64_t sk, const float *m, const int K, vf acc[16],
+                     const int nv) {
+  const int D = 16 * nv, rows = 16 / nv;
+#pragma GCC unroll 16
+  for (int i = 0; i < 16; i++) acc[i] = (vf){0};
+  for (int kk = 0; kk < K; kk++) {
+    vf mv[8];
+#pragma GCC unroll 8
+    for (int c = 0; c < nv; c++) mv[c] = load(m + kk * D + 16 * c);
+#pragma GCC unroll 16
+    for (int i = 0; i < rows; i++) {
+      const vf xs = splat(x[i * si + kk * sk]);
+#pragma GCC unroll 8
+      for (int c = 0; c < nv; c++) acc[i * nv + c] += xs * mv[c];
+    }
+  }
+}
+
+enum epilogue { AFFINE, RADIAL };
+
+/* rows [RB = 16 / nv of them] of X [., D] times M [D, D], then per row j:
+   AFFINE: out_j = r_j acc_j + b_j bias               (b = keep or 1)
+   RADIAL: out_j = r_j acc_j - r_j^3 (y_j . acc_j) y_j (the gradient through y^ = r y, r = 1/|y|) */
+INLINE void rows_times(const float *x, const float *m, const float *r, const float *b, const float *bias,
+                       const float *y, float *out, const int nv, const enum epilogue mode, const int nt) {
+  const int D = 16 * nv, RB = 16 / nv;
+  vf acc[16];
+  products(x, D, 1, m, D, acc, nv);
+#pragma GCC unroll 16
+  for (int j = 0; j < RB; j++) {
+    const vf rj = splat(r[j]);
+    if (mode == AFFINE) {
+      const vf bj = splat(b ? b[j] : 1.0f);
+#pragma GCC unroll 8
+      for (int c = 0; c < nv; c++) put(out + j * D + 16 * c, rj * acc[j * nv + c] + bj * load(bias + 16 * c), nt);
+    } else {
+      vf dot = {0};
+#pragma GCC unroll 8
+      for (int c = 0; c < nv; c++) dot += load(y + j * D + 16 * c) * acc[j * nv + c];
+      const vf radial = splat(r[j] * r[j] * r[j] * hsum(dot));
+#pragma GCC unroll 8
+      for (int c = 0; c < nv; c++) put(out + j * D + 16 * c, rj * acc[j * nv + c] - radial * load(y + j * D + 16 * c), nt);
+    }
+  }
+}
+
+/* rows_times over n rows: blocks of RB, the last partial block through zero-padded copies. */
+INLINE void all_rows_times(const float *x, const float *m, const float *r, const float *b, const float *bias,
+                           const float *y, float *out, const int64_t n, const int nv, const enum epilogue mode, const int nt) {
+  const int D = 16 * nv, RB = 16 / nv;
+  int64_t i = 0;
+  for (; i + RB <= n; i += RB)
+    rows_times(x + i * D, m, r + i, b ? b + i : NULL, bias, y ? y + i * D : NULL, out + i * D, nv, mode, nt);
+  if (i == n) return;
+  float xp[256] = {0}, yp[256] = {0}, op[256], rp[16] = {0}, bp[16] = {0};
+  const int64_t left = n - i;
+  memcpy(xp, x + i * D, left * D * sizeof(float));
+  memcpy(rp, r + i, left * sizeof(float));
+  if (b) memcpy(bp, b + i, left * sizeof(float));
+  if (y) memcpy(yp, y + i * D, left * D * sizeof(float));
+  rows_times(xp, m, rp, b ? bp : NULL, bias, yp, op, nv, mode, 0);
+  memcpy(out + i * D, op, left * D * sizeof(float));
+}
+
+/* acc [D + 1, D] += [a; b]^T y over t <= TILE rows: a [t, D] scaled rows, b [t] row weights (NULL: ones). */
+INLINE void gram(const float *a, const float *b, const float *y, const int t, float *acc, const int nv) {
+  const int D = 16 * nv, DB = 16 / nv;
+  for (int d0 = 0; d0 < D; d0 += DB) {
+    vf part[16];
+    products(a + d0, 1, D, y, t, part, nv);
+#pragma GCC unroll 16
+    for (int i = 0; i < DB; i++)
+#pragma GCC unroll 8
+      for (int c = 0; c < nv; c++) store(acc + (d0 + i) * D + 16 * c, load(acc + (d0 + i) * D + 16 * c) + part[i * nv + c]);
+  }
+  vf sums[8];
+#pragma GCC unroll 8
+  for (int c = 0; c < nv; c++) sums[c] = load(acc + D * D + 16 * c);
+  for (int n = 0; n < t; n++) {
+    const vf bn = splat(b ? b[n] : 1.0f);
+#pragma GCC unroll 8
+    for (int c = 0; c < nv; c++) sums[c] += bn * load(y + n * D + 16 * c);
+  }
+#pragma GCC unroll 8
+  for (int c = 0; c < nv; c++) store(acc + D * D + 16 * c, sums[c]);
+}
+
+/* One row range [n0, n1) of one head: r = keep / |x| per row into r_out, acc [D + 1, D] += [r x; keep]^T y. */
+INLINE void scaled_gram(const float *x, const float *y, const float *keep, int64_t n0, int64_t n1, float *r_out,
+                        float *acc, const int nv) {
+  const int D = 16 * nv;
+  float a[TILE * 128];
+  for (int64_t t0 = n0; t0 < n1; t0 += TILE) {
+    const int t = (int)(n1 - t0 < TILE ? n1 - t0 : TILE);
+    for (int n = 0; n < t; n++) {
+      const float *row = x + (t0 + n) * D;
+      const float r = inv_norm(row, nv) * (keep ? keep[t0 + n] : 1.0f);
+      r_out[t0 + n] = r;
+#pragma GCC unroll 8
+      for (int c = 0; c < nv; c++) store(a + n * D + 16 * c, splat(r) * load(row + 16 * c));
+    }
+    gram(a, keep ? keep + t0 : NULL, y + t0 * D, t, acc, nv);
+  }
+}
+
+/* The four passes on one row range [n0, n1) of one head; acc is the range's own [D + 1, D] accumulator. */
+INLINE void key_pass(const float *k, const float *v, const float *keep, int64_t n0, int64_t n1, float *rk, float *acc,
+                     const int nv) { /* rk = keep / |k|, acc = [S; s] before halving */
+  memset(acc, 0, (16 * nv + 1) * 16 * nv * sizeof(float));
+  scaled_gram(k, v, keep, n0, n1, rk, acc, nv);
+}
+
+INLINE void query_pass(const float *q, const float *state, int64_t n0, int64_t n1, float *rq, float *out, int nt,
+                       const int nv) { /* rq = 1 / |q|, o = rq (q S) + s */
+  const int D = 16 * nv;
+  for (int64_t t0 = n0; t0 < n1; t0 += TILE) {
+    const int64_t t = n1 - t0 < TILE ? n1 - t0 : TILE;
+    for (int64_t n = t0; n < t0 + t; n++) rq[n] = inv_norm(q + n * D, nv);
+    all_rows_times(q + t0 * D, state, rq + t0, NULL, state + D * D, NULL, out + t0 * D, t, nv, AFFINE, nt);
+  }
+}
+
+INLINE void grad_query_pass(const float *g, const float *q, const float *rq, const float *St, int64_t n0, int64_t n1,
+                            float *acc, float *gq, int nt, const int nv) { /* acc = [q^^T g; sum g], gq through q^ of g S^T */
+  const int D = 16 * nv;
+  float a[TILE * 128];
+  memset(acc, 0, (D + 1) * D * sizeof(float));
+  for (int64_t t0 = n0; t0 < n1; t0 += TILE) {
+    const int t = (int)(n1 - t0 < TILE ? n1 - t0 : TILE);
+    for (int n = 0; n < t; n++)
+#pragma GCC unroll 8
+      for (int c = 0; c < nv; c++) store(a + n * D + 16 * c, splat(rq[t0 + n]) * load(q + (t0 + n) * D + 16 * c));
+    gram(a, NULL, g + t0 * D, t, acc, nv);
+    all_rows_times(g + t0 * D, St, rq + t0, NULL, NULL, q + t0 * D, gq + t0 * D, t, nv, RADIAL, nt);
+  }
+}
+
+INLINE void grad_key_pass(const float *k, const float *v, const float *keep, const float *rk, const float *half,
+                          const float *Ht, int64_t n0, int64_t n1, float *gk, float *gv, int nt, const int nv) {
+  const int D = 16 * nv; /* gv = k^ H + keep h, gk through k^ of v H^T */
+  for (int64_t t0 = n0; t0 < n1; t0 += TILE) {
+    const int64_t t = n1 - t0 < TILE ? n1 - t0 : TILE;
+    all_rows_times(k + t0 * D, half, rk + t0, keep ? keep + t0 : NULL, half + D * D, NULL, gv + t0 * D, t, nv, AFFINE, nt);
+    all_rows_times(v + t0 * D, Ht, rk + t0, NULL, NULL, k + t0 * D, gk + t0 * D, t, nv, RADIAL, nt);
+  }
+}
+
+/* Each pass compiled once per head size (nv constant, so loops unroll and accumulators live in registers);
+   the OpenMP regions below, outlined by the compiler before any inlining, call them through this table. */
+typedef struct {
+  void (*key)(const float *, const float *, const float *, int64_t, int64_t, float *, float *);
+  void (*query)(const float *, const float *, int64_t, int64_t, float *, float *, int);
+  void (*grad_query)(const float *, const float *, const float *, const float *, int64_t, int64_t, float *, float *, int);
+  void (*grad_key)(const float *, const float *, const float *, const float *, const float *, const float *, int64_t,
+                   int64_t, float *, float *, int);
+} passes;
+
+#define PASSES(NV)                                                                                                   \
+  static void key_##NV(const float *k, const float *v, const float *keep, int64_t n0, int64_t n1, float *rk,         \
+                       float *acc) { key_pass(k, v, keep, n0, n1, rk, acc, NV); }                                    \
+  static void query_##NV(const float *q, const float *st, int64_t n0, int64_t n1, float *rq, float *out, int nt) {   \
+    query_pass(q, st, n0, n1, rq, out, nt, NV);                                                                      \
+  }                                                                                                                  \
+  static void grad_query_##NV(const float *g, const float *q, const float *rq, const float *St, int64_t n0,           \
+                              int64_t n1, float *acc, float *gq, int nt) {                                           \
+    grad_query_pass(g, q, rq, St, n0, n1, acc, gq, nt, NV);                                                          \
+  }                                                                                                                  \
+  static void grad_key_##NV(const float *k, const float *v, const float *keep, const float *rk, const float *half,    \
+                            const float *Ht, int64_t n0, int64_t n1, float *gk, float *gv, int nt) {                 \
+    grad_key_pass(k, v, keep, rk, half, Ht, n0, n1, gk, gv, nt, NV);                                                 \
+  }                                                                                                                  \
+  static const passes passes_##NV = {key_##NV, query_##NV, grad_query_##NV, grad_key_##NV};
+PASSES(1)
+PASSES(2)
+PASSES(4)
+PASSES(8)
+
+static const passes *passes_for(int64_t D) {
+  switch (D) {
+    case 16: return &passes_1;
+    case 32: return &passes_2;
+    case 64: return &passes_4;
+    case 128: return &passes_8;
+    default: return NULL;
+  }
+}
+
+/* Work items: each of G heads split into `parts` row ranges of [0, n). */
+static void item_range(int64_t i, int64_t parts, int64_t n, int64_t *head, int64_t *n0, int64_t *n1) {
+  *head = i / parts;
+  *n0 = n * (i % parts) / parts;
+  *n1 = n * (i % parts + 1) / parts;
+}
+
+static int64_t parts_for(int64_t G, int64_t n, int threads) {
+  int64_t parts = (2 * threads + G - 1) / G; /* at least two items per thread when there are few heads */
+  const int64_t most = (n + 255) / 256;      /* but no ranges of fewer than 256 rows */
+  if (parts > most) parts = most;
+  return parts < 1 ? 1 : parts;
+}
+
+/* Sums the items' accumulators [G * parts, D + 1, D] into out [G, D + 1, D] times `scale`; tr [G, D, D] gets the transposed D x D blocks. */
+static void reduce_parts(const float *partial, int64_t G, int64_t parts, int64_t D, float scale, float *out, float *tr) {
+  const int64_t size = (D + 1) * D;
+  for (int64_t g = 0; g < G; g++) {
+    float *o = out + g * size;
+    memset(o, 0, size * sizeof(float));
+    for (int64_t p = 0; p < parts; p++)
+      for (int64_t e = 0; e < size; e++) o[e] += partial[(g * parts + p) * size + e];
+    for (int64_t e = 0; e < size; e++) o[e] *= scale;
+    for (int64_t i = 0; i < D; i++)
+      for (int64_t j = 0; j < D; j++) tr[g * D * D + j * D + i] = o[i * D + j];
+  }
+}
+
+static void fence(void) { /* non-temporal stores are weakly ordered: make them visible before returning */
+#ifdef __AVX512F__
+  _mm_sfence();
+#endif
+}
+
+static int aligned(const float *p) { return (uintptr_t)p % 64 == 0; }
+
+/* Entry points (ctypes). stream: write outputs with non-temporal stores (for outputs larger than the caches). Return 0, or -1 for an unsupported D or a failed allocation (the caller falls back).
+   Forward writes out [G, N, D], rq [G, N], rk [G, M] and state [G, D + 1, D] = [S; s] (halved). */
+int nodenom_forward(const float *q, const float *k, const float *v, const float *keep, int64_t G, int64_t N,
+                    int64_t M, int64_t D, float *out, float *rq, float *rk, float *state, int threads, int stream) {
+  const passes *f = passes_for(D);
+  const int nt = stream && aligned(out);
+  const int64_t kparts = parts_for(G, M, threads), qparts = parts_for(G, N, threads), size = (D + 1) * D;
+  float *partial = malloc(G * kparts * size * sizeof(float)), *tr = malloc(G * D * D * sizeof(float));
+  const int ok = f && partial && tr;
+  if (ok) {
+#pragma omp parallel num_threads(threads)
+    {
+#pragma omp for schedule(static)
+      for (int64_t i = 0; i < G * kparts; i++) {
+        int64_t h, n0, n1;
+        item_range(i, kparts, M, &h, &n0, &n1);
+        f->key(k + h * M * D, v + h * M * D, keep ? keep + h * M : NULL, n0, n1, rk + h * M, partial + i * size);
+      }
+#pragma omp single
+      reduce_parts(partial, G, kparts, D, 0.5f, state, tr);
+#pragma omp for schedule(static)
+      for (int64_t i = 0; i < G * qparts; i++) {
+        int64_t h, n0, n1;
+        item_range(i, qparts, N, &h, &n0, &n1);
+        f->query(q + h * N * D, state + h * size, n0, n1, rq + h * N, out + h * N * D, nt);
+      }
+    }
+  }
+  fence();
+  free(partial);
+  free(tr);
+  return ok ? 0 : -1;
+}
+
+/* Backward from g = dL/do [G, N, D] and the forward's rq, rk, state; writes gq [G, N, D], gk and gv [G, M, D]. */
+int nodenom_backward(const float *g, const float *q, const float *k, const float *v, const float *keep,
+                     const float *rq, const float *rk, const float *state, int64_t G, int64_t N, int64_t M, int64_t D,
+                     float *gq, float *gk, float *gv, int threads, int stream) {
+  const passes *f = passes_for(D);
+  const int nt = stream && aligned(gq) && aligned(gk) && aligned(gv);
+  const int64_t qparts = parts_for(G, N, threads), kparts = parts_for(G, M, threads), size = (D + 1) * D;
+  float *partial = malloc(G * qparts * size * sizeof(float)), *half = malloc(G * size * sizeof(float));
+  float *St = malloc(G * D * D * sizeof(float)), *Ht = malloc(G * D * D * sizeof(float));
+  const int ok = f && partial && half && St && Ht;
+  if (ok) {
+    for (int64_t h = 0; h < G; h++)
+      for (int64_t i = 0; i < D; i++)
+        for (int64_t j = 0; j < D; j++) St[h * D * D + j * D + i] = state[h * size + i * D + j];
+#pragma omp parallel num_threads(threads)
+    {
+#pragma omp for schedule(static)
+      for (int64_t i = 0; i < G * qparts; i++) {
+        int64_t h, n0, n1;
+        item_range(i, qparts, N, &h, &n0, &n1);
+        f->grad_query(g + h * N * D, q + h * N * D, rq + h * N, St + h * D * D, n0, n1, partial + i * size, gq + h * N * D, nt);
+      }
+#pragma omp single
+      reduce_parts(partial, G, qparts, D, 0.5f, half, Ht); /* [H; h] = [q^^T g; sum g] / 2 */
+#pragma omp for schedule(static)
+      for (int64_t i = 0; i < G * kparts; i++) {
+        int64_t h, n0, n1;
+        item_range(i, kparts, M, &h, &n0, &n1);
+        f->grad_key(k + h * M * D, v + h * M * D, keep ? keep + h * M : NULL, rk + h * M, half + h * size,
+                    Ht + h * D * D, n0, n1, gk + h * M * D, gv + h * M * D, nt);
+      }
+    }
+  }
+  fence();
+  free(partial);
+  free(half);
+  free(St);
+  free(Ht);
+  return ok ? 0 : -1;
+}
