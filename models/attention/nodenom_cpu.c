@@ -19,7 +19,8 @@
 
 typedef float vf __attribute__((vector_size(64)));
 #define INLINE static inline __attribute__((always_inline))
-#define TILE 64 /* rows per gram tile: a scaled tile and its partner rows stay in L1 */
+#define TILE 64  /* rows per gram tile: a scaled tile and its partner rows stay in L1 */
+#define AHEAD 32 /* rows between a row's prefetch and its use (prefetches never fault, even past the end) */
 
 INLINE vf load(const float *p) { vf x; memcpy(&x, p, sizeof x); return x; }
 INLINE void store(float *p, vf x) { memcpy(p, &x, sizeof x); }
@@ -40,12 +41,49 @@ INLINE float hsum(vf x) { /* a tree: the 16 lanes in 4 dependent adds, not 16 */
   return (f[0] + f[2]) + (f[1] + f[3]);
 }
 
-/* 1 / max(|x|, 1e-12) of one row of D = 16 nv floats: the floor of F.normalize. */
-INLINE float inv_norm(const float *x, const int nv) {
+INLINE vf squares(const float *x, const int nv) { /* lane sums of x^2 over the nv vectors of a row */
   vf acc = {0};
 #pragma GCC unroll 8
   for (int c = 0; c < nv; c++) { vf a = load(x + 16 * c); acc += a * a; }
-  return 1.0f / fmaxf(sqrtf(hsum(acc)), 1e-12f);
+  return acc;
+}
+
+/* 1 / max(|x|, 1e-12) of one row of D = 16 nv floats: the floor of F.normalize. */
+INLINE float floor_at(float x) { return x > 1e-12f ? x : 1e-12f; } /* not fmaxf: a libm call unless -ffinite-math-only */
+INLINE float inv_norm(const float *x, const int nv) { return 1.0f / floor_at(sqrtf(hsum(squares(x, nv)))); }
+
+/* inv_norm of 16 consecutive rows at once, lane j for row j: the 16 lane sums are folded by a tree of
+   shuffles (each step halves the partial sums per row and doubles the rows per vector), then one vector
+   sqrt and divide; one row at a time, the horizontal sum, sqrt and divide cost more than the row's loads. */
+INLINE vf inv_norms16(const float *x, const int nv) {
+  const int D = 16 * nv;
+  vf a[16], b[8], c[4], d[2];
+#pragma GCC unroll 16
+  for (int j = 0; j < 16; j++) a[j] = squares(x + j * D, nv);
+#pragma GCC unroll 8
+  for (int j = 0; j < 8; j++)
+    b[j] = __builtin_shufflevector(a[2 * j], a[2 * j + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+           __builtin_shufflevector(a[2 * j], a[2 * j + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+#pragma GCC unroll 4
+  for (int j = 0; j < 4; j++)
+    c[j] = __builtin_shufflevector(b[2 * j], b[2 * j + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
+           __builtin_shufflevector(b[2 * j], b[2 * j + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+#pragma GCC unroll 2
+  for (int j = 0; j < 2; j++)
+    d[j] = __builtin_shufflevector(c[2 * j], c[2 * j + 1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29) +
+           __builtin_shufflevector(c[2 * j], c[2 * j + 1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
+  const vf sum = __builtin_shufflevector(d[0], d[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30) +
+                 __builtin_shufflevector(d[0], d[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+  vf norm;
+  for (int j = 0; j < 16; j++) norm[j] = floor_at(sqrtf(sum[j])); /* vsqrtps, vmaxps: built with -fno-math-errno */
+  return splat(1.0f) / norm;
+}
+
+/* inv_norm of rows [0, n) into r: 16 at a time, then one by one. */
+INLINE void inv_norms(const float *x, const int64_t n, float *r, const int nv) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) store(r + i, inv_norms16(x + i * 16 * nv, nv));
+  for (; i < n; i++) r[i] = inv_norm(x + i * 16 * nv, nv);
 }
 
 /* The micro-kernel of every matmul here: acc [16 / nv, D] = sum_kk x[i * si + kk * sk] m[kk, :] for kk < K,
@@ -101,8 +139,13 @@ INLINE void all_rows_times(const float *x, const float *m, const float *r, const
                            const float *y, float *out, const int64_t n, const int nv, const enum epilogue mode, const int nt) {
   const int D = 16 * nv, RB = 16 / nv;
   int64_t i = 0;
-  for (; i + RB <= n; i += RB)
+  for (; i + RB <= n; i += RB) {
+    for (int l = 0; l < RB * nv; l++) { /* rows AHEAD further on: the hardware prefetcher alone lags at this compute rate */
+      __builtin_prefetch(x + (i + AHEAD) * D + 16 * l);
+      if (y) __builtin_prefetch(y + (i + AHEAD) * D + 16 * l);
+    }
     rows_times(x + i * D, m, r + i, b ? b + i : NULL, bias, y ? y + i * D : NULL, out + i * D, nv, mode, nt);
+  }
   if (i == n) return;
   float xp[256] = {0}, yp[256] = {0}, op[256], rp[16] = {0}, bp[16] = {0};
   const int64_t left = n - i;
@@ -115,9 +158,15 @@ INLINE void all_rows_times(const float *x, const float *m, const float *r, const
 }
 
 /* acc [D + 1, D] += [a; b]^T y over t <= TILE rows: a [t, D] scaled rows, b [t] row weights (NULL: ones). */
-INLINE void gram(const float *a, const float *b, const float *y, const int t, float *acc, const int nv) {
+INLINE void gram(const float *a, const float *b, const float *y, const int t, float *acc, const int nv,
+                 const float *next_x, const float *next_y, const int64_t next_rows) {
   const int D = 16 * nv, DB = 16 / nv;
+  const int64_t lines = next_rows * nv, per_block = (lines + D / DB - 1) / (D / DB);
   for (int d0 = 0; d0 < D; d0 += DB) {
+    for (int64_t l = d0 / DB * per_block; l < (d0 / DB + 1) * per_block && l < lines; l++) {
+      __builtin_prefetch(next_x + 16 * l);
+      __builtin_prefetch(next_y + 16 * l);
+    }
     vf part[16];
     products(a + d0, 1, D, y, t, part, nv);
 #pragma GCC unroll 16
@@ -144,14 +193,15 @@ INLINE void scaled_gram(const float *x, const float *y, const float *keep, int64
   float a[TILE * 128];
   for (int64_t t0 = n0; t0 < n1; t0 += TILE) {
     const int t = (int)(n1 - t0 < TILE ? n1 - t0 : TILE);
+    inv_norms(x + t0 * D, t, r_out + t0, nv);
     for (int n = 0; n < t; n++) {
       const float *row = x + (t0 + n) * D;
-      const float r = inv_norm(row, nv) * (keep ? keep[t0 + n] : 1.0f);
-      r_out[t0 + n] = r;
+      const float r = keep ? (r_out[t0 + n] *= keep[t0 + n]) : r_out[t0 + n];
 #pragma GCC unroll 8
       for (int c = 0; c < nv; c++) store(a + n * D + 16 * c, splat(r) * load(row + 16 * c));
     }
-    gram(a, keep ? keep + t0 : NULL, y + t0 * D, t, acc, nv);
+    const int64_t next = n1 - t0 - t < TILE ? n1 - t0 - t : TILE;
+    gram(a, keep ? keep + t0 : NULL, y + t0 * D, t, acc, nv, x + (t0 + t) * D, y + (t0 + t) * D, next);
   }
 }
 
@@ -167,7 +217,7 @@ INLINE void query_pass(const float *q, const float *state, int64_t n0, int64_t n
   const int D = 16 * nv;
   for (int64_t t0 = n0; t0 < n1; t0 += TILE) {
     const int64_t t = n1 - t0 < TILE ? n1 - t0 : TILE;
-    for (int64_t n = t0; n < t0 + t; n++) rq[n] = inv_norm(q + n * D, nv);
+    inv_norms(q + t0 * D, t, rq + t0, nv);
     all_rows_times(q + t0 * D, state, rq + t0, NULL, state + D * D, NULL, out + t0 * D, t, nv, AFFINE, nt);
   }
 }
@@ -182,7 +232,8 @@ INLINE void grad_query_pass(const float *g, const float *q, const float *rq, con
     for (int n = 0; n < t; n++)
 #pragma GCC unroll 8
       for (int c = 0; c < nv; c++) store(a + n * D + 16 * c, splat(rq[t0 + n]) * load(q + (t0 + n) * D + 16 * c));
-    gram(a, NULL, g + t0 * D, t, acc, nv);
+    const int64_t next = n1 - t0 - t < TILE ? n1 - t0 - t : TILE;
+    gram(a, NULL, g + t0 * D, t, acc, nv, q + (t0 + t) * D, g + (t0 + t) * D, next);
     all_rows_times(g + t0 * D, St, rq + t0, NULL, NULL, q + t0 * D, gq + t0 * D, t, nv, RADIAL, nt);
   }
 }
