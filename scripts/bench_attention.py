@@ -29,7 +29,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from models.attention import ATTENTIONS, build_attention
+from models.attention import ATTENTIONS, build_attention, cpu_kernel, tiled
 from models.attention.chunked import causal_linear
 from models.attention.linear import LinearAttention
 
@@ -128,6 +128,43 @@ def timed(fn) -> float:
     return time.perf_counter() - t
 
 
+def fresh_page_ms(n_bytes: int = 100 * 2**20) -> float:
+    """ms to allocate and first write a new tensor of n_bytes, minus the same write into an old one: page faults."""
+    like, shape = torch.empty(1), (n_bytes // 4,)
+    old = torch.empty(shape).fill_(0)
+    new = min(timed(lambda: tiled.fresh(like, *shape).fill_(1)) for _ in range(5))
+    return 1e3 * (new - min(timed(lambda: old.fill_(1)) for _ in range(5)))
+
+
+AIMS = [  # (what, N, aim, test): linear_affine_nodenom, non-causal, fp32, against SDPA softmax in the same run
+    ("time / softmax", 197, "<= 0.6", lambda row: row.ratio_to_softmax <= 0.6),
+    ("softmax / time", 4096, ">= 40", lambda row: 1 / row.ratio_to_softmax >= 40),
+    ("softmax / time", 65536, ">= 300", lambda row: 1 / row.ratio_to_softmax >= 300),
+]
+
+
+def aims(frame: pd.DataFrame) -> list[str]:
+    """Markdown lines checking the speed aims of linear_affine_nodenom (non-causal, fp32) on this run's numbers."""
+    line = frame[(frame.variant == "linear_affine_nodenom") & (frame["mode"] == "full") & (frame.dtype == "float32")].set_index("N")
+    softmax = frame[(frame.variant == "softmax") & (frame["mode"] == "full") & (frame.dtype == "float32")].set_index("N")
+    rows = []
+    for what, n, aim, test in AIMS:
+        if n in line.index and n in softmax.index:
+            row = line.loc[n]
+            value = row.ratio_to_softmax if what.startswith("time") else 1 / row.ratio_to_softmax
+            note = " (softmax extrapolated)" if softmax.loc[n].extrapolated else ""
+            rows.append(f"| {what} at N = {n} | {aim} | {value:.3g}{note} | {'met' if test(row) else 'MISSED'} |")
+    long = line[(line.index >= 16384) & (line.extrapolated == "")]
+    if len(long):
+        worst = long.gemm_fraction.min()
+        rows.append(f"| fraction of fp32 GEMM rate, N >= 16384 (lowest of {len(long)}) | >= 0.5 | {worst:.2f} | {'met' if worst >= 0.5 else 'MISSED'} |")
+    memory = long.peak_mb.dropna().iloc[-2:]  # the two largest N: smaller tensors partly reuse heap memory already held
+    if len(memory) > 1:
+        growth = (memory.iloc[1] / memory.iloc[0]) / (memory.index[1] / memory.index[0])
+        rows.append(f"| peak memory growth / N growth, N = {memory.index[0]} -> {memory.index[1]} | about 1 (linear) | {growth:.2f} | {'met' if 0.8 <= growth <= 1.25 else 'MISSED'} |")
+    return ["| aim | target | measured | |", "|---|---|---|---|", *rows] if rows else []
+
+
 def linear_flops(causal: bool, n: int) -> float:
     per_token = 12 * (CHUNK * D + D * D) if causal else 12 * D * D
     return B * H * n * per_token
@@ -197,6 +234,8 @@ def run(args) -> tuple[pd.DataFrame, dict]:
             rows += bench_line(name, causal, torch.float32, sizes, args)
             if name in args.bf16_variants:
                 rows += bench_line(name, causal, torch.bfloat16, [n for n in args.sizes if n <= args.bf16_max_n], args)
+    info["kernel"] = "the fused C kernel (models/attention/nodenom_cpu.c)" if cpu_kernel.library() else "PyTorch ops (tiled.py; no C kernel was built)"
+    info["fresh_ms_per_100mb"] = fresh_page_ms()
     info["chunk_n"] = 4096 if args.quick else 16384
     info["chunk_cumsum_ms"], info["chunk_loop_ms"] = chunk_loop_ms(info["chunk_n"])
     frame, info["load_end"] = pd.DataFrame(rows), os.getloadavg()[0]
@@ -270,6 +309,12 @@ def markdown(frame: pd.DataFrame, info: dict, args) -> str:
         "to be scheduled, which penalises many small ops far more than a few large ones, so under load the "
         "benchmark is best run with --threads 1).",
     ]
+    checks = aims(frame)
+    if checks:
+        lines += ["", "## Aims: linear_affine_nodenom, non-causal, fp32", "",
+                  f"Computed by {info['kernel']}. Outputs and gradients are new tensors every step, as in training; "
+                  f"first-touching new pages costs {info['fresh_ms_per_100mb']:.1f} ms per 100 MB here (2 MB pages; "
+                  "measured in this run), part of every variant's time.", "", *checks]
     for dtype, part in frame.groupby("dtype", sort=False):
         table = part.assign(line=part.variant + " " + part["mode"], text=part.apply(cell, axis=1))
         wide = table.pivot(index="line", columns="N", values="text").fillna("")
