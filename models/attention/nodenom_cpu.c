@@ -322,6 +322,14 @@ static void fence(void) { /* non-temporal stores are weakly ordered: make them v
 #endif
 }
 
+/* Writes one float per 4 KB page of x [n floats], pages split over the threads of the enclosing region.
+   Outputs are new memory every step: faulting their pages in (the kernel zeroes each) all at once, before
+   the passes, was measured 7% faster at N = 65536 than faults scattered through the streaming passes. */
+static void touch(float *x, int64_t n) {
+#pragma omp for schedule(static)
+  for (int64_t i = 0; i < n; i += 1024) x[i] = 0;
+}
+
 static int aligned(const float *p) { return (uintptr_t)p % 64 == 0; }
 
 /* Entry points (ctypes). stream: write outputs with non-temporal stores (for outputs larger than the caches). Return 0, or -1 for an unsupported D or a failed allocation (the caller falls back).
@@ -336,6 +344,7 @@ int nodenom_forward(const float *q, const float *k, const float *v, const float 
   if (ok) {
 #pragma omp parallel num_threads(threads)
     {
+      touch(out, G * N * D);
 #pragma omp for schedule(static)
       for (int64_t i = 0; i < G * kparts; i++) {
         int64_t h, n0, n1;
@@ -374,6 +383,9 @@ int nodenom_backward(const float *g, const float *q, const float *k, const float
         for (int64_t j = 0; j < D; j++) St[h * D * D + j * D + i] = state[h * size + i * D + j];
 #pragma omp parallel num_threads(threads)
     {
+      touch(gq, G * N * D);
+      touch(gk, G * M * D);
+      touch(gv, G * M * D);
 #pragma omp for schedule(static)
       for (int64_t i = 0; i < G * qparts; i++) {
         int64_t h, n0, n1;
