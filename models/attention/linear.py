@@ -197,9 +197,13 @@ def linear_affine_nodenom(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = Fal
     shape, dtype = q.shape, q.dtype
     qf, kf, vf = flatten(q, k, v)
     keep = key_weights(key_mask, q, qf.dtype)
+    v_kept = vf if keep is None else vf * keep
     if causal:
-        v_kept = vf if keep is None else vf * keep
         out = causal_linear(*unit_pair(qf, kf, keep)[:2], v_kept, chunk_size=chunk_size, plus_one=True) * 0.5
+    elif torch.compiler.is_compiling():
+        # the compiler cannot trace the C kernel's ctypes call nor tiled.py's out= views; it fuses these plain ops itself
+        q_hat, k_hat, _, _ = unit_pair(qf, kf, keep)
+        out = torch.baddbmm(v_kept.sum(1, keepdim=True), q_hat, k_hat.transpose(1, 2) @ vf) * 0.5
     else:
         out = AffineNoDenom.apply(qf, kf, vf, keep)
     return out.reshape(shape).to(dtype)

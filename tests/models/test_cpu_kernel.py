@@ -114,3 +114,15 @@ def test_without_the_kernel_attention_still_works(env, tmp_path, monkeypatch):
         assert rel_err(out, reference.linear_affine_nodenom(q, k, v, causal=False)) <= 1e-5
     finally:
         cpu_kernel.library.cache_clear()  # the next caller builds again with the environment restored
+
+
+def test_torch_compile_traces_the_pytorch_path_and_agrees_with_the_kernel():
+    """fullgraph=True fails on any untraceable call: the compiled layer must take tiled.py, eager the kernel."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 40, 32, requires_grad=True) for _ in range(3))
+    compiled = torch.compile(lambda *x: attend(NAME, *x, causal=False), backend="aot_eager", fullgraph=True)
+    out = compiled(q, k, v)
+    grads = torch.autograd.grad(out.square().sum(), (q, k, v))
+    eager = attend(NAME, q, k, v, causal=False)
+    for a, b in zip((out, *grads), (eager, *torch.autograd.grad(eager.square().sum(), (q, k, v)))):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
