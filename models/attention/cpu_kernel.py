@@ -98,9 +98,9 @@ def library() -> ctypes.CDLL | None:
 
 
 def usable(*tensors: Tensor | None) -> bool:
-    """True when the kernel can take these [G, N, D] tensors: fp32 on the CPU, a supported head size, and a build."""
+    """True when the kernel can take these [G, N, D] tensors: fp32 on the CPU, none empty, a supported head size, and a build."""
     real = [t for t in tensors if t is not None]
-    return (all(t.device.type == "cpu" and t.dtype == torch.float32 for t in real)
+    return (all(t.device.type == "cpu" and t.dtype == torch.float32 and t.numel() > 0 for t in real)
             and real[0].shape[-1] in HEAD_DIMS and library() is not None)
 
 

@@ -86,6 +86,9 @@ def test_unsupported_inputs_take_the_pytorch_path():
     assert cpu_kernel.usable(q, q, q, None)
     assert not cpu_kernel.usable(q.double(), q.double(), q.double(), None)
     assert not cpu_kernel.usable(q[..., :48], q[..., :48], q[..., :48], None)  # D = 48
+    empty = torch.randn(0, 2, 10, 64, requires_grad=True)  # a batch of none
+    attend(NAME, empty, empty, empty, causal=False).sum().backward()
+    assert empty.grad.shape == empty.shape
 
 
 def test_a_second_build_reuses_the_cached_library(tmp_path, monkeypatch):
