@@ -18,3 +18,4 @@ def test_demo_quick_writes_the_report(tmp_path):
     assert "alpha(linear_affine_nodenom) - alpha(softmax)" in report
     assert (out / "scaling_params.png").stat().st_size > 0 and (out / "bench_attention.png").stat().st_size > 0
     assert "| 197 |" in report
+    assert sum(line.startswith("# ") for line in report.splitlines()) == 1  # the embedded benchmark's headings nest
