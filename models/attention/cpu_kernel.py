@@ -1,4 +1,4 @@
-"""Builds nodenom_cpu.c with the system C compiler on first use and calls it through ctypes.
+"""Builds nodenom_cpu.c (with linear_cpu.h) with the system C compiler on first use and calls it through ctypes.
 
 The fused kernel computes non-causal linear_affine_nodenom forward and backward in one OpenMP region
 each (see the C file's header); tiled.py is the same math in PyTorch ops, used where this kernel
@@ -26,7 +26,9 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-SOURCE = Path(__file__).with_name("nodenom_cpu.c")
+HERE = Path(__file__).parent
+SOURCES = [HERE / "nodenom_cpu.c"]  # built into one library
+HEADERS = [HERE / "linear_cpu.h"]
 FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fopenmp", "-shared", "-fPIC", "-std=gnu11"]
 HEAD_DIMS = (16, 32, 64, 128)
 DISABLE = "CLIP_CPU_KERNEL"
@@ -57,7 +59,8 @@ def compiler() -> str | None:
 def build(cc: str) -> Path:
     """The compiled library's path, compiling it first when the cache has no build for this source, compiler and CPU."""
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=True).stdout
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), " ".join(FLAGS), version, cpu_identity()]).encode()).hexdigest()
+    texts = [path.read_text() for path in SOURCES + HEADERS]
+    key = hashlib.sha256("\0".join([*texts, " ".join(FLAGS), version, cpu_identity()]).encode()).hexdigest()
     folder = cache_dir()
     target = folder / f"nodenom_cpu-{key[:16]}.so"
     if not target.exists():
@@ -65,7 +68,7 @@ def build(cc: str) -> Path:
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=folder)
         os.close(fd)
         try:
-            result = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", tmp, "-lm"], capture_output=True, text=True)
+            result = subprocess.run([cc, *FLAGS, *map(str, SOURCES), "-o", tmp, "-lm"], capture_output=True, text=True)
             if result.returncode != 0:
                 raise RuntimeError(result.stderr.strip().splitlines()[-1] if result.stderr.strip() else "compiler failed")
             os.replace(tmp, target)
