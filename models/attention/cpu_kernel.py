@@ -1,8 +1,9 @@
-"""Builds nodenom_cpu.c (with linear_cpu.h) with the system C compiler on first use and calls it through ctypes.
+"""Builds nodenom_cpu.c and affine_cpu.c (with linear_cpu.h) with the system C compiler on first use and calls them through ctypes.
 
-The fused kernel computes non-causal linear_affine_nodenom forward and backward in one OpenMP region
-each (see the C file's header); tiled.py is the same math in PyTorch ops, used where this kernel
-cannot be: no C compiler, a GPU, fp64, a head size other than 16/32/64/128, or CLIP_CPU_KERNEL=0.
+The fused kernels compute non-causal linear_affine_nodenom and linear_affine, forward and backward, in
+one OpenMP region each (see the C files' headers); tiled.py and NormalisedLinear are the same math in
+PyTorch ops, used where a kernel cannot be: no C compiler, a GPU, fp64, a head size other than
+16/32/64/128, torch.compile, or CLIP_CPU_KERNEL=0.
 
 The library is compiled with -march=native into a cache folder ($CLIP_KERNEL_CACHE, else
 $XDG_CACHE_HOME/clip-attention, else ~/.cache/clip-attention) under a name that hashes the source,
@@ -27,7 +28,7 @@ import torch
 from torch import Tensor
 
 HERE = Path(__file__).parent
-SOURCES = [HERE / "nodenom_cpu.c"]  # built into one library
+SOURCES = [HERE / "nodenom_cpu.c", HERE / "affine_cpu.c"]  # built into one library
 HEADERS = [HERE / "linear_cpu.h"]
 FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fopenmp", "-shared", "-fPIC", "-std=gnu11"]
 HEAD_DIMS = (16, 32, 64, 128)
@@ -85,18 +86,21 @@ def library() -> ctypes.CDLL | None:
         return None
     cc = compiler()
     if cc is None:
-        warnings.warn("linear_affine_nodenom: no C compiler (cc/gcc) found, using the slower PyTorch path; install gcc or set CC")
+        warnings.warn("linear attention CPU kernels: no C compiler (cc/gcc) found, using the slower PyTorch path; install gcc or set CC")
         return None
     try:
         lib = ctypes.CDLL(str(build(cc)))
     except (OSError, RuntimeError, subprocess.SubprocessError) as err:
-        warnings.warn(f"linear_affine_nodenom: building the fused CPU kernel failed ({err}); using the slower PyTorch path; "
+        warnings.warn(f"linear attention CPU kernels: building the fused CPU kernel failed ({err}); using the slower PyTorch path; "
                       f"set {DISABLE}=0 to silence this, or CLIP_KERNEL_CACHE to a writable folder")
         return None
     p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
     lib.nodenom_forward.argtypes = [p, p, p, p, i64, i64, i64, i64, p, p, p, p, i32, i32]
     lib.nodenom_backward.argtypes = [p, p, p, p, p, p, p, p, i64, i64, i64, i64, p, p, p, i32, i32]
-    lib.nodenom_forward.restype = lib.nodenom_backward.restype = i32
+    lib.affine_forward.argtypes = [p, p, p, p, p, i64, i64, i64, i64, p, p, p, p, p, i32]
+    lib.affine_backward.argtypes = [p, p, p, p, p, p, p, p, p, p, i64, i64, i64, i64, p, p, p, i32]
+    for entry in (lib.nodenom_forward, lib.nodenom_backward, lib.affine_forward, lib.affine_backward):
+        entry.restype = i32
     return lib
 
 
@@ -126,7 +130,7 @@ def forward(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, out: Tensor) -
     status = library().nodenom_forward(q.data_ptr(), k.data_ptr(), v.data_ptr(), pointer(keep), G, N, M, D, out.data_ptr(),
                                        rq.data_ptr(), rk.data_ptr(), state.data_ptr(), torch.get_num_threads(), streams(out))
     if status != 0:
-        raise MemoryError(f"linear_affine_nodenom CPU kernel could not allocate its scratch (G={G}, D={D}); set {DISABLE}=0")
+        out_of_memory(G, D)
     return rq, rk, state
 
 
@@ -139,4 +143,36 @@ def backward(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None,
                                         rq.data_ptr(), rk.data_ptr(), state.data_ptr(), G, N, M, D, grad_q.data_ptr(),
                                         grad_k.data_ptr(), grad_v.data_ptr(), torch.get_num_threads(), streams(grad_q))
     if status != 0:
-        raise MemoryError(f"linear_affine_nodenom CPU kernel could not allocate its scratch (G={G}, D={D}); set {DISABLE}=0")
+        out_of_memory(G, D)
+
+
+def affine_forward(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, count: Tensor, out: Tensor) -> tuple[Tensor, ...]:
+    """linear_affine: writes o into out [G, N, D]; returns rq, den [G, N, 1], rk [G, M, 1] and the state [G, D + 2, D] = [S; c; z].
+
+    count [G] (float): the number of real keys per head. Every tensor must be contiguous.
+    """
+    (G, N, D), M = q.shape, k.shape[1]
+    rq, den, rk, state = q.new_empty(G, N, 1), q.new_empty(G, N, 1), k.new_empty(G, M, 1), q.new_empty(G, D + 2, D)
+    status = library().affine_forward(q.data_ptr(), k.data_ptr(), v.data_ptr(), pointer(keep), count.data_ptr(), G, N, M, D,
+                                      out.data_ptr(), rq.data_ptr(), rk.data_ptr(), den.data_ptr(), state.data_ptr(),
+                                      torch.get_num_threads())
+    if status != 0:
+        out_of_memory(G, D)
+    return rq, den, rk, state
+
+
+def affine_backward(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, count: Tensor, rq: Tensor,
+                    den: Tensor, rk: Tensor, state: Tensor, grad_q: Tensor, grad_k: Tensor, grad_v: Tensor) -> None:
+    """linear_affine: writes dL/dq, dL/dk, dL/dv into grad_q, grad_k, grad_v from dL/do = grad and affine_forward()'s results."""
+    (G, N, D), M = q.shape, k.shape[1]
+    grad = grad.contiguous()  # a name keeps it alive through the call
+    status = library().affine_backward(grad.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(), pointer(keep),
+                                       count.data_ptr(), rq.data_ptr(), rk.data_ptr(), den.data_ptr(), state.data_ptr(),
+                                       G, N, M, D, grad_q.data_ptr(), grad_k.data_ptr(), grad_v.data_ptr(),
+                                       torch.get_num_threads())
+    if status != 0:
+        out_of_memory(G, D)
+
+
+def out_of_memory(G: int, D: int):
+    raise MemoryError(f"the fused CPU attention kernel could not allocate its scratch (G={G}, D={D}); set {DISABLE}=0")

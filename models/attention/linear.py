@@ -150,6 +150,15 @@ class NormalisedLinear(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, unit: bool) -> Tensor:
+        # linear_affine on the CPU in fp32: the fused C kernel (affine_cpu.c), same math; not traceable by torch.compile
+        ctx.kernel = unit and not torch.compiler.is_compiling() and cpu_kernel.usable(q, k, v, keep)
+        if ctx.kernel:
+            q, k, v = (t.contiguous() for t in (q, k, v))
+            keep = None if keep is None else keep.contiguous()
+            count = q.new_full((q.shape[0],), k.shape[1]) if keep is None else keep.sum((1, 2))  # real keys per head
+            out = tiled.fresh(q, *q.shape)
+            ctx.save_for_backward(q, k, v, keep, count, *cpu_kernel.affine_forward(q, k, v, keep, count, out))
+            return out
         q_f, k_f, rq, rk = scales(q, k, keep, unit)
         count = v.new_full((1, 1, 1), v.shape[1]) if keep is None else keep.sum(1, keepdim=True)  # [G or 1, 1, 1]
         v_sum = v.sum(1, keepdim=True) if keep is None else torch.bmm(keep.transpose(1, 2), v)
@@ -165,6 +174,11 @@ class NormalisedLinear(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: Tensor):
+        if ctx.kernel:
+            saved = ctx.saved_tensors
+            grads = [tiled.fresh(x, *x.shape) for x in saved[:3]]
+            cpu_kernel.affine_backward(grad, *saved, *grads)
+            return *grads, None, None
         q_f, k_f, v_centred, keep, rq, rk, state, k_sum, den, count = ctx.saved_tensors
         grad = grad.contiguous()
         grad_scaled = grad / den

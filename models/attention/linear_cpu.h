@@ -277,3 +277,29 @@ static void touch(float *x, int64_t n) {
 }
 
 static int aligned(const float *p) { return (uintptr_t)p % 64 == 0; }
+
+/* The scratch of one call: the items' accumulators [G * parts, rows, D], their reduction [G, rows, D], and two
+   [G, D, D] blocks for transposes. */
+typedef struct { float *partial, *sum, *tr1, *tr2; } scratch;
+
+static int scratch_alloc(scratch *s, int64_t G, int64_t parts, int64_t rows, int64_t D) {
+  s->partial = malloc(G * parts * rows * D * sizeof(float));
+  s->sum = malloc(G * rows * D * sizeof(float));
+  s->tr1 = malloc(G * D * D * sizeof(float));
+  s->tr2 = malloc(G * D * D * sizeof(float));
+  return s->partial && s->sum && s->tr1 && s->tr2;
+}
+
+static void scratch_free(scratch *s) {
+  free(s->partial);
+  free(s->sum);
+  free(s->tr1);
+  free(s->tr2);
+}
+
+/* tr [G, D, D] = the transposed first D x D block of each head's [rows, D] in x. */
+static void transpose_blocks(const float *x, int64_t G, int64_t rows, int64_t D, float *tr) {
+  for (int64_t h = 0; h < G; h++)
+    for (int64_t i = 0; i < D; i++)
+      for (int64_t j = 0; j < D; j++) tr[h * D * D + j * D + i] = x[h * rows * D + i * D + j];
+}

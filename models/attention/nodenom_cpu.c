@@ -101,8 +101,8 @@ int nodenom_forward(const float *q, const float *k, const float *v, const float 
   const passes *f = passes_for(D);
   const int nt = stream && aligned(out);
   const int64_t kparts = parts_for(G, M, threads), qparts = parts_for(G, N, threads), size = (D + 1) * D;
-  float *partial = malloc(G * kparts * size * sizeof(float)), *tr = malloc(G * D * D * sizeof(float));
-  const int ok = f && partial && tr;
+  scratch s;
+  const int ok = scratch_alloc(&s, G, kparts, D + 1, D) && f;
   if (ok) {
 #pragma omp parallel num_threads(threads)
     {
@@ -111,10 +111,10 @@ int nodenom_forward(const float *q, const float *k, const float *v, const float 
       for (int64_t i = 0; i < G * kparts; i++) {
         int64_t h, n0, n1;
         item_range(i, kparts, M, &h, &n0, &n1);
-        f->key(k + h * M * D, v + h * M * D, keep ? keep + h * M : NULL, n0, n1, rk + h * M, partial + i * size);
+        f->key(k + h * M * D, v + h * M * D, keep ? keep + h * M : NULL, n0, n1, rk + h * M, s.partial + i * size);
       }
 #pragma omp single
-      reduce_parts(partial, G, kparts, D + 1, D, 0.5f, state, tr);
+      reduce_parts(s.partial, G, kparts, D + 1, D, 0.5f, state, s.tr1);
 #pragma omp for schedule(static)
       for (int64_t i = 0; i < G * qparts; i++) {
         int64_t h, n0, n1;
@@ -124,8 +124,7 @@ int nodenom_forward(const float *q, const float *k, const float *v, const float 
     }
   }
   fence();
-  free(partial);
-  free(tr);
+  scratch_free(&s);
   return ok ? 0 : -1;
 }
 
@@ -136,13 +135,10 @@ int nodenom_backward(const float *g, const float *q, const float *k, const float
   const passes *f = passes_for(D);
   const int nt = stream && aligned(gq) && aligned(gk) && aligned(gv);
   const int64_t qparts = parts_for(G, N, threads), kparts = parts_for(G, M, threads), size = (D + 1) * D;
-  float *partial = malloc(G * qparts * size * sizeof(float)), *half = malloc(G * size * sizeof(float));
-  float *St = malloc(G * D * D * sizeof(float)), *Ht = malloc(G * D * D * sizeof(float));
-  const int ok = f && partial && half && St && Ht;
+  scratch s; /* sum: [H; h] = [q^^T g; sum g] / 2, tr1: S^T, tr2: H^T */
+  const int ok = scratch_alloc(&s, G, qparts, D + 1, D) && f;
   if (ok) {
-    for (int64_t h = 0; h < G; h++)
-      for (int64_t i = 0; i < D; i++)
-        for (int64_t j = 0; j < D; j++) St[h * D * D + j * D + i] = state[h * size + i * D + j];
+    transpose_blocks(state, G, D + 1, D, s.tr1);
 #pragma omp parallel num_threads(threads)
     {
       touch(gq, G * N * D);
@@ -152,23 +148,21 @@ int nodenom_backward(const float *g, const float *q, const float *k, const float
       for (int64_t i = 0; i < G * qparts; i++) {
         int64_t h, n0, n1;
         item_range(i, qparts, N, &h, &n0, &n1);
-        f->grad_query(g + h * N * D, q + h * N * D, rq + h * N, St + h * D * D, n0, n1, partial + i * size, gq + h * N * D, nt);
+        f->grad_query(g + h * N * D, q + h * N * D, rq + h * N, s.tr1 + h * D * D, n0, n1, s.partial + i * size,
+                      gq + h * N * D, nt);
       }
 #pragma omp single
-      reduce_parts(partial, G, qparts, D + 1, D, 0.5f, half, Ht); /* [H; h] = [q^^T g; sum g] / 2 */
+      reduce_parts(s.partial, G, qparts, D + 1, D, 0.5f, s.sum, s.tr2);
 #pragma omp for schedule(static)
       for (int64_t i = 0; i < G * kparts; i++) {
         int64_t h, n0, n1;
         item_range(i, kparts, M, &h, &n0, &n1);
-        f->grad_key(k + h * M * D, v + h * M * D, keep ? keep + h * M : NULL, rk + h * M, half + h * size,
-                    Ht + h * D * D, n0, n1, gk + h * M * D, gv + h * M * D, nt);
+        f->grad_key(k + h * M * D, v + h * M * D, keep ? keep + h * M : NULL, rk + h * M, s.sum + h * size,
+                    s.tr2 + h * D * D, n0, n1, gk + h * M * D, gv + h * M * D, nt);
       }
     }
   }
   fence();
-  free(partial);
-  free(half);
-  free(St);
-  free(Ht);
+  scratch_free(&s);
   return ok ? 0 : -1;
 }

@@ -1,13 +1,15 @@
-"""The fused C kernel of non-causal linear_affine_nodenom (models/attention/nodenom_cpu.c): it is built where a
-compiler exists, is the path taken on the CPU in fp32, agrees with the O(N^2) reference and with the PyTorch
-path (tiled.py) at every head size it supports, and falls back cleanly when it cannot be built."""
+"""The fused C kernels of non-causal linear_affine_nodenom and linear_affine (models/attention/nodenom_cpu.c,
+affine_cpu.c): built where a compiler exists, the path taken on the CPU in fp32, they agree with the O(N^2)
+reference and with the PyTorch paths (tiled.py, NormalisedLinear) at every head size they support, and fall
+back cleanly when they cannot be built."""
 import pytest
 import torch
 
-from models.attention import attend, cpu_kernel, reference, tiled
+from models.attention import attend, cpu_kernel, linear, reference, tiled
 from tests.models.test_attention import rel_err
 
 NAME = "linear_affine_nodenom"
+KERNEL_NAMES = [NAME, "linear_affine"]
 
 
 def test_kernel_is_built_wherever_a_compiler_exists():
@@ -18,17 +20,19 @@ def test_kernel_is_built_wherever_a_compiler_exists():
 
 @pytest.fixture
 def kernel_only(monkeypatch):
-    """Makes the PyTorch path raise, so a passing test proves the kernel computed the result."""
+    """Makes the PyTorch paths raise, so a passing test proves a kernel computed the result."""
     def refuse(*args, **kwargs):
-        raise AssertionError("tiled path used where the C kernel should run")
+        raise AssertionError("PyTorch path used where the C kernel should run")
     monkeypatch.setattr(tiled, "forward", refuse)
     monkeypatch.setattr(tiled, "backward", refuse)
+    monkeypatch.setattr(linear, "scales", refuse)  # NormalisedLinear's first step
 
 
 @pytest.mark.parametrize("d", [16, 32, 64, 128])
 @pytest.mark.parametrize("b,h,n", [(1, 1, 1), (2, 3, 7), (1, 2, 63), (2, 1, 1000)])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_kernel_equals_reference(kernel_only, d, b, h, n, threads):
+@pytest.mark.parametrize("name", KERNEL_NAMES)
+def test_kernel_equals_reference(kernel_only, name, d, b, h, n, threads):
     """fp32 kernel vs fp64 reference, outputs and all three gradients, padded keys in the last batch row.
 
     With 2 threads and a single head, rows are split over threads and the partial states summed."""
@@ -39,8 +43,8 @@ def test_kernel_equals_reference(kernel_only, d, b, h, n, threads):
         key_mask[-1, -(n // 3):] = False
     fast = [t.float().requires_grad_() for t in base]
     exact = [t.clone().requires_grad_() for t in base]
-    out = attend(NAME, *fast, causal=False, key_mask=key_mask)
-    ref = reference.linear_affine_nodenom(*exact, causal=False, key_mask=key_mask)
+    out = attend(name, *fast, causal=False, key_mask=key_mask)
+    ref = getattr(reference, name)(*exact, causal=False, key_mask=key_mask)
     assert rel_err(out, ref) <= 1e-5
     grad = torch.randn_like(ref)
     out.backward(grad.float())
@@ -69,6 +73,22 @@ def test_kernel_equals_pytorch_path_with_different_query_and_key_lengths(masked)
     keep = (torch.rand(3, 517, 1) > 0.3).float() if masked else None
     for a, b in zip(*kernel_and_tiled(300, 517, 64, keep)):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_affine_kernel_equals_pytorch_path_with_different_query_and_key_lengths(masked, monkeypatch):
+    q, grad = torch.randn(2, 3, 300, 64).unbind(0)
+    k, v = torch.randn(2, 3, 517, 64).unbind(0)
+    keep = (torch.rand(3, 517, 1) > 0.3).float() if masked else None
+    results = []
+    for kernel in (True, False):
+        monkeypatch.setattr(cpu_kernel, "usable", lambda *tensors: kernel)
+        inputs = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = linear.NormalisedLinear.apply(*inputs, keep, True)
+        out.backward(grad)
+        results.append([out, *(t.grad for t in inputs)])
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
 def test_non_temporal_stores_give_identical_results(monkeypatch):
