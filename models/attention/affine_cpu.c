@@ -139,7 +139,7 @@ int affine_forward(const float *q, const float *k, const float *v, const float *
       }
 #pragma omp single
       {
-        reduce_parts(s.partial, G, kparts, D + 2, D, 1.0f, state, s.tr1);
+        reduce_parts(s.partial, G, kparts, D + 2, D, 1.0f, state);
         centre(state, count, G, D);
       }
 #pragma omp for schedule(static)
@@ -196,7 +196,8 @@ int affine_backward(const float *g, const float *q, const float *k, const float 
       }
 #pragma omp single
       {
-        reduce_parts(s.partial, G, qparts, D + 2, D, 1.0f, s.sum, s.tr2);
+        reduce_parts(s.partial, G, qparts, D + 2, D, 1.0f, s.sum);
+        transpose_blocks(s.sum, G, D + 2, D, s.tr2); /* dS^T: grad_state changes only the two rows after dS */
         grad_state(s.sum, state, count, G, D);
       }
 #pragma omp for schedule(static)

@@ -88,7 +88,8 @@ class AffineNoDenom(torch.autograd.Function):
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None) -> Tensor:
         q, k, v = (t.contiguous() for t in (q, k, v))
         keep = None if keep is None else keep.contiguous()
-        if cpu_kernel.usable(q, k, v, keep):
+        ctx.kernel = cpu_kernel.usable(q, k, v, keep)
+        if ctx.kernel:
             out = tiled.fresh(q, *q.shape)
             rq, rk, state = cpu_kernel.forward(q, k, v, keep, out)
         else:
@@ -100,7 +101,7 @@ class AffineNoDenom(torch.autograd.Function):
     def backward(ctx, grad: Tensor):
         # e.g. the zero-stride gradient of a .sum() would send bmm down a slow path
         grad, saved = grad.contiguous(), ctx.saved_tensors
-        if cpu_kernel.usable(grad, *saved):
+        if ctx.kernel:
             grads = [tiled.fresh(x, *x.shape) for x in saved[:3]]
             cpu_kernel.backward(grad, *saved, *grads)
         else:

@@ -247,9 +247,8 @@ static int64_t parts_for(int64_t G, int64_t n, int threads) {
   return parts < 1 ? 1 : parts;
 }
 
-/* Sums the items' accumulators [G * parts, rows, D] into out [G, rows, D] times `scale`; tr [G, D, D] gets the transposed D x D blocks. */
-static void reduce_parts(const float *partial, int64_t G, int64_t parts, int64_t rows, int64_t D, float scale, float *out,
-                         float *tr) {
+/* Sums the items' accumulators [G * parts, rows, D] into out [G, rows, D] times `scale`. */
+static void reduce_parts(const float *partial, int64_t G, int64_t parts, int64_t rows, int64_t D, float scale, float *out) {
   const int64_t size = rows * D;
   for (int64_t g = 0; g < G; g++) {
     float *o = out + g * size;
@@ -257,8 +256,6 @@ static void reduce_parts(const float *partial, int64_t G, int64_t parts, int64_t
     for (int64_t p = 0; p < parts; p++)
       for (int64_t e = 0; e < size; e++) o[e] += partial[(g * parts + p) * size + e];
     for (int64_t e = 0; e < size; e++) o[e] *= scale;
-    for (int64_t i = 0; i < D; i++)
-      for (int64_t j = 0; j < D; j++) tr[g * D * D + j * D + i] = o[i * D + j];
   }
 }
 

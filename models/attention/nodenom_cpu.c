@@ -114,7 +114,7 @@ int nodenom_forward(const float *q, const float *k, const float *v, const float 
         f->key(k + h * M * D, v + h * M * D, keep ? keep + h * M : NULL, n0, n1, rk + h * M, s.partial + i * size);
       }
 #pragma omp single
-      reduce_parts(s.partial, G, kparts, D + 1, D, 0.5f, state, s.tr1);
+      reduce_parts(s.partial, G, kparts, D + 1, D, 0.5f, state);
 #pragma omp for schedule(static)
       for (int64_t i = 0; i < G * qparts; i++) {
         int64_t h, n0, n1;
@@ -152,7 +152,10 @@ int nodenom_backward(const float *g, const float *q, const float *k, const float
                       gq + h * N * D, nt);
       }
 #pragma omp single
-      reduce_parts(s.partial, G, qparts, D + 1, D, 0.5f, s.sum, s.tr2);
+      {
+        reduce_parts(s.partial, G, qparts, D + 1, D, 0.5f, s.sum);
+        transpose_blocks(s.sum, G, D + 1, D, s.tr2);
+      }
 #pragma omp for schedule(static)
       for (int64_t i = 0; i < G * kparts; i++) {
         int64_t h, n0, n1;
