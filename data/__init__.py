@@ -8,4 +8,4 @@ from data.errors import SKIP_CAUSES, DataError
 from data.shards import TrainData, build_train_data
 from data.synthetic import make_synthetic
 
-__all__ = ["DataConfig", "DataError", "SKIP_CAUSES", "TrainData", "build_train_data", "make_synthetic"]
+__all__ = ["SKIP_CAUSES", "DataConfig", "DataError", "TrainData", "build_train_data", "make_synthetic"]

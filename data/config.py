@@ -9,29 +9,34 @@ from data.errors import DataError
 class DataConfig:
     """Where the train shards are and how they are read. `batch_size` is the global batch size."""
 
-    train_shards: str = ""              # brace/`::` spec, e.g. "/data/{00000..41407}.tar::pipe:cat b/{0..9}.tar"
-    train_weights: str | None = None    # e.g. "1::3": one weight per `::` source, resampled mode only
+    train_shards: str = ""  # brace/`::` spec, e.g. "/data/{00000..41407}.tar::pipe:cat b/{0..9}.tar"
+    train_weights: str | None = None  # e.g. "1::3": one weight per `::` source, resampled mode only
     train_num_samples: int | None = None  # samples per epoch; None: sum of sizes.json/_info.json
-    resampled: bool = False             # shards drawn with replacement, endless (else: epochs)
-    batch_size: int = 64                # global; each rank gets batch_size // world_size
-    workers: int = 2                    # DataLoader worker processes per rank
-    shuffle_buffer: int = 1000          # samples per shuffled block inside a worker
+    resampled: bool = False  # shards drawn with replacement, endless (else: epochs)
+    batch_size: int = 64  # global; each rank gets batch_size // world_size
+    workers: int = 2  # DataLoader worker processes per rank
+    shuffle_buffer: int = 1000  # samples per shuffled block inside a worker
     seed: int = 0
     max_image_pixels: int = 89_478_485  # larger images are skipped (PIL's decompression-bomb limit)
-    drop_last: bool = False             # epoch mode: drop the last partial step instead of a smaller one
+    drop_last: bool = False  # epoch mode: drop the last partial step instead of a smaller one
 
     def validate(self, world_size: int) -> None:
         """Raise DataError (one line, naming the fix) for a config that cannot work."""
         if not self.train_shards.strip():
             raise DataError("data.train_shards is empty: set it to a shard spec such as /data/{00000..00009}.tar")
         if world_size < 1 or self.batch_size < world_size or self.batch_size % world_size:
-            raise DataError(f"data.batch_size={self.batch_size} is not a positive multiple of world_size="
-                            f"{world_size}: it is the global batch size, make it divisible")
+            raise DataError(
+                f"data.batch_size={self.batch_size} is not a positive multiple of world_size="
+                f"{world_size}: it is the global batch size, make it divisible"
+            )
         if self.train_weights is not None and not self.resampled:
-            raise DataError("data.train_weights needs data.resampled=true (weights only apply when sampling "
-                            "shards with replacement)")
+            raise DataError(
+                "data.train_weights needs data.resampled=true (weights only apply when sampling "
+                "shards with replacement)"
+            )
         if self.train_num_samples is not None and self.train_num_samples < 1:
-            raise DataError(f"data.train_num_samples={self.train_num_samples} must be >= 1 (or null to read "
-                            "sizes.json)")
+            raise DataError(
+                f"data.train_num_samples={self.train_num_samples} must be >= 1 (or null to read sizes.json)"
+            )
         if self.workers < 0 or self.shuffle_buffer < 1 or self.max_image_pixels < 1:
             raise DataError("data.workers must be >= 0, data.shuffle_buffer and data.max_image_pixels >= 1")

@@ -2,15 +2,15 @@
 
 # Every cause a sample (or a whole shard) can be skipped for; counts are reported under these names.
 SKIP_CAUSES = (
-    "unreadable_tar",     # shard could not be opened, or its tar stream ended early (truncated, corrupt)
-    "duplicate_key",      # a key appears twice in one tar (repeated file, or the key came back later)
-    "missing_image",      # no .jpg/.jpeg/.png/.webp in the sample
-    "corrupt_image",      # the image bytes do not decode
-    "oversized_image",    # more pixels than max_image_pixels (decompression bomb)
-    "missing_caption",    # no .txt in the sample
-    "empty_caption",      # caption is empty or only whitespace
-    "non_utf8_caption",   # caption bytes are not UTF-8
-    "transform_error",    # the image transform raised on a decoded image
+    "unreadable_tar",  # shard could not be opened, or its tar stream ended early (truncated, corrupt)
+    "duplicate_key",  # a key appears twice in one tar (repeated file, or the key came back later)
+    "missing_image",  # no .jpg/.jpeg/.png/.webp in the sample
+    "corrupt_image",  # the image bytes do not decode
+    "oversized_image",  # more pixels than max_image_pixels (decompression bomb)
+    "missing_caption",  # no .txt in the sample
+    "empty_caption",  # caption is empty or only whitespace
+    "non_utf8_caption",  # caption bytes are not UTF-8
+    "transform_error",  # the image transform raised on a decoded image
 )
 
 

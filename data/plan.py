@@ -30,14 +30,13 @@ class EpochShape:
     num_samples: int  # samples per epoch, whole job
     num_batches: int  # steps per epoch, the same on every rank
     local_batch: int  # samples per batch on one rank
-    last_batch: int   # samples in the last batch of the epoch on one rank (<= local_batch)
+    last_batch: int  # samples in the last batch of the epoch on one rank (<= local_batch)
 
     def batch_size(self, j: int) -> int:
         return self.last_batch if j == self.num_batches - 1 else self.local_batch
 
 
-def epoch_shape(num_samples: int, batch_size: int, world_size: int, resampled: bool,
-                drop_last: bool) -> EpochShape:
+def epoch_shape(num_samples: int, batch_size: int, world_size: int, resampled: bool, drop_last: bool) -> EpochShape:
     """Steps per epoch. Epoch mode keeps every sample: the last step may be smaller (the same size on
     every rank, so gathers across ranks line up), and num_samples % world_size samples (fewer than
     world_size) are left out. With drop_last or in resampled mode every batch is full."""
@@ -45,8 +44,10 @@ def epoch_shape(num_samples: int, batch_size: int, world_size: int, resampled: b
     if resampled or drop_last:
         steps = math.ceil(num_samples / batch_size) if resampled else num_samples // batch_size
         if steps == 0:
-            raise DataError(f"an epoch of {num_samples} samples has no full batch of {batch_size}: lower "
-                            "data.batch_size or set data.drop_last=false")
+            raise DataError(
+                f"an epoch of {num_samples} samples has no full batch of {batch_size}: lower "
+                "data.batch_size or set data.drop_last=false"
+            )
         return EpochShape(steps * batch_size, steps, local, local)
     per_rank = num_samples // world_size
     if per_rank == 0:
@@ -88,17 +89,27 @@ def pieces_of_range(urls: list[str], sizes: list[int], order: list[int], lo: int
     return pieces
 
 
-def epoch_pieces(urls: list[str], sizes: list[int] | None, shape: EpochShape, seed: int, epoch: int,
-                 rank: int, world_size: int, workers: int) -> list[list[Piece]]:
+def epoch_pieces(
+    urls: list[str],
+    sizes: list[int] | None,
+    shape: EpochShape,
+    seed: int,
+    epoch: int,
+    rank: int,
+    world_size: int,
+    workers: int,
+) -> list[list[Piece]]:
     """What each logical worker of `rank` reads in epoch mode: one list of pieces per worker."""
     workers = max(1, workers)
     order = shard_order(len(urls), seed, epoch)
     if sizes is None:
         slots = world_size * workers
         if len(urls) < slots:
-            raise DataError(f"{len(urls)} shards cannot be dealt to {world_size} ranks x {workers} workers "
-                            "without sizes.json: add sizes.json beside the shards or use fewer workers")
-        return [[Piece(urls[i]) for i in order[rank * workers + w::slots]] for w in range(workers)]
+            raise DataError(
+                f"{len(urls)} shards cannot be dealt to {world_size} ranks x {workers} workers "
+                "without sizes.json: add sizes.json beside the shards or use fewer workers"
+            )
+        return [[Piece(urls[i]) for i in order[rank * workers + w :: slots]] for w in range(workers)]
     total = sum(sizes)
     if total == 0:
         raise DataError("sizes.json says every shard is empty: check the shards or remove sizes.json")

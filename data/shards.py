@@ -42,8 +42,18 @@ class Batches:
 class TrainData:
     """One rank's view of the training data; `loader` yields (images [b,3,H,W] float, tokens [b,L])."""
 
-    def __init__(self, cfg: DataConfig, image_transform, tokenizer, rank: int, world_size: int,
-                 urls: list[str], weights: list[float] | None, sizes: list[int] | None, num_samples: int):
+    def __init__(
+        self,
+        cfg: DataConfig,
+        image_transform,
+        tokenizer,
+        rank: int,
+        world_size: int,
+        urls: list[str],
+        weights: list[float] | None,
+        sizes: list[int] | None,
+        num_samples: int,
+    ):
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         self.image_transform, self.tokenizer = image_transform, tokenizer
         self.urls, self.weights, self.sizes = urls, weights, sizes
@@ -70,14 +80,27 @@ class TrainData:
 
     def layout(self) -> dict:
         """What must be unchanged for worker positions to stay valid."""
-        return {"world_size": self.world_size, "workers": self.cfg.workers, "batch_size": self.cfg.batch_size,
-                "num_samples": self.num_samples, "shards": len(self.urls), "seed": self.cfg.seed,
-                "shuffle_buffer": self.cfg.shuffle_buffer, "resampled": self.cfg.resampled}
+        return {
+            "world_size": self.world_size,
+            "workers": self.cfg.workers,
+            "batch_size": self.cfg.batch_size,
+            "num_samples": self.num_samples,
+            "shards": len(self.urls),
+            "seed": self.cfg.seed,
+            "shuffle_buffer": self.cfg.shuffle_buffer,
+            "resampled": self.cfg.resampled,
+        }
 
     def state_dict(self) -> dict:
         """Position in the stream after the batches handed out so far (JSON-serialisable)."""
-        return {"epoch": self.epoch, "batch": self.batch, "rank": self.rank, "layout": self.layout(),
-                "positions": {str(w): p for w, p in self.positions.items()}, "skipped": self.skipped()}
+        return {
+            "epoch": self.epoch,
+            "batch": self.batch,
+            "rank": self.rank,
+            "layout": self.layout(),
+            "positions": {str(w): p for w, p in self.positions.items()},
+            "skipped": self.skipped(),
+        }
 
     def load_state_dict(self, state: dict | list[dict]) -> None:
         """Continue from `state`: this rank's own dict, or a list of every rank's dicts."""
@@ -85,8 +108,10 @@ class TrainData:
             state = next((s for s in state if s.get("rank") == self.rank), state[0])
         self.epoch, self.batch = int(state["epoch"]), int(state["batch"])
         if not 0 <= self.batch <= self.num_batches:
-            raise DataError(f"data state is at batch {self.batch} of an epoch of {self.num_batches}: it "
-                            "comes from another data configuration")
+            raise DataError(
+                f"data state is at batch {self.batch} of an epoch of {self.num_batches}: it "
+                "comes from another data configuration"
+            )
         own = state.get("rank") == self.rank and state.get("layout") == self.layout()
         saved = state.get("skipped", {}) if state.get("rank") == self.rank else {}
         self._done_counts = {cause: int(saved.get(cause, 0)) for cause in SKIP_CAUSES}
@@ -95,8 +120,14 @@ class TrainData:
             self.positions = {int(w): p for w, p in state.get("positions", {}).items()}
         else:
             if not self.cfg.resampled:
-                log.warning("data: state of rank %s or another layout; rank %d resumes epoch %d at batch %d "
-                            "by sample count (approximate)", state.get("rank"), self.rank, self.epoch, self.batch)
+                log.warning(
+                    "data: state of rank %s or another layout; rank %d resumes epoch %d at batch %d "
+                    "by sample count (approximate)",
+                    state.get("rank"),
+                    self.rank,
+                    self.epoch,
+                    self.batch,
+                )
             self.positions = {w: {"pass": 0, "raw": self.delivered(w)} for w in range(max(1, self.cfg.workers))}
 
     def delivered(self, worker: int) -> int:
@@ -106,17 +137,35 @@ class TrainData:
 
     def _job(self) -> StreamJob:
         cfg = self.cfg
-        pieces = None if cfg.resampled else epoch_pieces(
-            self.urls, self.sizes, self.shape, cfg.seed, self.epoch, self.rank, self.world_size, cfg.workers)
+        pieces = (
+            None
+            if cfg.resampled
+            else epoch_pieces(
+                self.urls, self.sizes, self.shape, cfg.seed, self.epoch, self.rank, self.world_size, cfg.workers
+            )
+        )
         positions = {} if cfg.resampled else dict(self.positions)
-        return StreamJob(self.urls, self.weights, pieces, self.shape, cfg.seed, self.epoch, self.rank,
-                         cfg.workers, cfg.shuffle_buffer, cfg.max_image_pixels, self.batch, positions)
+        return StreamJob(
+            self.urls,
+            self.weights,
+            pieces,
+            self.shape,
+            cfg.seed,
+            self.epoch,
+            self.rank,
+            cfg.workers,
+            cfg.shuffle_buffer,
+            cfg.max_image_pixels,
+            self.batch,
+            positions,
+        )
 
     def iterate(self):
         """Yield the rest of the epoch's batches, keeping position and skip counts up to date."""
         dataset = ShardStream(self._job(), self.image_transform, self.tokenizer)
-        loader = DataLoader(dataset, batch_size=None, num_workers=self.cfg.workers,
-                            pin_memory=torch.cuda.is_available())
+        loader = DataLoader(
+            dataset, batch_size=None, num_workers=self.cfg.workers, pin_memory=torch.cuda.is_available()
+        )
         self._live_counts = {}
         try:
             for images, tokens, info in loader:
@@ -128,16 +177,20 @@ class TrainData:
                     self.positions[info["worker"]] = info["position"]
                 yield images, tokens
             skipped = {cause: n for cause, n in self.skipped().items() if n}
-            log.info("data: rank %d finished epoch %d (%d batches); skipped so far: %s",
-                     self.rank, self.epoch, self.num_batches, skipped or "none")
+            log.info(
+                "data: rank %d finished epoch %d (%d batches); skipped so far: %s",
+                self.rank,
+                self.epoch,
+                self.num_batches,
+                skipped or "none",
+            )
             self.epoch, self.batch, self.positions = self.epoch + 1, 0, {}
         finally:
             self._done_counts = self.skipped()
             self._live_counts = {}
 
 
-def build_train_data(cfg: DataConfig, image_transform, tokenizer, *, rank: int = 0,
-                     world_size: int = 1) -> TrainData:
+def build_train_data(cfg: DataConfig, image_transform, tokenizer, *, rank: int = 0, world_size: int = 1) -> TrainData:
     """Check the config and the shards (errors at start-up, one line each) and build this rank's data.
 
     image_transform: PIL image -> tensor [3,H,W] (e.g. open_clip.image_transform(224, is_train=True));
@@ -151,6 +204,8 @@ def build_train_data(cfg: DataConfig, image_transform, tokenizer, *, rank: int =
     sizes = read_sizes(urls)
     num_samples = cfg.train_num_samples or (sum(sizes) if sizes is not None else None)
     if num_samples is None:
-        raise DataError(f"the number of samples of {cfg.train_shards!r} is unknown: set data.train_num_samples "
-                        "or put sizes.json beside the shards")
+        raise DataError(
+            f"the number of samples of {cfg.train_shards!r} is unknown: set data.train_num_samples "
+            "or put sizes.json beside the shards"
+        )
     return TrainData(cfg, image_transform, tokenizer, rank, world_size, urls, weights, sizes, num_samples)

@@ -21,16 +21,19 @@ def expand_spec(spec: str, weights: str | None = None) -> tuple[list[str], list[
     """
     sources = [source for source in spec.split("::")]
     if not spec.strip() or any(not source.strip() for source in sources):
-        raise DataError(f"shard spec {spec!r} is empty or has an empty `::` source: give paths such as "
-                        "/data/{00000..00009}.tar")
+        raise DataError(
+            f"shard spec {spec!r} is empty or has an empty `::` source: give paths such as /data/{{00000..00009}}.tar"
+        )
     per_source = [expand_urls(source.strip()) for source in sources]
     urls = [url for source_urls in per_source for url in source_urls]
     if weights is None:
         return urls, None
     parts = weights.split("::")
     if len(parts) != len(sources):
-        raise DataError(f"train_weights {weights!r} has {len(parts)} entries but train_shards has "
-                        f"{len(sources)} `::` sources: give one weight per source")
+        raise DataError(
+            f"train_weights {weights!r} has {len(parts)} entries but train_shards has "
+            f"{len(sources)} `::` sources: give one weight per source"
+        )
     try:
         values = [float(part) for part in parts]
     except ValueError:
@@ -44,8 +47,9 @@ def check_local(urls: list[str]) -> None:
     """Fail at start-up, in one line, if a local shard file does not exist."""
     missing = [url for url in urls if is_local(url) and not os.path.isfile(url)]
     if missing:
-        raise DataError(f"{len(missing)} of {len(urls)} shard files do not exist (first: {missing[0]}): "
-                        "check data.train_shards")
+        raise DataError(
+            f"{len(missing)} of {len(urls)} shard files do not exist (first: {missing[0]}): check data.train_shards"
+        )
 
 
 def _sizes_in_dir(directory: str) -> dict[str, int]:

@@ -100,12 +100,12 @@ def resampled_raw(urls: list[str], weights: list[float] | None, rng: random.Rand
             yield sample, 0, 0
         empty_in_a_row = 0 if good else empty_in_a_row + 1
         if empty_in_a_row > 2 * len(urls) + 20:
-            raise DataError(f"{empty_in_a_row} shards in a row had no readable sample (last: {url}): "
-                            "check data.train_shards")
+            raise DataError(
+                f"{empty_in_a_row} shards in a row had no readable sample (last: {url}): check data.train_shards"
+            )
 
 
-def block_shuffle(raw, size: int, rng_of_block, block: int = 0, index: int = 0, piece: int = 0,
-                  offset: int = 0):
+def block_shuffle(raw, size: int, rng_of_block, block: int = 0, index: int = 0, piece: int = 0, offset: int = 0):
     """Yield (sample, position): blocks of `size` raw samples, each permuted by rng_of_block(block).
     position = where this sample's block starts (piece, offset) + block number + samples of the
     block already given out (index), i.e. everything needed to re-enter the stream after it."""
@@ -206,8 +206,10 @@ class ShardStream(IterableDataset):
         for sample, position in self.raw_positions(worker):
             if sample is None:
                 if not good_in_pass:
-                    raise DataError(f"rank {self.job.rank} worker {worker} found no readable sample in its "
-                                    f"{len(self.job.pieces[worker])} shard pieces: check the shards")
+                    raise DataError(
+                        f"rank {self.job.rank} worker {worker} found no readable sample in its "
+                        f"{len(self.job.pieces[worker])} shard pieces: check the shards"
+                    )
                 good_in_pass = 0
                 continue
             try:
@@ -253,6 +255,7 @@ class ShardStream(IterableDataset):
         block, index = divmod(raw_count, self.job.shuffle_buffer)
         raw = epoch_raw(pieces)
         piece = offset = 0
-        for _, piece, offset in itertools.islice(raw, block * self.job.shuffle_buffer):
+        # the loop only advances raw; piece and offset keep the last skipped sample's values, returned below
+        for _, piece, offset in itertools.islice(raw, block * self.job.shuffle_buffer):  # noqa: B007
             pass
         return {"block": block, "index": index, "piece": piece, "offset": offset}, raw

@@ -87,8 +87,9 @@ def caption(colour: str, shape: str, row: str, column: str, size: str, rng: np.r
     return text + "." if rng.random() < 0.3 else text
 
 
-def draw(shape: str, colour: str, row: str, column: str, size: str, image_size: int,
-         rng: np.random.Generator) -> Image.Image:
+def draw(
+    shape: str, colour: str, row: str, column: str, size: str, image_size: int, rng: np.random.Generator
+) -> Image.Image:
     """Draw one shape on a grey background; supersampled then downscaled for smooth edges."""
     scale = max(1, 128 // image_size)
     side = image_size * scale
@@ -142,8 +143,7 @@ def write_shard(path: Path, first_key: int, count: int, seed: int, shard: int, i
             text = caption(**scene, rng=rng)
             jpg = io.BytesIO()
             image.save(jpg, format="JPEG", quality=90)
-            meta = {"key": f"{key:09d}", "caption": text, **scene,
-                    "position": f"{scene['row']} {scene['column']}"}
+            meta = {"key": f"{key:09d}", "caption": text, **scene, "position": f"{scene['row']} {scene['column']}"}
             add_file(tar, f"{key:09d}.jpg", jpg.getvalue())
             add_file(tar, f"{key:09d}.txt", text.encode("utf-8"))
             add_file(tar, f"{key:09d}.json", json.dumps(meta).encode("utf-8"))
@@ -177,12 +177,19 @@ def write_eval(out: Path, per_class: int, seed: int, image_size: int) -> list[st
     return names
 
 
-def make_synthetic(out: str | Path, train_samples: int = 10_000, eval_per_class: int = 20, seed: int = 0,
-                   image_size: int = 32, shard_size: int = 1000) -> str:
+def make_synthetic(
+    out: str | Path,
+    train_samples: int = 10_000,
+    eval_per_class: int = 20,
+    seed: int = 0,
+    image_size: int = 32,
+    shard_size: int = 1000,
+) -> str:
     """Write the whole data set under `out` (layout in the module docstring); return the train spec."""
     if train_samples < 1 or shard_size < 1 or eval_per_class < 0 or image_size < 8:
-        raise ValueError("synthetic data: need train_samples >= 1, shard_size >= 1, eval_per_class >= 0, "
-                         "image_size >= 8")
+        raise ValueError(
+            "synthetic data: need train_samples >= 1, shard_size >= 1, eval_per_class >= 0, image_size >= 8"
+        )
     out = Path(out)
     spec = write_train(out / "train", train_samples, shard_size, seed, image_size)
     write_eval(out / "eval", eval_per_class, seed, image_size)
@@ -199,10 +206,13 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--shard-size", type=int, default=1000)
     args = parser.parse_args(argv)
     start = time.perf_counter()
-    spec = make_synthetic(args.out, args.train_samples, args.eval_per_class, args.seed, args.image_size,
-                          args.shard_size)
-    print(f"wrote {args.train_samples} train samples ({spec}) and {args.eval_per_class} eval images per "
-          f"class to {args.out} in {time.perf_counter() - start:.1f}s")
+    spec = make_synthetic(
+        args.out, args.train_samples, args.eval_per_class, args.seed, args.image_size, args.shard_size
+    )
+    print(
+        f"wrote {args.train_samples} train samples ({spec}) and {args.eval_per_class} eval images per "
+        f"class to {args.out} in {time.perf_counter() - start:.1f}s"
+    )
     return spec
 
 

@@ -5,13 +5,14 @@ Our checkpoint folder (written by train/): `model.safetensors` (open_clip key na
 `RUN/checkpoints/latest`. The model is rebuilt from the config stored with the weights, so nothing else is needed.
 eval/ reads these files itself rather than importing train/ (dependency direction models, data <- eval <- train).
 """
+
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import open_clip
 import torch
@@ -45,30 +46,40 @@ def resolve_checkpoint_folder(path: Path) -> Path:
         latest = folder / (folder / "latest").read_text().strip()
         if is_checkpoint_folder(latest):
             return latest
-        raise EvalInputError(f"{folder / 'latest'} names {latest.name}, which lacks meta.json or model.safetensors; "
-                             "pass a complete checkpoint folder instead")
+        raise EvalInputError(
+            f"{folder / 'latest'} names {latest.name}, which lacks meta.json or model.safetensors; "
+            "pass a complete checkpoint folder instead"
+        )
     complete = sorted(p for p in folder.glob("step_*") if is_checkpoint_folder(p)) if folder.is_dir() else []
     if not complete:
-        raise EvalInputError(f"{path} is neither a checkpoint folder (meta.json + model.safetensors) nor a run "
-                             "directory with checkpoints/; for an open_clip file pass --open-clip-model NAME")
+        raise EvalInputError(
+            f"{path} is neither a checkpoint folder (meta.json + model.safetensors) nor a run "
+            "directory with checkpoints/; for an open_clip file pass --open-clip-model NAME"
+        )
     return complete[-1]
 
 
 def load_weights(model: torch.nn.Module, state: dict, source, model_name: str) -> None:
     """Load a state dict strictly, turning a size or key mismatch into one line that names the cause."""
     own = model.state_dict()
-    differ = [(k, tuple(v.shape), tuple(own[k].shape)) for k, v in state.items() if k in own and v.shape != own[k].shape]
+    differ = [
+        (k, tuple(v.shape), tuple(own[k].shape)) for k, v in state.items() if k in own and v.shape != own[k].shape
+    ]
     if differ:
         key, theirs, ours = differ[0]
-        raise EvalInputError(f"checkpoint {source} is from another model size than {model_name}: {len(differ)} "
-                             f"tensors differ, e.g. {key} is {list(theirs)} there but {list(ours)} here; "
-                             "evaluate it with the model it was trained with")
+        raise EvalInputError(
+            f"checkpoint {source} is from another model size than {model_name}: {len(differ)} "
+            f"tensors differ, e.g. {key} is {list(theirs)} there but {list(ours)} here; "
+            "evaluate it with the model it was trained with"
+        )
     missing, unexpected = [k for k in own if k not in state], [k for k in state if k not in own]
     if missing or unexpected:
         example = (missing or unexpected)[0]
-        raise EvalInputError(f"checkpoint {source} does not fit {model_name}: {len(missing)} missing and "
-                             f"{len(unexpected)} unexpected tensors (e.g. {example}); evaluate it with the model "
-                             "it was trained with")
+        raise EvalInputError(
+            f"checkpoint {source} does not fit {model_name}: {len(missing)} missing and "
+            f"{len(unexpected)} unexpected tensors (e.g. {example}); evaluate it with the model "
+            "it was trained with"
+        )
     model.load_state_dict(state)
 
 
@@ -82,13 +93,18 @@ def load_ours(path: Path, device) -> LoadedModel:
         # the weights come from model.safetensors, so no pretrained file named in the config is read again
         cfg = models.ModelConfig(**{**meta["config"]["model"], "pretrained": None})
     except (KeyError, TypeError) as e:
-        raise EvalInputError(f"{folder / 'meta.json'} has no usable config.model ({e}); "
-                             "it was not written by this project's trainer") from None
+        raise EvalInputError(
+            f"{folder / 'meta.json'} has no usable config.model ({e}); it was not written by this project's trainer"
+        ) from None
     model = models.build_clip(cfg)
     load_weights(model, load_file(str(folder / "model.safetensors")), folder, cfg.name)
     _, transform = models.transforms(cfg)
-    info = {"checkpoint": str(folder), "step": meta.get("step"), "samples_seen": meta.get("samples_seen"),
-            "model": cfg.name}
+    info = {
+        "checkpoint": str(folder),
+        "step": meta.get("step"),
+        "samples_seen": meta.get("samples_seen"),
+        "model": cfg.name,
+    }
     return LoadedModel(model.to(device).eval(), transform, models.tokenizer(cfg.name), info, cfg)
 
 
@@ -98,6 +114,7 @@ def load_open_clip(name: str, checkpoint: str | None, device) -> LoadedModel:
     Importing models registers this project's tiny sizes (configs/models/*.json) with open_clip too.
     """
     import models  # noqa: F401
+
     if name not in open_clip.list_models():
         raise EvalInputError(f"unknown open_clip model {name!r}; see open_clip.list_models() or register a config")
     model, _, transform = open_clip.create_model_and_transforms(name)
@@ -116,8 +133,11 @@ def default_device() -> str:
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("path", nargs="?", help="run directory or checkpoint folder written by the trainer")
     parser.add_argument("--checkpoint", help="checkpoint folder, or a weights file for --open-clip-model")
-    parser.add_argument("--open-clip-model", help="open_clip architecture name (e.g. ViT-B-16) for an open_clip "
-                                                  "checkpoint; random init without --checkpoint")
+    parser.add_argument(
+        "--open-clip-model",
+        help="open_clip architecture name (e.g. ViT-B-16) for an open_clip "
+        "checkpoint; random init without --checkpoint",
+    )
     parser.add_argument("--device", default=default_device())
 
 
@@ -126,8 +146,9 @@ def load_from_args(args: argparse.Namespace) -> LoadedModel:
         return load_open_clip(args.open_clip_model, args.checkpoint or args.path, args.device)
     path = args.path or args.checkpoint
     if not path:
-        raise EvalInputError("no model given: pass a run directory or checkpoint folder, "
-                             "or --open-clip-model NAME [--checkpoint FILE]")
+        raise EvalInputError(
+            "no model given: pass a run directory or checkpoint folder, or --open-clip-model NAME [--checkpoint FILE]"
+        )
     if not Path(path).is_dir():
         raise EvalInputError(f"{path} is not a folder; for an open_clip weights file add --open-clip-model NAME")
     return load_ours(Path(path), args.device)
@@ -148,12 +169,23 @@ def evaluate_from_args(args: argparse.Namespace, evaluate: Callable[..., dict], 
     model came from and its size, print the result JSON and write it to `args.out`."""
     with one_line_errors():
         if not Path(args.dataset).exists():
-            raise EvalInputError(f"dataset {args.dataset} does not exist; pass an ImageFolder tree, a webdataset "
-                                 "folder or (retrieval) a .csv/.tsv file")
+            raise EvalInputError(
+                f"dataset {args.dataset} does not exist; pass an ImageFolder tree, a webdataset "
+                "folder or (retrieval) a .csv/.tsv file"
+            )
         loaded = load_from_args(args)
-        result = evaluate(loaded.model, dataset=args.dataset, tokenizer=loaded.tokenizer, transform=loaded.transform,
-                          batch_size=args.batch_size, device=args.device, workers=args.workers, split=args.split,
-                          progress=True, **options)
+        result = evaluate(
+            loaded.model,
+            dataset=args.dataset,
+            tokenizer=loaded.tokenizer,
+            transform=loaded.transform,
+            batch_size=args.batch_size,
+            device=args.device,
+            workers=args.workers,
+            split=args.split,
+            progress=True,
+            **options,
+        )
         result.update(loaded.info, **metadata.describe(loaded.model, loaded.model_cfg))
     write_result(result, args.out)
     return result

@@ -7,12 +7,13 @@ Class names and templates come from, in order: the caller (a list, a file, `imag
 then `classnames.txt` / `templates.txt` (or clip_benchmark's `zeroshot_classification_templates.txt`) inside the
 dataset folder or beside it, then ImageNet-1k's names when the folder holds exactly 1000 WordNet-id folders.
 """
+
 import csv
 import io
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import torch
 import webdataset as wds
@@ -70,8 +71,10 @@ class ImageFolderSet(torch.utils.data.Dataset):
         for d in self.class_dirs:
             files = sorted(p for p in (self.root / d).iterdir() if p.suffix.lower() in IMAGE_EXTENSIONS)
             if not files:
-                raise EvalInputError(f"class folder {self.root / d} has no images ({'/'.join(IMAGE_EXTENSIONS)}); "
-                                     "remove it or add its images")
+                raise EvalInputError(
+                    f"class folder {self.root / d} has no images ({'/'.join(IMAGE_EXTENSIONS)}); "
+                    "remove it or add its images"
+                )
             self.samples += [(str(f), labels[d]) for f in files]
 
     def __len__(self) -> int:
@@ -118,8 +121,9 @@ def resolve_templates(spec, root: Path) -> tuple[list, str]:
         raise EvalInputError(f"templates {spec!r} is neither a file nor one of {sorted(BUILTIN_TEMPLATES)}")
     bad = [t for t in templates if isinstance(t, str) and "{c}" not in t and "{}" not in t]
     if not templates or bad:
-        raise EvalInputError(f"templates from {source}: every line needs a {{c}} placeholder, "
-                             f"got {bad[:1] or 'no templates'}")
+        raise EvalInputError(
+            f"templates from {source}: every line needs a {{c}} placeholder, got {bad[:1] or 'no templates'}"
+        )
     return templates, source
 
 
@@ -151,8 +155,10 @@ def resolve_classnames(spec, root: Path, class_dirs: list[str] | None) -> tuple[
         found = find_file(root, ("classnames.txt",))
         spec = str(found) if found else ("imagenet1k" if all_wnids and len(class_dirs) == 1000 else None)
     if spec is None:
-        raise EvalInputError(f"no class names for {root}: pass --classnames FILE (or imagenet1k) "
-                             "or put classnames.txt in the dataset folder")
+        raise EvalInputError(
+            f"no class names for {root}: pass --classnames FILE (or imagenet1k) "
+            "or put classnames.txt in the dataset folder"
+        )
     wnid_labels, source = None, str(spec)
     if isinstance(spec, (list, tuple)):
         names, source = list(spec), "list"
@@ -165,11 +171,15 @@ def resolve_classnames(spec, root: Path, class_dirs: list[str] | None) -> tuple[
     if wnid_labels is not None:
         missing = [d for d in class_dirs or [] if d not in wnid_labels]
         if missing:
-            raise EvalInputError(f"class folder {missing[0]} ({len(missing)} in all) is not in names file {spec}; "
-                                 "use the names file that matches this dataset")
+            raise EvalInputError(
+                f"class folder {missing[0]} ({len(missing)} in all) is not in names file {spec}; "
+                "use the names file that matches this dataset"
+            )
     elif class_dirs and len(names) != len(class_dirs):
-        raise EvalInputError(f"{len(names)} class names from {source} but {len(class_dirs)} classes in {root}; "
-                             "give one name per class folder, in sorted folder order")
+        raise EvalInputError(
+            f"{len(names)} class names from {source} but {len(class_dirs)} classes in {root}; "
+            "give one name per class folder, in sorted folder order"
+        )
     return names, wnid_labels, source
 
 
@@ -188,16 +198,16 @@ def is_webdataset(root: Path, split: str = "test") -> bool:
 
 def wds_samples(shards: list[str], decode: Callable) -> wds.WebDataset:
     """Shards in order, no shuffling; `decode(sample) -> tuple` builds the output of each sample."""
-    return wds.WebDataset(shards, shardshuffle=False, nodesplitter=wds.single_node_only,
-                          empty_check=False).map(decode)
+    return wds.WebDataset(shards, shardshuffle=False, nodesplitter=wds.single_node_only, empty_check=False).map(decode)
 
 
 def image_bytes(sample: dict) -> bytes | None:
     return next((sample[k] for k in ("webp", "png", "jpg", "jpeg") if k in sample), None)
 
 
-def open_classification(path, transform: Callable, classnames=None, templates=None,
-                        split: str = "test") -> ClassificationSet:
+def open_classification(
+    path, transform: Callable, classnames=None, templates=None, split: str = "test"
+) -> ClassificationSet:
     """An ImageFolder tree or a clip_benchmark-format webdataset, with its class names and templates."""
     root = Path(path)
     if not root.is_dir():
@@ -214,13 +224,19 @@ def open_classification(path, transform: Callable, classnames=None, templates=No
             return image, label, sample["__key__"]
 
         dataset = wds_samples(shards, decode)
-        return ClassificationSet(dataset, names, templates, len(shards),
-                                 {"format": "webdataset", "classnames": name_source, "templates": template_source})
+        return ClassificationSet(
+            dataset,
+            names,
+            templates,
+            len(shards),
+            {"format": "webdataset", "classnames": name_source, "templates": template_source},
+        )
     class_dirs = class_folders(root)
     names, labels, name_source = resolve_classnames(classnames, root, class_dirs)
     dataset = ImageFolderSet(root, transform, labels)
-    return ClassificationSet(dataset, names, templates, 0,
-                             {"format": "imagefolder", "classnames": name_source, "templates": template_source})
+    return ClassificationSet(
+        dataset, names, templates, 0, {"format": "imagefolder", "classnames": name_source, "templates": template_source}
+    )
 
 
 class CaptionCSVSet(torch.utils.data.Dataset):
@@ -229,16 +245,23 @@ class CaptionCSVSet(torch.utils.data.Dataset):
     Image paths are relative to the CSV's folder unless absolute (open_clip's `filepath`/`title` columns).
     """
 
-    def __init__(self, path: Path, transform: Callable, img_key: str = "filepath", caption_key: str = "title",
-                 separator: str | None = None):
+    def __init__(
+        self,
+        path: Path,
+        transform: Callable,
+        img_key: str = "filepath",
+        caption_key: str = "title",
+        separator: str | None = None,
+    ):
         self.transform = transform
         separator = separator or ("\t" if path.suffix == ".tsv" else ",")
         with open(path, newline="") as f:
             reader = csv.DictReader(f, delimiter=separator)
             for key, flag in ((img_key, "--csv-img-key"), (caption_key, "--csv-caption-key")):
                 if key not in (reader.fieldnames or []):
-                    raise EvalInputError(f"{path} has no column {key!r} (columns: {reader.fieldnames}); "
-                                         f"pass {flag} or --csv-separator")
+                    raise EvalInputError(
+                        f"{path} has no column {key!r} (columns: {reader.fieldnames}); pass {flag} or --csv-separator"
+                    )
             groups: dict[str, list[str]] = {}
             for row in reader:
                 groups.setdefault(row[img_key], []).append(row[caption_key])
@@ -252,8 +275,14 @@ class CaptionCSVSet(torch.utils.data.Dataset):
         return load_image(image, self.transform), captions, image
 
 
-def open_retrieval(path, transform: Callable, split: str = "test", img_key: str = "filepath",
-                   caption_key: str = "title", separator: str | None = None):
+def open_retrieval(
+    path,
+    transform: Callable,
+    split: str = "test",
+    img_key: str = "filepath",
+    caption_key: str = "title",
+    separator: str | None = None,
+):
     """Image-caption pairs yielding `(image | None, captions, name)` from a CSV/TSV or a webdataset folder.
 
     Webdataset samples hold one image and a `txt` with one caption a line (clip_benchmark's retrieval format).
@@ -278,5 +307,11 @@ def make_loader(dataset, batch_size: int, workers: int = 0, num_shards: int = 0)
     """A loader in dataset order; a webdataset gets at most one worker per shard (each worker reads whole shards)."""
     if isinstance(dataset, torch.utils.data.IterableDataset):
         workers = min(workers, max(num_shards, 1))
-    return torch.utils.data.DataLoader(dataset, batch_size=batch_size, num_workers=workers, shuffle=False,
-                                       collate_fn=collate_skipping, persistent_workers=False)
+    return torch.utils.data.DataLoader(
+        dataset,
+        batch_size=batch_size,
+        num_workers=workers,
+        shuffle=False,
+        collate_fn=collate_skipping,
+        persistent_workers=False,
+    )

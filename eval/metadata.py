@@ -4,6 +4,7 @@ Uses `models.summary` when the model is one of ours; for open_clip models it cou
 measures GMACs with torch's FLOP counter on one image and one full-length caption (1 MAC = 2 FLOPs), the
 same counting as models.summary.
 """
+
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -14,8 +15,11 @@ def count(params) -> int:
 
 def token_embedding_params(model: torch.nn.Module) -> int:
     """Parameters of the text token embedding table(s), which cost memory but no compute."""
-    return sum(m.weight.numel() for name, m in model.named_modules()
-               if isinstance(m, torch.nn.Embedding) and name.split(".")[-1] == "token_embedding")
+    return sum(
+        m.weight.numel()
+        for name, m in model.named_modules()
+        if isinstance(m, torch.nn.Embedding) and name.split(".")[-1] == "token_embedding"
+    )
 
 
 def image_size(model: torch.nn.Module) -> tuple[int, int]:
@@ -38,8 +42,11 @@ def gmacs_per_sample(model: torch.nn.Module) -> dict[str, float]:
             run()
         result[tower] = counter.get_total_flops() / 2e9
     model.train(was_training)
-    return {"gmacs_per_sample": result["image"] + result["text"], "image_gmacs": result["image"],
-            "text_gmacs": result["text"]}
+    return {
+        "gmacs_per_sample": result["image"] + result["text"],
+        "image_gmacs": result["image"],
+        "text_gmacs": result["text"],
+    }
 
 
 def describe(model: torch.nn.Module, model_cfg=None) -> dict:
@@ -48,13 +55,24 @@ def describe(model: torch.nn.Module, model_cfg=None) -> dict:
         import models
 
         s = models.summary(model)
-        out = {"params": s["total"], "params_image": s["image"], "params_text": s["text"],
-               "params_without_token_embedding": s["without_token_embedding"], "gmacs_per_sample": s["gmacs"],
-               "image_gmacs": s["image_gmacs"], "text_gmacs": s["text_gmacs"]}
+        out = {
+            "params": s["total"],
+            "params_image": s["image"],
+            "params_text": s["text"],
+            "params_without_token_embedding": s["without_token_embedding"],
+            "gmacs_per_sample": s["gmacs"],
+            "image_gmacs": s["image_gmacs"],
+            "text_gmacs": s["text_gmacs"],
+        }
     else:
         total, image = count(model.parameters()), count(model.visual.parameters())
-        out = {"params": total, "params_image": image, "params_text": total - image - model.logit_scale.numel(),
-               "params_without_token_embedding": total - token_embedding_params(model), **gmacs_per_sample(model)}
+        out = {
+            "params": total,
+            "params_image": image,
+            "params_text": total - image - model.logit_scale.numel(),
+            "params_without_token_embedding": total - token_embedding_params(model),
+            **gmacs_per_sample(model),
+        }
     cfg = model_cfg or getattr(model, "config", None)
     out["image_attention"] = getattr(cfg, "image_attention", "softmax")
     out["text_attention"] = getattr(cfg, "text_attention", "softmax")

@@ -7,6 +7,7 @@ several captions per image.
 text_to_image_R@k: the fraction of captions whose image is among the k images most similar to the caption.
 image_to_text_R@k: the fraction of images with at least one of their own captions among their k nearest captions.
 """
+
 import argparse
 import time
 
@@ -18,8 +19,13 @@ from eval import checkpoint, datasets
 from eval.datasets import EvalInputError
 
 
-def recall_at_k(image_features: torch.Tensor, text_features: torch.Tensor, image_of_text: torch.Tensor,
-                ks=(1, 5, 10), chunk: int = 1024) -> dict:
+def recall_at_k(
+    image_features: torch.Tensor,
+    text_features: torch.Tensor,
+    image_of_text: torch.Tensor,
+    ks=(1, 5, 10),
+    chunk: int = 1024,
+) -> dict:
     """Recall@k both ways from normalised features [I, D] and [T, D]; image_of_text [T] is each caption's image.
 
     Scores are computed `chunk` rows at a time so COCO-size sets (25k x 5k) need no full similarity matrix.
@@ -27,13 +33,13 @@ def recall_at_k(image_features: torch.Tensor, text_features: torch.Tensor, image
     num_images, num_texts = len(image_features), len(text_features)
     t2i = torch.zeros(len(ks))
     for start in range(0, num_texts, chunk):
-        scores = text_features[start:start + chunk] @ image_features.T
+        scores = text_features[start : start + chunk] @ image_features.T
         top = scores.topk(min(max(ks), num_images), dim=1).indices
-        own = top == image_of_text[start:start + chunk, None]
+        own = top == image_of_text[start : start + chunk, None]
         t2i += torch.tensor([float(own[:, :k].any(dim=1).sum()) for k in ks])
     i2t = torch.zeros(len(ks))
     for start in range(0, num_images, chunk):
-        scores = image_features[start:start + chunk] @ text_features.T
+        scores = image_features[start : start + chunk] @ text_features.T
         top = scores.topk(min(max(ks), num_texts), dim=1).indices
         own = image_of_text[top] == torch.arange(start, start + len(scores))[:, None]
         i2t += torch.tensor([float(own[:, :k].any(dim=1).sum()) for k in ks])
@@ -63,15 +69,28 @@ def embed_pairs(model, loader, tokenizer, device, progress: bool = False):
     return torch.cat(images_out), torch.cat(texts_out), torch.as_tensor(owner), skipped
 
 
-def evaluate(model, *, dataset, tokenizer, transform, batch_size: int = 64, device=None, workers: int = 0,
-             ks=(1, 5, 10), split: str = "test", csv_img_key: str = "filepath", csv_caption_key: str = "title",
-             csv_separator: str | None = None, amp: bool | None = None, progress: bool = False) -> dict:
+def evaluate(
+    model,
+    *,
+    dataset,
+    tokenizer,
+    transform,
+    batch_size: int = 64,
+    device=None,
+    workers: int = 0,
+    ks=(1, 5, 10),
+    split: str = "test",
+    csv_img_key: str = "filepath",
+    csv_caption_key: str = "title",
+    csv_separator: str | None = None,
+    amp: bool | None = None,
+    progress: bool = False,
+) -> dict:
     """Recall@k both ways on a CSV/TSV of (image, caption) rows or a webdataset of images with `txt` captions.
 
     Images that cannot be read are skipped with their captions and counted under `skipped`.
     """
-    pairs, num_shards = datasets.open_retrieval(dataset, transform, split, csv_img_key, csv_caption_key,
-                                                csv_separator)
+    pairs, num_shards = datasets.open_retrieval(dataset, transform, split, csv_img_key, csv_caption_key, csv_separator)
     device = torch.device(device or next(model.parameters()).device)
     amp = device.type == "cuda" if amp is None else amp
     loader = datasets.make_loader(pairs, batch_size, workers, num_shards)
@@ -82,9 +101,15 @@ def evaluate(model, *, dataset, tokenizer, transform, batch_size: int = 64, devi
             image_features, text_features, owner, skipped = embed_pairs(model, loader, tokenizer, device, progress)
     finally:
         model.train(was_training)
-    return {**recall_at_k(image_features, text_features, owner, ks), "num_images": len(image_features),
-            "num_captions": len(text_features), "skipped": len(skipped), "skipped_examples": skipped[:10],
-            "dataset": str(dataset), "seconds": time.perf_counter() - started}
+    return {
+        **recall_at_k(image_features, text_features, owner, ks),
+        "num_images": len(image_features),
+        "num_captions": len(text_features),
+        "skipped": len(skipped),
+        "skipped_examples": skipped[:10],
+        "dataset": str(dataset),
+        "seconds": time.perf_counter() - started,
+    }
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -103,8 +128,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
-    return checkpoint.evaluate_from_args(args, evaluate, csv_img_key=args.csv_img_key,
-                                         csv_caption_key=args.csv_caption_key, csv_separator=args.csv_separator)
+    return checkpoint.evaluate_from_args(
+        args,
+        evaluate,
+        csv_img_key=args.csv_img_key,
+        csv_caption_key=args.csv_caption_key,
+        csv_separator=args.csv_separator,
+    )
 
 
 if __name__ == "__main__":

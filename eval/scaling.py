@@ -29,22 +29,30 @@ import pandas as pd
 from eval.scaling_fit import FITS, MIN_DISTINCT_X, bootstrap, fit_procedure, interval, predict
 from eval.scaling_io import ScalingInputError, ScalingWarning, evaluate, load_points, referenced_columns
 
-__all__ = ["ScalingInputError", "ScalingWarning", "load_points", "fit", "group_points", "plot", "format_table", "main"]
+__all__ = ["ScalingInputError", "ScalingWarning", "fit", "format_table", "group_points", "load_points", "main", "plot"]
 
 BAND_POINTS = 60
 
 
-def group_points(df: pd.DataFrame, x: str, y: str, group: str | None = None) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+def group_points(
+    df: pd.DataFrame, x: str, y: str, group: str | None = None
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """{group name: (x [N], y [N])} with rows missing x, y or group dropped (one warning says how many)."""
     xs, ys = evaluate(df, x), evaluate(df, y)
     if group is not None and group not in df.columns:
-        raise ScalingInputError(f"group column '{group}' not found; available columns: {', '.join(map(str, df.columns))}")
+        raise ScalingInputError(
+            f"group column '{group}' not found; available columns: {', '.join(map(str, df.columns))}"
+        )
     labels = df[group] if group is not None else pd.Series("all", index=df.index)
     missing = {x: ~np.isfinite(xs), y: ~np.isfinite(ys), group: labels.isna().to_numpy()}
     dropped = np.logical_or.reduce(list(missing.values()))
     if dropped.any():
         detail = ", ".join(f"{int(m.sum())} in '{name}'" for name, m in missing.items() if m.any())
-        warnings.warn(f"dropped {int(dropped.sum())} of {len(df)} rows with missing or non-finite values ({detail})", ScalingWarning, stacklevel=2)
+        warnings.warn(
+            f"dropped {int(dropped.sum())} of {len(df)} rows with missing or non-finite values ({detail})",
+            ScalingWarning,
+            stacklevel=2,
+        )
     keep = ~dropped
     names = labels[keep].astype(str).to_numpy()
     # Natural order of the values (64 before 128), as text when they do not compare.
@@ -77,11 +85,16 @@ def _fit_group(name, x, y, opts, rng, grid) -> tuple[dict, np.ndarray]:
     form, bins = opts["form"], opts["frontier_bins"]
     params, x_used, y_used = fit_procedure(x, y, form, bins, name)
     if len(np.unique(x_used)) == MIN_DISTINCT_X[form]:
-        warnings.warn(f"group '{name}' has only as many distinct x as the {form} form has parameters; its intervals are not informative", ScalingWarning, stacklevel=3)
+        warnings.warn(
+            f"group '{name}' has only as many distinct x as the {form} form has parameters; "
+            "its intervals are not informative",
+            ScalingWarning,
+            stacklevel=3,
+        )
     draws, redraws = bootstrap(x, y, form, bins, opts["n_boot"], rng, name)
     result = {
-        "n_points": int(len(x)),
-        "n_distinct_x": int(len(np.unique(x))),
+        "n_points": len(x),
+        "n_distinct_x": len(np.unique(x)),
         "alpha": float(params[0]),
         "alpha_ci": interval(draws[:, 0]),
         "beta": float(params[1]),
@@ -105,15 +118,23 @@ def _fit_group(name, x, y, opts, rng, grid) -> tuple[dict, np.ndarray]:
 def _compare(alphas: dict[str, np.ndarray], fits: dict[str, dict], reference: str | None) -> list[dict]:
     """alpha_a - alpha_b with the interval of the differences of independent bootstrap draws."""
     names = list(alphas)
-    pairs = [(other, reference) for other in names if other != reference] if reference else itertools.combinations(names, 2)
+    pairs = (
+        [(other, reference) for other in names if other != reference] if reference else itertools.combinations(names, 2)
+    )
     comparisons = []
     for a, b in pairs:
         lo, hi = interval(alphas[a] - alphas[b])
         diff = fits[a]["alpha"] - fits[b]["alpha"]
         verdict = "differ" if lo > 0 or hi < 0 else "not distinguishable at 95%"
-        plain = "the exponents differ (the interval excludes 0)" if verdict == "differ" else f"{verdict} (the interval contains 0)"
+        plain = (
+            "the exponents differ (the interval excludes 0)"
+            if verdict == "differ"
+            else f"{verdict} (the interval contains 0)"
+        )
         summary = f"alpha({a}) - alpha({b}) = {diff:+.3f} [95% CI {lo:+.3f}, {hi:+.3f}]: {plain}"
-        comparisons.append({"a": a, "b": b, "alpha_diff": diff, "alpha_diff_ci": [lo, hi], "verdict": verdict, "summary": summary})
+        comparisons.append(
+            {"a": a, "b": b, "alpha_diff": diff, "alpha_diff_ci": [lo, hi], "verdict": verdict, "summary": summary}
+        )
     return comparisons
 
 
@@ -122,9 +143,18 @@ def _band_grid(groups, extrapolate) -> np.ndarray:
     return np.geomspace(values.min(), values.max(), BAND_POINTS)
 
 
-def fit(df: pd.DataFrame, x: str, y: str, group: str | None = None, form: str = "power",
-        frontier_bins: int | None = None, n_boot: int = 1000, seed: int = 0,
-        extrapolate=(), reference: str | None = None) -> dict:
+def fit(
+    df: pd.DataFrame,
+    x: str,
+    y: str,
+    group: str | None = None,
+    form: str = "power",
+    frontier_bins: int | None = None,
+    n_boot: int = 1000,
+    seed: int = 0,
+    extrapolate=(),
+    reference: str | None = None,
+) -> dict:
     """Fit y = beta * x^alpha (+ c) per group of ``df``; returns the report (JSON-serialisable dict).
 
     x, y: column expressions (eval/scaling_io.py); group: a column or None (one group 'all').
@@ -152,9 +182,16 @@ def fit(df: pd.DataFrame, x: str, y: str, group: str | None = None, form: str = 
     for rng, (name, (gx, gy)) in zip(rngs, groups.items()):
         fits[name], alphas[name] = _fit_group(name, gx, gy, opts, rng, grid)
     return {
-        "x": x, "y": y, "group": group, "form": form, "frontier_bins": frontier_bins,
-        "n_boot": n_boot, "seed": seed, "extrapolate": [float(v) for v in extrapolate],
-        "groups": fits, "comparisons": _compare(alphas, fits, reference),
+        "x": x,
+        "y": y,
+        "group": group,
+        "form": form,
+        "frontier_bins": frontier_bins,
+        "n_boot": n_boot,
+        "seed": seed,
+        "extrapolate": [float(v) for v in extrapolate],
+        "groups": fits,
+        "comparisons": _compare(alphas, fits, reference),
     }
 
 
@@ -170,11 +207,13 @@ def format_table(report: dict) -> str:
     for name, g in report["groups"].items():
         row = [name, str(g["n_points"]), _ci(g["alpha"], g["alpha_ci"]), _ci(g["beta"], g["beta_ci"])]
         rows.append(row + ([_ci(g["c"], g["c_ci"])] if saturating else []))
-    widths = [max(len(r[i]) for r in [header] + rows) for i in range(len(header))]
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     frontier = f", frontier of {report['frontier_bins']} bins" if report["frontier_bins"] else ""
-    lines = [f"{report['y']} vs {report['x']}: {report['form']} fit{frontier}, "
-             f"{report['n_boot']} bootstrap resamples (seed {report['seed']})"]
-    lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in [header] + rows]
+    lines = [
+        f"{report['y']} vs {report['x']}: {report['form']} fit{frontier}, "
+        f"{report['n_boot']} bootstrap resamples (seed {report['seed']})"
+    ]
+    lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in [header, *rows]]
     for name, g in report["groups"].items():
         for e in g["extrapolation"]:
             lines.append(f"{name}: predicted y at x = {e['x']:.4g}: {_ci(e['y'], e['y_ci'])}")
@@ -214,7 +253,9 @@ def parse_args(argv):
     parser.add_argument("--y", required=True, help="column or expression: loss, error (= 1 - top1), '1-top1'")
     parser.add_argument("--group", help="column whose values split the points into groups, e.g. image_attention")
     parser.add_argument("--form", choices=sorted(FITS), default="power")
-    parser.add_argument("--frontier-bins", type=int, help="fit the lowest y in each of K log10-x bins (Cherti et al. 2023)")
+    parser.add_argument(
+        "--frontier-bins", type=int, help="fit the lowest y in each of K log10-x bins (Cherti et al. 2023)"
+    )
     parser.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples per group")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--extrapolate", type=float, nargs="+", default=[], metavar="X", help="predict y at these x")
@@ -229,8 +270,18 @@ def fit_and_write(args) -> str:
 
     columns = set().union(*(referenced_columns(e) for e in (args.x, args.y, args.group) if e))
     df = load_points(args.inputs, columns, referenced_columns(args.y))
-    report = fit(df, args.x, args.y, args.group, args.form, args.frontier_bins, args.n_boot,
-                 args.seed, args.extrapolate, args.reference)
+    report = fit(
+        df,
+        args.x,
+        args.y,
+        args.group,
+        args.form,
+        args.frontier_bins,
+        args.n_boot,
+        args.seed,
+        args.extrapolate,
+        args.reference,
+    )
     png = render_png(report, df)
     text = json.dumps(report, indent=2, allow_nan=False).encode()
     _write_atomic({args.out / "report.json": text + b"\n", args.out / "scaling.png": png})

@@ -90,8 +90,14 @@ def fit_procedure(x, y, form: str, frontier_bins: int | None, name: str = "all")
     need = MIN_DISTINCT_X[form]
     distinct = len(np.unique(x))
     if distinct < need:
-        where = f"the frontier ({frontier_bins} bins) of group '{name}' keeps" if frontier_bins else f"group '{name}' has"
-        fix = "use more --frontier-bins or add runs" if frontier_bins else "add runs" + (" or use --form power" if form == "saturating" else "")
+        where = (
+            f"the frontier ({frontier_bins} bins) of group '{name}' keeps" if frontier_bins else f"group '{name}' has"
+        )
+        fix = (
+            "use more --frontier-bins or add runs"
+            if frontier_bins
+            else "add runs" + (" or use --form power" if form == "saturating" else "")
+        )
         raise TooFewPoints(f"{where} {distinct} distinct x value(s); the {form} form needs at least {need} ({fix})")
     return np.array(FITS[form](x, y)), x, y
 
@@ -105,7 +111,8 @@ def bootstrap(x, y, form: str, frontier_bins: int | None, n_boot: int, rng: np.r
     while len(draws) < n_boot:
         if redraws > MAX_DRAWS_PER_RESAMPLE * n_boot:
             raise TooFewPoints(
-                f"group '{name}': only {len(draws)} of {len(draws) + redraws} bootstrap resamples were fittable; add runs"
+                f"group '{name}': only {len(draws)} of {len(draws) + redraws} bootstrap resamples were fittable; "
+                "add runs"
             )
         index = rng.integers(0, len(x), len(x))
         try:

@@ -19,8 +19,9 @@ What is read from each kind of input (one row of the table per run, or per CSV r
 Every row also gets a ``source`` column: the file or run directory it came from.
 
 Column expressions (``--x``/``--y``): a column name; ``compute`` = a ``compute`` column, else
-gmacs_per_sample (or gmacs) * samples_seen, else a ``gmacs_total`` column; ``error`` = 1 - top1 (top1 read as percent when any value is > 1);
-or a product of factors ``a*b*c`` where a factor is a column, a number, or ``NUMBER-column`` (``1-top1``).
+gmacs_per_sample (or gmacs) * samples_seen, else a ``gmacs_total`` column; ``error`` = 1 - top1 (top1 read as
+percent when any value is > 1); or a product of factors ``a*b*c`` where a factor is a column, a number, or
+``NUMBER-column`` (``1-top1``).
 """
 
 from __future__ import annotations
@@ -138,9 +139,13 @@ def load_points(inputs, columns=(), y_columns=()) -> pd.DataFrame:
         if path.name == "metrics.jsonl" and path.is_file():
             path = path.parent
         if path.is_dir():
-            runs = [path] if (path / "metrics.jsonl").is_file() else sorted(p.parent for p in path.rglob("metrics.jsonl"))
+            runs = (
+                [path] if (path / "metrics.jsonl").is_file() else sorted(p.parent for p in path.rglob("metrics.jsonl"))
+            )
             if not runs:
-                raise ScalingInputError(f"no metrics.jsonl in or below directory {path}; pass run directories, JSON or CSV files")
+                raise ScalingInputError(
+                    f"no metrics.jsonl in or below directory {path}; pass run directories, JSON or CSV files"
+                )
             rows += [read_run(run, columns, y_columns) for run in runs]
         elif path.suffix == ".csv" and path.is_file():
             try:
@@ -152,7 +157,9 @@ def load_points(inputs, columns=(), y_columns=()) -> pd.DataFrame:
         elif not path.exists():
             raise ScalingInputError(f"input {path} does not exist")
         else:
-            raise ScalingInputError(f"cannot read {path}: expected a .csv file, a .json file or a run directory with metrics.jsonl")
+            raise ScalingInputError(
+                f"cannot read {path}: expected a .csv file, a .json file or a run directory with metrics.jsonl"
+            )
     if rows:
         frames.append(pd.DataFrame(rows))
     if not frames:

@@ -8,11 +8,11 @@ import warnings
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen before pyplot loads)
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
 
-from eval.scaling_fit import predict  # noqa: E402
+from eval.scaling_fit import predict
 
 
 def _formula(params) -> str:

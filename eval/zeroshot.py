@@ -8,6 +8,7 @@ most similar class.
 Memory stays bounded for ImageNet-21K (21,841 classes x 80 templates): the classifier is built a few classes at
 a time and images are scored against it in chunks of classes, keeping a running top-5.
 """
+
 import argparse
 import time
 
@@ -20,25 +21,33 @@ from eval.datasets import EvalInputError
 
 
 @torch.no_grad()
-def build_classifier(model, tokenizer, classnames: list[str], templates: list, device,
-                     texts_per_batch: int = 1024, progress: bool = False) -> torch.Tensor:
+def build_classifier(
+    model,
+    tokenizer,
+    classnames: list[str],
+    templates: list,
+    device,
+    texts_per_batch: int = 1024,
+    progress: bool = False,
+) -> torch.Tensor:
     """Class embeddings [D, C]: normalise(mean_t normalise(encode_text(template_t(class)))), a few classes a time."""
     chunk = max(1, texts_per_batch // len(templates))
     weights = []
     for start in tqdm(range(0, len(classnames), chunk), desc="classifier", disable=not progress, leave=False):
-        names = classnames[start:start + chunk]
+        names = classnames[start : start + chunk]
         texts = [datasets.fill_template(t, c) for c in names for t in templates]
         embeddings = F.normalize(model.encode_text(tokenizer(texts).to(device)).float(), dim=-1)
         weights.append(F.normalize(embeddings.view(len(names), len(templates), -1).mean(dim=1), dim=-1))
     return torch.cat(weights).T.contiguous()
 
 
-def topk_chunked(features: torch.Tensor, classifier: torch.Tensor, k: int = 5,
-                 class_chunk: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
+def topk_chunked(
+    features: torch.Tensor, classifier: torch.Tensor, k: int = 5, class_chunk: int = 4096
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-k (scores, class ids) [B, k] of features [B, D] against classifier [D, C], scoring C in chunks."""
     best_scores = best_ids = None
     for start in range(0, classifier.shape[1], class_chunk):
-        scores = features @ classifier[:, start:start + class_chunk]
+        scores = features @ classifier[:, start : start + class_chunk]
         scores, ids = scores.topk(min(k, scores.shape[1]), dim=1)
         ids = ids + start
         if best_scores is not None:
@@ -69,20 +78,40 @@ class Tally:
         count = int(self.total.sum())
         present = self.total > 0
         recall = (self.hit1[present].double() / self.total[present]).mean().item() if count else float("nan")
-        return {"top1": int(self.hit1.sum()) / max(count, 1), "top5": self.hit5 / max(count, 1),
-                "mean_per_class_recall": recall, "num_images": count}
+        return {
+            "top1": int(self.hit1.sum()) / max(count, 1),
+            "top5": self.hit5 / max(count, 1),
+            "mean_per_class_recall": recall,
+            "num_images": count,
+        }
 
 
 def check_labels(targets: torch.Tensor, num_classes: int) -> None:
     if len(targets) and (targets.min() < 0 or targets.max() >= num_classes):
-        raise EvalInputError(f"label {int(targets.max())} out of range for {num_classes} class names "
-                             "(or a sample without a .cls label); give the class names file of this dataset")
+        raise EvalInputError(
+            f"label {int(targets.max())} out of range for {num_classes} class names "
+            "(or a sample without a .cls label); give the class names file of this dataset"
+        )
 
 
 @torch.no_grad()
-def evaluate(model, *, dataset, tokenizer, transform, classnames=None, templates=None, batch_size: int = 64,
-             device=None, workers: int = 0, split: str = "test", class_chunk: int = 4096,
-             texts_per_batch: int = 1024, amp: bool | None = None, progress: bool = False) -> dict:
+def evaluate(
+    model,
+    *,
+    dataset,
+    tokenizer,
+    transform,
+    classnames=None,
+    templates=None,
+    batch_size: int = 64,
+    device=None,
+    workers: int = 0,
+    split: str = "test",
+    class_chunk: int = 4096,
+    texts_per_batch: int = 1024,
+    amp: bool | None = None,
+    progress: bool = False,
+) -> dict:
     """Zero-shot top-1/top-5 (fractions) and mean per-class recall of `model` on an ImageFolder tree or a
     clip_benchmark webdataset. Unreadable images are skipped and counted under `skipped`.
 
@@ -101,11 +130,13 @@ def evaluate(model, *, dataset, tokenizer, transform, classnames=None, templates
     tally, skipped = Tally(len(evalset.classnames)), []
     try:
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
-            classifier = build_classifier(model, tokenizer, evalset.classnames, evalset.templates, device,
-                                          texts_per_batch, progress)
+            classifier = build_classifier(
+                model, tokenizer, evalset.classnames, evalset.templates, device, texts_per_batch, progress
+            )
             total = len(evalset.dataset) if hasattr(evalset.dataset, "__len__") else None
-            for images, targets, bad in tqdm(loader, desc="images", total=total and -(-total // batch_size),
-                                             disable=not progress):
+            for images, targets, bad in tqdm(
+                loader, desc="images", total=total and -(-total // batch_size), disable=not progress
+            ):
                 skipped += bad
                 if images is None:
                     continue
@@ -119,9 +150,17 @@ def evaluate(model, *, dataset, tokenizer, transform, classnames=None, templates
     result = tally.result()
     if result["num_images"] == 0:
         raise EvalInputError(f"no readable images in {dataset} ({len(skipped)} unreadable); check the dataset path")
-    return {**result, "skipped": len(skipped), "skipped_examples": skipped[:10], "num_classes": len(evalset.classnames),
-            "num_templates": len(evalset.templates), "dataset": str(dataset), "seconds": seconds,
-            "images_per_s": result["num_images"] / seconds, **evalset.info}
+    return {
+        **result,
+        "skipped": len(skipped),
+        "skipped_examples": skipped[:10],
+        "num_classes": len(evalset.classnames),
+        "num_templates": len(evalset.templates),
+        "dataset": str(dataset),
+        "seconds": seconds,
+        "images_per_s": result["num_images"] / seconds,
+        **evalset.info,
+    }
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -129,10 +168,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     checkpoint.add_model_arguments(parser)
     parser.add_argument("--dataset", required=True, help="ImageFolder tree or clip_benchmark webdataset folder")
     parser.add_argument("--split", default="test", help="webdataset split folder")
-    parser.add_argument("--classnames", help="imagenet1k, or a file: one name a line (sorted class-folder order) "
-                                             "or 'wnid name' lines (ImageNet-21K); default: classnames.txt")
-    parser.add_argument("--templates", help="openai (80 CLIP templates), simple, or a file with {c} per line; "
-                                            "default: templates.txt in the dataset, else openai")
+    parser.add_argument(
+        "--classnames",
+        help="imagenet1k, or a file: one name a line (sorted class-folder order) "
+        "or 'wnid name' lines (ImageNet-21K); default: classnames.txt",
+    )
+    parser.add_argument(
+        "--templates",
+        help="openai (80 CLIP templates), simple, or a file with {c} per line; "
+        "default: templates.txt in the dataset, else openai",
+    )
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--class-chunk", type=int, default=4096, help="classes scored at a time")
@@ -143,8 +188,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
-    return checkpoint.evaluate_from_args(args, evaluate, classnames=args.classnames, templates=args.templates,
-                                         class_chunk=args.class_chunk, texts_per_batch=args.texts_per_batch)
+    return checkpoint.evaluate_from_args(
+        args,
+        evaluate,
+        classnames=args.classnames,
+        templates=args.templates,
+        class_chunk=args.class_chunk,
+        texts_per_batch=args.texts_per_batch,
+    )
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ Keys: `resblocks.{i}.ln_1`, `.attn.in_proj_weight`, `.attn.in_proj_bias`, `.attn
 `.mlp.c_fc`, `.mlp.c_proj` -- the same as open_clip's `ResidualAttentionBlock` without layer scale, so
 state dicts move between the two unchanged.
 """
+
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -12,7 +13,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from .attention import build_attention
+from models.attention import build_attention
 
 
 class QuickGELU(nn.Module):
@@ -25,18 +26,31 @@ class QuickGELU(nn.Module):
 class Block(nn.Module):
     """x + attn(ln_1(x)), then x + mlp(ln_2(x)); [B, N, C] -> [B, N, C] (Radford et al. 2021, CLIP)."""
 
-    def __init__(self, width: int, heads: int, attention: str, *, causal: bool, options: dict,
-                 mlp_ratio: float = 4.0, quick_gelu: bool = False):
+    def __init__(
+        self,
+        width: int,
+        heads: int,
+        attention: str,
+        *,
+        causal: bool,
+        options: dict,
+        mlp_ratio: float = 4.0,
+        quick_gelu: bool = False,
+    ):
         super().__init__()
         hidden = int(width * mlp_ratio)
         self.ln_1 = nn.LayerNorm(width)
         self.attn = build_attention(attention, width, heads, causal=causal, **options)
         self.ln_2 = nn.LayerNorm(width)
-        self.mlp = nn.Sequential(OrderedDict([
-            ("c_fc", nn.Linear(width, hidden)),
-            ("gelu", QuickGELU() if quick_gelu else nn.GELU()),
-            ("c_proj", nn.Linear(hidden, width)),
-        ]))
+        self.mlp = nn.Sequential(
+            OrderedDict(
+                [
+                    ("c_fc", nn.Linear(width, hidden)),
+                    ("gelu", QuickGELU() if quick_gelu else nn.GELU()),
+                    ("c_proj", nn.Linear(hidden, width)),
+                ]
+            )
+        )
 
     def forward(self, x: Tensor, key_mask: Tensor | None = None) -> Tensor:
         x = x + self.attn(self.ln_1(x), key_mask)
@@ -46,15 +60,26 @@ class Block(nn.Module):
 class Transformer(nn.Module):
     """A stack of `Block`s, one registry attention name (and options dict) per layer."""
 
-    def __init__(self, width: int, heads: int, attentions: list[str], options: list[dict], *, causal: bool,
-                 mlp_ratio: float = 4.0, quick_gelu: bool = False):
+    def __init__(
+        self,
+        width: int,
+        heads: int,
+        attentions: list[str],
+        options: list[dict],
+        *,
+        causal: bool,
+        mlp_ratio: float = 4.0,
+        quick_gelu: bool = False,
+    ):
         super().__init__()
         self.width, self.layers = width, len(attentions)
         self.grad_checkpointing = False
-        self.resblocks = nn.ModuleList([
-            Block(width, heads, name, causal=causal, options=opts, mlp_ratio=mlp_ratio, quick_gelu=quick_gelu)
-            for name, opts in zip(attentions, options)
-        ])
+        self.resblocks = nn.ModuleList(
+            [
+                Block(width, heads, name, causal=causal, options=opts, mlp_ratio=mlp_ratio, quick_gelu=quick_gelu)
+                for name, opts in zip(attentions, options)
+            ]
+        )
 
     def forward(self, x: Tensor, key_mask: Tensor | None = None) -> Tensor:
         """[B, N, C] -> [B, N, C]; with grad_checkpointing, each block's activations are recomputed in backward."""

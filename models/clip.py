@@ -3,6 +3,7 @@
 With `softmax` in both towers the model is open_clip's `CLIP` for the same size: same state-dict keys,
 same outputs, so checkpoints move between the two (see models/pretrained.py).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -13,10 +14,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .config import ModelConfig, layer_attentions, layer_options, size_config
-from .pretrained import load_pretrained
-from .text import TextTower
-from .vit import VisionTransformer
+from models.config import ModelConfig, layer_attentions, layer_options, size_config
+from models.pretrained import load_pretrained
+from models.text import TextTower
+from models.vit import VisionTransformer
 
 
 class CLIP(TextTower):
@@ -47,7 +48,9 @@ class CLIP(TextTower):
         x = self.encode_text_features(text)
         return F.normalize(x, dim=-1) if normalize else x
 
-    def forward(self, image: Tensor | None = None, text: Tensor | None = None) -> tuple[Tensor | None, Tensor | None, Tensor]:
+    def forward(
+        self, image: Tensor | None = None, text: Tensor | None = None
+    ) -> tuple[Tensor | None, Tensor | None, Tensor]:
         image_features = self.encode_image(image, normalize=True) if image is not None else None
         text_features = self.encode_text(text, normalize=True) if text is not None else None
         return image_features, text_features, self.logit_scale.exp()
@@ -57,10 +60,16 @@ def tower_heads(name: str, tower: str, width: int, heads: int | None = None, hea
     """Head count of a tower: given directly (text) or as width / head_width (image, open_clip's rule)."""
     if heads is None:
         if width % head_width:
-            raise ValueError(f"model size {name!r}: {tower} tower width {width} is not divisible by head width {head_width}; set vision_cfg.head_width to a divisor of the width")
+            raise ValueError(
+                f"model size {name!r}: {tower} tower width {width} is not divisible by head width {head_width}; "
+                "set vision_cfg.head_width to a divisor of the width"
+            )
         heads = width // head_width
     if width % heads:
-        raise ValueError(f"model size {name!r}: {tower} tower width {width} is not divisible by {heads} heads; pick a width that is a multiple of the head count")
+        raise ValueError(
+            f"model size {name!r}: {tower} tower width {width} is not divisible by {heads} heads; "
+            "pick a width that is a multiple of the head count"
+        )
     return heads
 
 
@@ -75,12 +84,27 @@ def build_clip(cfg: ModelConfig) -> CLIP:
     text_heads = tower_heads(cfg.name, "text", t["width"], heads=t["heads"])
     image_tokens = (v["image_size"] // v["patch_size"]) ** 2 + 1
     visual = VisionTransformer(
-        image_size=v["image_size"], patch_size=v["patch_size"], width=v["width"], heads=image_heads,
-        output_dim=size["embed_dim"], attentions=image_names, options=layer_options("image", image_names, cfg.image_attention_options, image_tokens),
-        mlp_ratio=v.get("mlp_ratio", 4.0), quick_gelu=quick_gelu, patch_dropout=cfg.patch_dropout or v.get("patch_dropout", 0.0))
-    text = dict(context_length=t["context_length"], vocab_size=t["vocab_size"], width=t["width"], heads=text_heads,
-                attentions=text_names, options=layer_options("text", text_names, cfg.text_attention_options, t["context_length"]),
-                mlp_ratio=t.get("mlp_ratio", 4.0), quick_gelu=quick_gelu)
+        image_size=v["image_size"],
+        patch_size=v["patch_size"],
+        width=v["width"],
+        heads=image_heads,
+        output_dim=size["embed_dim"],
+        attentions=image_names,
+        options=layer_options("image", image_names, cfg.image_attention_options, image_tokens),
+        mlp_ratio=v.get("mlp_ratio", 4.0),
+        quick_gelu=quick_gelu,
+        patch_dropout=cfg.patch_dropout or v.get("patch_dropout", 0.0),
+    )
+    text = dict(
+        context_length=t["context_length"],
+        vocab_size=t["vocab_size"],
+        width=t["width"],
+        heads=text_heads,
+        attentions=text_names,
+        options=layer_options("text", text_names, cfg.text_attention_options, t["context_length"]),
+        mlp_ratio=t.get("mlp_ratio", 4.0),
+        quick_gelu=quick_gelu,
+    )
     model = CLIP(embed_dim=size["embed_dim"], visual=visual, text=text, config=cfg)
     model.set_grad_checkpointing(cfg.grad_checkpointing)
     if cfg.pretrained:
@@ -88,7 +112,9 @@ def build_clip(cfg: ModelConfig) -> CLIP:
     return model
 
 
-def create_model(name: str, image_attention: str | list[str] = "softmax", text_attention: str | list[str] = "softmax", **options) -> CLIP:
+def create_model(
+    name: str, image_attention: str | list[str] = "softmax", text_attention: str | list[str] = "softmax", **options
+) -> CLIP:
     """Like `open_clip.create_model(name)`: a size name and registry names in, the model out.
 
     `options` are the other `ModelConfig` fields (image_attention_options, grad_checkpointing, ...).

@@ -4,6 +4,7 @@ Sizes are data: `ViT-S-16`, `ViT-B-16`, `ViT-L-16` ... come from open_clip's own
 ones from configs/models/*.json in the same format. That folder is registered with open_clip on import,
 so `open_clip.get_tokenizer("tiny-s")` and `open_clip.create_model("tiny-s")` know them too.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import open_clip
 
-from .attention import get_attention
+from models.attention import get_attention
 
 TINY_CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs" / "models"
 open_clip.add_model_config(TINY_CONFIG_DIR)
@@ -23,17 +24,43 @@ READ = {
     "vision_cfg": {"image_size", "layers", "width", "patch_size", "head_width", "mlp_ratio", "patch_dropout"},
     "text_cfg": {"context_length", "vocab_size", "width", "heads", "layers", "mlp_ratio"},
 }
-REQUIRED = {"model": ["embed_dim", "vision_cfg", "text_cfg"], "vision_cfg": ["image_size", "layers", "width", "patch_size"],
-            "text_cfg": ["context_length", "vocab_size", "width", "heads", "layers"]}
+REQUIRED = {
+    "model": ["embed_dim", "vision_cfg", "text_cfg"],
+    "vision_cfg": ["image_size", "layers", "width", "patch_size"],
+    "text_cfg": ["context_length", "vocab_size", "width", "heads", "layers"],
+}
 DEFAULTS = {
     "model": {"init_logit_bias": None, "custom_text": False},
-    "vision_cfg": {"ls_init_value": None, "attentional_pool": False, "no_ln_pre": False, "pos_embed_type": "learnable",
-                   "final_ln_after_pool": False, "pool_type": "tok", "output_tokens": False, "timm_model_name": None,
-                   "block_type": None, "qk_norm": False, "act_kwargs": None, "norm_kwargs": None},
-    "text_cfg": {"ls_init_value": None, "embed_cls": False, "no_causal_mask": False, "final_ln_after_pool": False,
-                 "pool_type": "argmax", "proj_bias": False, "proj_type": "linear", "output_tokens": False,
-                 "hf_model_name": None, "hf_tokenizer_name": None, "block_type": None, "qk_norm": False,
-                 "act_kwargs": None, "norm_kwargs": None},
+    "vision_cfg": {
+        "ls_init_value": None,
+        "attentional_pool": False,
+        "no_ln_pre": False,
+        "pos_embed_type": "learnable",
+        "final_ln_after_pool": False,
+        "pool_type": "tok",
+        "output_tokens": False,
+        "timm_model_name": None,
+        "block_type": None,
+        "qk_norm": False,
+        "act_kwargs": None,
+        "norm_kwargs": None,
+    },
+    "text_cfg": {
+        "ls_init_value": None,
+        "embed_cls": False,
+        "no_causal_mask": False,
+        "final_ln_after_pool": False,
+        "pool_type": "argmax",
+        "proj_bias": False,
+        "proj_type": "linear",
+        "output_tokens": False,
+        "hf_model_name": None,
+        "hf_tokenizer_name": None,
+        "block_type": None,
+        "qk_norm": False,
+        "act_kwargs": None,
+        "norm_kwargs": None,
+    },
 }
 
 
@@ -66,7 +93,10 @@ def size_config(name: str) -> dict:
     """open_clip's model config dict for `name` (embed_dim, vision_cfg, text_cfg), checked for what we build."""
     cfg = open_clip.get_model_config(name)
     if cfg is None:
-        raise ValueError(f"unknown model size {name!r}; use one of {', '.join(tiny_model_names())} or any open_clip model name such as ViT-B-16")
+        raise ValueError(
+            f"unknown model size {name!r}; use one of {', '.join(tiny_model_names())} "
+            "or any open_clip model name such as ViT-B-16"
+        )
     check_supported(name, "model", cfg)
     check_supported(name, "vision_cfg", cfg["vision_cfg"])
     check_supported(name, "text_cfg", cfg["text_cfg"])
@@ -81,9 +111,15 @@ def check_supported(name: str, section: str, cfg: dict) -> None:
         if key in READ[section]:
             continue
         if key not in DEFAULTS[section] or value != DEFAULTS[section][key]:
-            raise ValueError(f"model size {name!r}: {section}.{key}={value!r} is not implemented by models/ (plain ViT + causal text transformer only); use a config such as ViT-B-16")
+            raise ValueError(
+                f"model size {name!r}: {section}.{key}={value!r} is not implemented by models/ "
+                "(plain ViT + causal text transformer only); use a config such as ViT-B-16"
+            )
     if section == "vision_cfg" and not isinstance(cfg["layers"], int):
-        raise ValueError(f"model size {name!r} is a ResNet image tower; models/ builds ViT towers only, use a config such as ViT-B-16")
+        raise ValueError(
+            f"model size {name!r} is a ResNet image tower; models/ builds ViT towers only, "
+            "use a config such as ViT-B-16"
+        )
 
 
 def layer_attentions(tower: str, attention: str | list[str], layers: int, causal: bool) -> list[str]:
@@ -92,7 +128,10 @@ def layer_attentions(tower: str, attention: str | list[str], layers: int, causal
         raise ValueError(f"{tower} tower: attention must be a registry name or a list of names, got {attention!r}")
     names = [attention] * layers if isinstance(attention, str) else list(attention)
     if len(names) != layers:
-        raise ValueError(f"{tower} tower: attention list has {len(names)} names for {layers} layers; give one name per layer or a single name")
+        raise ValueError(
+            f"{tower} tower: attention list has {len(names)} names for {layers} layers; "
+            "give one name per layer or a single name"
+        )
     for name in dict.fromkeys(names):
         try:
             get_attention(name).check_causal(causal)
@@ -116,7 +155,10 @@ def layer_options(tower: str, names: list[str], options: dict, seq_len: int) -> 
         known = accepted_options(get_attention(name))
         unknown = sorted(set(opts) - known) if known is not None else []
         if unknown:
-            raise ValueError(f"{tower} tower: attention {name!r} has no option(s) {', '.join(unknown)}; its options: {', '.join(sorted(known)) or 'none'}")
+            raise ValueError(
+                f"{tower} tower: attention {name!r} has no option(s) {', '.join(unknown)}; "
+                f"its options: {', '.join(sorted(known)) or 'none'}"
+            )
     return per_layer
 
 
@@ -130,6 +172,8 @@ def accepted_options(cls) -> set[str] | None:
     """
     fns = [cls.__init__] + ([cls.function] if getattr(cls, "function", None) is not None else [])
     params = [p for f in fns for p in inspect.signature(f).parameters.values()]
-    if cls.function is not None and any(p.kind is p.VAR_KEYWORD for p in inspect.signature(cls.function).parameters.values()):
+    if cls.function is not None and any(
+        p.kind is p.VAR_KEYWORD for p in inspect.signature(cls.function).parameters.values()
+    ):
         return None
     return {p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)} - NOT_OPTIONS

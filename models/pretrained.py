@@ -4,6 +4,7 @@ Linearising a pretrained CLIP: build the model with any attention, then `load_pr
 weight whose name and shape match (qkv and output projections, MLPs, norms, embeddings); parameters only
 the new attention has keep their fresh initialisation and are listed in the log.
 """
+
 from __future__ import annotations
 
 import logging
@@ -12,7 +13,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from .attention import Attention
+from models.attention import Attention
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +26,9 @@ def read_state_dict(path: str | Path) -> dict[str, Tensor]:
     """
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"pretrained checkpoint {str(path)!r} does not exist; give a .safetensors or torch file path")
+        raise FileNotFoundError(
+            f"pretrained checkpoint {str(path)!r} does not exist; give a .safetensors or torch file path"
+        )
     if path.suffix == ".safetensors":
         from safetensors.torch import load_file
 
@@ -53,9 +56,17 @@ def load_pretrained(model: nn.Module, source: str | Path | dict[str, Tensor]) ->
     model.load_state_dict({k: sd[k] for k in loaded}, strict=False)
     log.info("pretrained: loaded %d tensors", len(loaded))
     if missing:
-        log.warning("pretrained: %d tensors keep their initialisation (not in the checkpoint or other shape): %s", len(missing), ", ".join(missing))
+        log.warning(
+            "pretrained: %d tensors keep their initialisation (not in the checkpoint or other shape): %s",
+            len(missing),
+            ", ".join(missing),
+        )
     if unexpected:
-        log.warning("pretrained: %d checkpoint tensors unused (no such name or other shape): %s", len(unexpected), ", ".join(unexpected))
+        log.warning(
+            "pretrained: %d checkpoint tensors unused (no such name or other shape): %s",
+            len(unexpected),
+            ", ".join(unexpected),
+        )
     return loaded, missing, unexpected
 
 
@@ -73,7 +84,10 @@ def export_open_clip(model: nn.Module, path: str | Path) -> Path:
     model = getattr(model, "_orig_mod", model)  # a torch.compile wrapper saves its inner module's keys
     names = attention_names(model)
     if names != {"softmax"}:
-        raise ValueError(f"export_open_clip: open_clip only has softmax attention but this model uses {', '.join(sorted(names))}; export a softmax model")
+        raise ValueError(
+            f"export_open_clip: open_clip only has softmax attention but this model uses {', '.join(sorted(names))}; "
+            "export a softmax model"
+        )
     path = Path(path)
     sd = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     if path.suffix == ".safetensors":

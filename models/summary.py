@@ -5,6 +5,7 @@ torch's FlopCounterMode, which counts every matmul, convolution and attention ke
 a FLOP. Elementwise work (norms, activations, feature maps, cumulative sums) is not counted, as in
 open_clip's published GMACs.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -40,10 +41,12 @@ def summary(model: nn.Module, macs: bool = True) -> dict:
 
 def gmacs_per_sample(model: nn.Module) -> dict:
     """{"image_gmacs", "text_gmacs", "gmacs"} for one image and one text of full context length."""
-    from .clip import build_clip
+    from models.clip import build_clip
 
     if getattr(model, "config", None) is None:
-        raise ValueError("gmacs_per_sample: the model has no ModelConfig; build it with models.build_clip or models.create_model")
+        raise ValueError(
+            "gmacs_per_sample: the model has no ModelConfig; build it with models.build_clip or models.create_model"
+        )
     with torch.device("meta"):
         shadow = build_clip(dataclasses.replace(model.config, pretrained=None)).eval()
     h, w = shadow.visual.image_size
@@ -64,8 +67,10 @@ def flops(fn, *args) -> int:
 
 def format_summary(s: dict) -> str:
     """One log line: parameters in millions, GMACs per sample."""
-    parts = [f"params {s['total'] / 1e6:.2f}M (image {s['image'] / 1e6:.2f}M, text {s['text'] / 1e6:.2f}M, "
-             f"without token embedding {s['without_token_embedding'] / 1e6:.2f}M)"]
+    parts = [
+        f"params {s['total'] / 1e6:.2f}M (image {s['image'] / 1e6:.2f}M, text {s['text'] / 1e6:.2f}M, "
+        f"without token embedding {s['without_token_embedding'] / 1e6:.2f}M)"
+    ]
     if "gmacs" in s:
         parts.append(f"{s['gmacs']:.3f} GMACs/sample (image {s['image_gmacs']:.3f}, text {s['text_gmacs']:.3f})")
     return ", ".join(parts)

@@ -9,24 +9,38 @@ has the largest id of the vocabulary, so `argmax` of the ids finds it (open_clip
 Causal attention at a position <= EOT only sees positions <= EOT, none of them padding, so the pooled
 feature never depends on padding and the attention is called with key_mask=None.
 """
+
 from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
 
-from .blocks import Transformer
+from models.blocks import Transformer
 
 
 class TextTower(nn.Module):
     """token ids [B, L <= context_length] (int64) -> embeddings [B, output_dim] (not normalised)."""
 
-    def __init__(self, *, context_length: int, vocab_size: int, width: int, heads: int, output_dim: int,
-                 attentions: list[str], options: list[dict], mlp_ratio: float = 4.0, quick_gelu: bool = False):
+    def __init__(
+        self,
+        *,
+        context_length: int,
+        vocab_size: int,
+        width: int,
+        heads: int,
+        output_dim: int,
+        attentions: list[str],
+        options: list[dict],
+        mlp_ratio: float = 4.0,
+        quick_gelu: bool = False,
+    ):
         super().__init__()
         self.context_length, self.vocab_size = context_length, vocab_size
         self.token_embedding = nn.Embedding(vocab_size, width)
         self.positional_embedding = nn.Parameter(torch.empty(context_length, width))
-        self.transformer = Transformer(width, heads, attentions, options, causal=True, mlp_ratio=mlp_ratio, quick_gelu=quick_gelu)
+        self.transformer = Transformer(
+            width, heads, attentions, options, causal=True, mlp_ratio=mlp_ratio, quick_gelu=quick_gelu
+        )
         self.ln_final = nn.LayerNorm(width)
         self.text_projection = nn.Parameter(torch.empty(width, output_dim))
         self.init_text_parameters()
@@ -36,19 +50,22 @@ class TextTower(nn.Module):
         width, layers = self.transformer.width, self.transformer.layers
         nn.init.normal_(self.token_embedding.weight, std=0.02)
         nn.init.normal_(self.positional_embedding, std=0.01)
-        proj_std = width ** -0.5 * (2 * layers) ** -0.5
+        proj_std = width**-0.5 * (2 * layers) ** -0.5
         for block in self.transformer.resblocks:
-            nn.init.normal_(block.attn.in_proj_weight, std=width ** -0.5)
+            nn.init.normal_(block.attn.in_proj_weight, std=width**-0.5)
             nn.init.normal_(block.attn.out_proj.weight, std=proj_std)
             nn.init.normal_(block.mlp.c_fc.weight, std=(2 * width) ** -0.5)
             nn.init.normal_(block.mlp.c_proj.weight, std=proj_std)
-        nn.init.normal_(self.text_projection, std=width ** -0.5)
+        nn.init.normal_(self.text_projection, std=width**-0.5)
 
     def encode_text_features(self, text: Tensor) -> Tensor:
         """[B, L] ids -> [B, output_dim], pooled at each row's end-of-text token."""
         length = text.shape[1]
         if length > self.context_length:
-            raise ValueError(f"text of {length} tokens exceeds the context length {self.context_length}; tokenize with models.tokenizer(name)")
+            raise ValueError(
+                f"text of {length} tokens exceeds the context length {self.context_length}; "
+                "tokenize with models.tokenizer(name)"
+            )
         x = self.token_embedding(text) + self.positional_embedding[:length]
         x = self.transformer(x, key_mask=None)
         eot = text.argmax(dim=-1)  # [B]

@@ -4,12 +4,13 @@ Keys match open_clip's `VisionTransformer`: conv1.weight (no bias), class_embedd
 positional_embedding, ln_pre, transformer.resblocks.*, ln_post, proj. The image tower never pads,
 so its attention is called with key_mask=None and is never causal.
 """
+
 from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
 
-from .blocks import Transformer
+from models.blocks import Transformer
 
 
 def patch_dropout(x: Tensor, prob: float) -> Tensor:
@@ -28,23 +29,38 @@ def patch_dropout(x: Tensor, prob: float) -> Tensor:
 class VisionTransformer(nn.Module):
     """images [B, 3, H, W] -> embeddings [B, output_dim] (not normalised)."""
 
-    def __init__(self, *, image_size: int, patch_size: int, width: int, heads: int, output_dim: int,
-                 attentions: list[str], options: list[dict], mlp_ratio: float = 4.0, quick_gelu: bool = False,
-                 patch_dropout: float = 0.0):
+    def __init__(
+        self,
+        *,
+        image_size: int,
+        patch_size: int,
+        width: int,
+        heads: int,
+        output_dim: int,
+        attentions: list[str],
+        options: list[dict],
+        mlp_ratio: float = 4.0,
+        quick_gelu: bool = False,
+        patch_dropout: float = 0.0,
+    ):
         super().__init__()
         if image_size % patch_size:
-            raise ValueError(f"image tower: image size {image_size} is not a multiple of patch size {patch_size}; change one of them")
+            raise ValueError(
+                f"image tower: image size {image_size} is not a multiple of patch size {patch_size}; change one of them"
+            )
         if not 0.0 <= patch_dropout < 1.0:
             raise ValueError(f"image tower: patch_dropout={patch_dropout} must be in [0, 1)")
         self.image_size, self.patch_size = (image_size, image_size), (patch_size, patch_size)
         self.grid_size = (image_size // patch_size,) * 2
         self.output_dim, self.patch_dropout = output_dim, patch_dropout
-        scale = width ** -0.5
+        scale = width**-0.5
         self.conv1 = nn.Conv2d(3, width, kernel_size=patch_size, stride=patch_size, bias=False)
         self.class_embedding = nn.Parameter(scale * torch.randn(width))
         self.positional_embedding = nn.Parameter(scale * torch.randn(self.grid_size[0] * self.grid_size[1] + 1, width))
         self.ln_pre = nn.LayerNorm(width)
-        self.transformer = Transformer(width, heads, attentions, options, causal=False, mlp_ratio=mlp_ratio, quick_gelu=quick_gelu)
+        self.transformer = Transformer(
+            width, heads, attentions, options, causal=False, mlp_ratio=mlp_ratio, quick_gelu=quick_gelu
+        )
         self.ln_post = nn.LayerNorm(width)
         self.proj = nn.Parameter(scale * torch.randn(width, output_dim))
 

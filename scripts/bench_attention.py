@@ -15,6 +15,7 @@ their achieved GFLOP/s counting the matmuls of the linear algorithm (non-causal 
 for forward + backward, causal 12 N (C D + D^2) with chunks of C tokens).
 Writes <out>.csv, <out>.png (log-log time vs N) and <out>.md (table with ratios to SDPA softmax).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,7 +24,7 @@ import inspect
 import os
 import platform
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pandas as pd
@@ -41,12 +42,16 @@ LONG_SIZES = [131072]
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sizes", type=int, nargs="+", default=SIZES, help="sequence lengths for every variant")
-    p.add_argument("--long-sizes", type=int, nargs="*", default=LONG_SIZES, help="extra lengths for linear variants only")
+    p.add_argument(
+        "--long-sizes", type=int, nargs="*", default=LONG_SIZES, help="extra lengths for linear variants only"
+    )
     p.add_argument("--bf16-variants", nargs="*", default=["softmax", "linear_affine_nodenom", "linear_affine"])
     p.add_argument("--bf16-max-n", type=int, default=16384, help="largest N timed in bf16")
     p.add_argument("--variants", nargs="*", default=None, help="registry names (default: all)")
     p.add_argument("--budget", type=float, default=1.5, help="seconds of repeats per point (at least 2 repeats)")
-    p.add_argument("--max-seconds", type=float, default=4.0, help="extrapolate a point predicted to take longer than this")
+    p.add_argument(
+        "--max-seconds", type=float, default=4.0, help="extrapolate a point predicted to take longer than this"
+    )
     p.add_argument("--total-minutes", type=float, default=9.0, help="after this, remaining points are extrapolated")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice, all cores)")
     p.add_argument("--out", default="docs/bench_attention", help="output path without extension")
@@ -66,7 +71,8 @@ def memory_kb(field: str) -> int:
 
 
 def peak_extra_mb(step, clear) -> float | None:
-    """Resident-set high-water mark during step(), minus the resident set before it (inputs, no gradients); None off Linux."""
+    """Resident-set high-water mark during step(), minus the resident set before it (inputs, no gradients); None off
+    Linux."""
     clear()
     try:
         gc.collect()
@@ -145,8 +151,12 @@ AIMS = [  # (what, N, aim, test): linear_affine_nodenom, non-causal, fp32, again
 
 def aims(frame: pd.DataFrame) -> list[str]:
     """Markdown lines checking the speed aims of linear_affine_nodenom (non-causal, fp32) on this run's numbers."""
-    line = frame[(frame.variant == "linear_affine_nodenom") & (frame["mode"] == "full") & (frame.dtype == "float32")].set_index("N")
-    softmax = frame[(frame.variant == "softmax") & (frame["mode"] == "full") & (frame.dtype == "float32")].set_index("N")
+    line = frame[
+        (frame.variant == "linear_affine_nodenom") & (frame["mode"] == "full") & (frame.dtype == "float32")
+    ].set_index("N")
+    softmax = frame[(frame.variant == "softmax") & (frame["mode"] == "full") & (frame.dtype == "float32")].set_index(
+        "N"
+    )
     rows = []
     for what, n, aim, test in AIMS:
         if n in line.index and n in softmax.index:
@@ -157,11 +167,17 @@ def aims(frame: pd.DataFrame) -> list[str]:
     long = line[(line.index >= 16384) & (line.extrapolated == "")]
     if len(long):
         worst = long.gemm_fraction.min()
-        rows.append(f"| fraction of fp32 GEMM rate, N >= 16384 (lowest of {len(long)}) | >= 0.5 | {worst:.2f} | {'met' if worst >= 0.5 else 'MISSED'} |")
+        rows.append(
+            f"| fraction of fp32 GEMM rate, N >= 16384 (lowest of {len(long)}) | >= 0.5 | {worst:.2f} | "
+            f"{'met' if worst >= 0.5 else 'MISSED'} |"
+        )
     memory = long.peak_mb.dropna().iloc[-2:]  # the two largest N: smaller tensors partly reuse heap memory already held
     if len(memory) > 1:
         growth = (memory.iloc[1] / memory.iloc[0]) / (memory.index[1] / memory.index[0])
-        rows.append(f"| peak memory growth / N growth, N = {memory.index[0]} -> {memory.index[1]} | about 1 (linear) | {growth:.2f} | {'met' if 0.8 <= growth <= 1.25 else 'MISSED'} |")
+        rows.append(
+            f"| peak memory growth / N growth, N = {memory.index[0]} -> {memory.index[1]} | about 1 (linear) | "
+            f"{growth:.2f} | {'met' if 0.8 <= growth <= 1.25 else 'MISSED'} |"
+        )
     return ["| aim | target | measured | |", "|---|---|---|---|", *rows] if rows else []
 
 
@@ -217,7 +233,7 @@ def chunk_loop_ms(n: int = 16384) -> tuple[float, float]:
     grad, out = torch.randn_like(v), []
     for fn in (lambda: causal_linear(qf, kf, v, chunk_size=CHUNK), looped):
         fn().backward(grad)
-        out.append(1e3 * min(timed(lambda: fn().backward(grad)) for _ in range(3)))
+        out.append(1e3 * min(timed(lambda fn=fn: fn().backward(grad)) for _ in range(3)))
     return out[0], out[1]
 
 
@@ -226,7 +242,10 @@ def run(args) -> tuple[pd.DataFrame, dict]:
     names = args.variants or first + sorted(set(ATTENTIONS) - set(first))
     info = dict(load_start=os.getloadavg()[0], threads=torch.get_num_threads())
     info.update(gemm=gemm_gflops(), gemm_bf16=gemm_gflops(dtype=torch.bfloat16))
-    print(f"fp32 GEMM {info['gemm']:.0f} GFLOP/s, bf16 GEMM {info['gemm_bf16']:.0f} GFLOP/s, {info['threads']} threads", flush=True)
+    print(
+        f"fp32 GEMM {info['gemm']:.0f} GFLOP/s, bf16 GEMM {info['gemm_bf16']:.0f} GFLOP/s, {info['threads']} threads",
+        flush=True,
+    )
     rows = []
     for name in names:
         sizes = args.sizes + (args.long_sizes if issubclass(ATTENTIONS[name], LinearAttention) else [])
@@ -234,13 +253,19 @@ def run(args) -> tuple[pd.DataFrame, dict]:
             rows += bench_line(name, causal, torch.float32, sizes, args)
             if name in args.bf16_variants:
                 rows += bench_line(name, causal, torch.bfloat16, [n for n in args.sizes if n <= args.bf16_max_n], args)
-    info["kernel"] = "the fused C kernel (models/attention/nodenom_cpu.c)" if cpu_kernel.library() else "PyTorch ops (tiled.py; no C kernel was built)"
+    info["kernel"] = (
+        "the fused C kernel (models/attention/nodenom_cpu.c)"
+        if cpu_kernel.library()
+        else "PyTorch ops (tiled.py; no C kernel was built)"
+    )
     info["fresh_ms_per_100mb"] = fresh_page_ms()
     info["chunk_n"] = 4096 if args.quick else 16384
     info["chunk_cumsum_ms"], info["chunk_loop_ms"] = chunk_loop_ms(info["chunk_n"])
     frame, info["load_end"] = pd.DataFrame(rows), os.getloadavg()[0]
     if "gflops" in frame:
-        frame["gemm_fraction"] = frame["gflops"] / frame["dtype"].map({"float32": info["gemm"], "bfloat16": info["gemm_bf16"]})
+        frame["gemm_fraction"] = frame["gflops"] / frame["dtype"].map(
+            {"float32": info["gemm"], "bfloat16": info["gemm_bf16"]}
+        )
     return frame, info
 
 
@@ -267,8 +292,13 @@ def plot(frame: pd.DataFrame, path: Path, threads: int) -> None:
         drawn = ax.plot(line.N, line.time_ms, markersize=3, label=f"{name} ({mode})", **style)
         extra = line[line.extrapolated != ""]
         ax.plot(extra.N, extra.time_ms, "x", color=drawn[0].get_color(), markersize=8)
-    ax.set(xscale="log", yscale="log", xlabel="sequence length N", ylabel="forward + backward time (ms)",
-           title=f"attention math, B={B} H={H} D={D}, fp32, CPU ({threads} threads); x = extrapolated")
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="sequence length N",
+        ylabel="forward + backward time (ms)",
+        title=f"attention math, B={B} H={H} D={D}, fp32, CPU ({threads} threads); x = extrapolated",
+    )
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
@@ -278,7 +308,10 @@ def plot(frame: pd.DataFrame, path: Path, threads: int) -> None:
 def md_table(frame: pd.DataFrame, index: bool = True) -> str:
     """A Markdown table (pandas' to_markdown needs the tabulate package, which the project does not pin)."""
     frame = frame.reset_index() if index else frame
-    fmt = lambda x: f"{x:.3g}" if isinstance(x, float) else str(x)
+
+    def fmt(x) -> str:
+        return f"{x:.3g}" if isinstance(x, float) else str(x)
+
     lines = ["| " + " | ".join(map(str, frame.columns)) + " |", "|" + "---|" * len(frame.columns)]
     lines += ["| " + " | ".join(fmt(x) for x in row) + " |" for row in frame.itertuples(index=False)]
     return "\n".join(lines)
@@ -290,18 +323,20 @@ def cell(row) -> str:
 
 
 def markdown(frame: pd.DataFrame, info: dict, args) -> str:
-    when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
         "# Attention benchmark: forward + backward on q, k, v [B, H, N, D]",
         "",
-        f"{when}; {platform.processor() or platform.machine()}, {info['threads']} CPU threads, torch {torch.__version__}; "
+        f"{when}; {platform.processor() or platform.machine()}, {info['threads']} CPU threads, "
+        f"torch {torch.__version__}; "
         f"B={B}, H={H}, D={D}. All numbers come from one run of `python -m scripts.bench_attention`, so the ratios are "
         "side by side on the same (shared, noisy) machine. Time: best of repeats within "
         f"{args.budget} s per point, in ms; (r x) is the ratio to SDPA softmax in the same mode, dtype and N; "
         "* = extrapolated, not run (see the script's docstring).",
         "",
         f"Machine fp32 GEMM: {info['gemm']:.0f} GFLOP/s; bf16 GEMM: {info['gemm_bf16']:.0f} GFLOP/s. Causal chunkwise "
-        f"form (forward + backward of chunked.causal_linear, N={info['chunk_n']}): cumsum over chunk states {info['chunk_cumsum_ms']:.1f} ms vs Python loop over chunks "
+        f"form (forward + backward of chunked.causal_linear, N={info['chunk_n']}): "
+        f"cumsum over chunk states {info['chunk_cumsum_ms']:.1f} ms vs Python loop over chunks "
         f"{info['chunk_loop_ms']:.1f} ms.",
         "",
         f"1-minute load average at start / end: {info['load_start']:.1f} / {info['load_end']:.1f} (other jobs share "
@@ -311,27 +346,49 @@ def markdown(frame: pd.DataFrame, info: dict, args) -> str:
     ]
     checks = aims(frame)
     if checks:
-        lines += ["", "## Aims: linear_affine_nodenom, non-causal, fp32", "",
-                  f"Computed by {info['kernel']}. Outputs and gradients are new tensors every step, as in training; "
-                  f"first-touching new pages costs {info['fresh_ms_per_100mb']:.1f} ms per 100 MB here (2 MB pages; "
-                  "measured in this run), part of every variant's time.", "", *checks]
+        lines += [
+            "",
+            "## Aims: linear_affine_nodenom, non-causal, fp32",
+            "",
+            f"Computed by {info['kernel']}. Outputs and gradients are new tensors every step, as in training; "
+            f"first-touching new pages costs {info['fresh_ms_per_100mb']:.1f} ms per 100 MB here (2 MB pages; "
+            "measured in this run), part of every variant's time.",
+            "",
+            *checks,
+        ]
     for dtype, part in frame.groupby("dtype", sort=False):
         table = part.assign(line=part.variant + " " + part["mode"], text=part.apply(cell, axis=1))
         wide = table.pivot(index="line", columns="N", values="text").fillna("")
-        wide.index.name, wide.columns = f"variant mode \\ N", [str(n) for n in wide.columns]
+        wide.index.name, wide.columns = "variant mode \\ N", [str(n) for n in wide.columns]
         lines += ["", f"## {dtype}: time in ms (ratio to softmax)", "", md_table(wide)]
-    linear = frame[frame.gflops.notna() & (frame.N >= 16384) & (frame.extrapolated == "")] if "gflops" in frame else frame[:0]
+    linear = (
+        frame[frame.gflops.notna() & (frame.N >= 16384) & (frame.extrapolated == "")]
+        if "gflops" in frame
+        else frame[:0]
+    )
     if len(linear):
         shown = linear[["variant", "mode", "dtype", "N", "time_ms", "gflops", "gemm_fraction", "peak_mb"]]
-        lines += ["", "## Linear variants at N >= 16384: achieved GFLOP/s (matmuls of the linear algorithm) and fraction of GEMM", "",
-                  md_table(shown, index=False)]
+        lines += [
+            "",
+            "## Linear variants at N >= 16384: achieved GFLOP/s (matmuls of the linear algorithm) and fraction of GEMM",
+            "",
+            md_table(shown, index=False),
+        ]
     measured = frame[frame.peak_mb.notna()]
-    memory = measured.assign(line=measured.variant + " " + measured["mode"] + " " + measured.dtype).pivot(index="line", columns="N", values="peak_mb")
+    memory = measured.assign(line=measured.variant + " " + measured["mode"] + " " + measured.dtype).pivot(
+        index="line", columns="N", values="peak_mb"
+    )
     memory.index.name, memory.columns = "variant mode dtype \\ N", [str(n) for n in memory.columns]
-    lines += ["", "## Peak extra resident memory (MB) during one forward + backward", "",
-              "Above the resident set with q, k, v and the output gradient alive and no input gradients; it "
-              "includes the output and the three input gradients (4 [B, H, N, D] tensors). 0 means it fit in memory "
-              "the process already held (small N, or blocks under glibc's mmap threshold reused).", "", md_table(memory.round(1).astype(object).where(memory.notna(), ""))]
+    lines += [
+        "",
+        "## Peak extra resident memory (MB) during one forward + backward",
+        "",
+        "Above the resident set with q, k, v and the output gradient alive and no input gradients; it "
+        "includes the output and the three input gradients (4 [B, H, N, D] tensors). 0 means it fit in memory "
+        "the process already held (small N, or blocks under glibc's mmap threshold reused).",
+        "",
+        md_table(memory.round(1).astype(object).where(memory.notna(), "")),
+    ]
     return "\n".join(lines) + "\n"
 
 

@@ -14,7 +14,6 @@ import csv
 import os
 import platform
 import statistics
-import sys
 import tempfile
 import time
 from argparse import Namespace
@@ -27,9 +26,8 @@ import torch
 from open_clip_train.data import get_wds_dataset
 from webdataset.tariterators import tar_file_expander
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from data import DataConfig, build_train_data  # noqa: E402
-from data.synthetic import make_synthetic  # noqa: E402
+from data import DataConfig, build_train_data
+from data.synthetic import make_synthetic
 
 
 def time_epoch(batches) -> tuple[int, float]:
@@ -51,9 +49,17 @@ def open_clips(spec: str, transform, tokenizer, args) -> tuple[int, float]:
     # group_by_keys_nothrow cannot read (KeyError 'fname', webdataset issue #384); the fix from that
     # thread, eof_value=None, restores the behaviour open_clip was written for.
     open_clip_train.data.tar_file_expander = partial(tar_file_expander, eof_value=None)
-    options = Namespace(train_data=spec, val_data=None, dataset_resampled=False, train_num_samples=None,
-                        train_data_upsampling_factors=None, seed=0, batch_size=args.batch_size,
-                        workers=args.workers, world_size=1)
+    options = Namespace(
+        train_data=spec,
+        val_data=None,
+        dataset_resampled=False,
+        train_num_samples=None,
+        train_data_upsampling_factors=None,
+        seed=0,
+        batch_size=args.batch_size,
+        workers=args.workers,
+        world_size=1,
+    )
     info = get_wds_dataset(options, transform, is_train=True, epoch=0, tokenizer=tokenizer)
     return time_epoch(info.dataloader)
 
@@ -81,8 +87,12 @@ def write_report(rows: list[dict], out: Path, args) -> None:
         runs = [r["samples_per_s"] for r in rows if r["loader"] == name]
         lines.append(f"| {name} | {statistics.median(runs):.0f} | {', '.join(f'{x:.0f}' for x in runs)} |")
     ratio = median_rate(rows, "ours") / median_rate(rows, "open_clip")
-    lines += ["", f"Ratio ours / open_clip: **{paired_ratio(rows):.2f}** (median of the per-round ratios; "
-              f"ratio of the medians: {ratio:.2f})", ""]
+    lines += [
+        "",
+        f"Ratio ours / open_clip: **{paired_ratio(rows):.2f}** (median of the per-round ratios; "
+        f"ratio of the medians: {ratio:.2f})",
+        "",
+    ]
     (out / "bench_data.md").write_text("\n".join(lines))
 
 
@@ -110,16 +120,30 @@ def main(argv: list[str] | None = None) -> float:
     tokenizer = open_clip.get_tokenizer("ViT-B-16")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        spec = make_synthetic(tmp, train_samples=args.samples, eval_per_class=0, image_size=args.image_size,
-                              shard_size=max(1, args.samples // 8))
+        spec = make_synthetic(
+            tmp,
+            train_samples=args.samples,
+            eval_per_class=0,
+            image_size=args.image_size,
+            shard_size=max(1, args.samples // 8),
+        )
         loaders = [("ours", ours), ("open_clip", open_clips)]
         for round_ in range(args.rounds):
             # Alternate which loader goes first, so that drifting load on the machine hits both alike.
             for name, run in loaders if round_ % 2 == 0 else loaders[::-1]:
                 samples, seconds = run(spec, transform, tokenizer, args)
-                rows.append({"loader": name, "round": round_, "samples": samples, "seconds": round(seconds, 3),
-                             "samples_per_s": round(samples / seconds, 1), "batch_size": args.batch_size,
-                             "workers": args.workers, "image_size": args.image_size})
+                rows.append(
+                    {
+                        "loader": name,
+                        "round": round_,
+                        "samples": samples,
+                        "seconds": round(seconds, 3),
+                        "samples_per_s": round(samples / seconds, 1),
+                        "batch_size": args.batch_size,
+                        "workers": args.workers,
+                        "image_size": args.image_size,
+                    }
+                )
                 print(f"round {round_} {name:9s} {samples} samples in {seconds:.2f}s = {samples / seconds:.0f}/s")
     ratio = paired_ratio(rows)
     print(f"ours / open_clip = {ratio:.2f} (median of per-round ratios)")

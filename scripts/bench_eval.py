@@ -1,15 +1,18 @@
 """Zero-shot evaluation throughput, ours against clip_benchmark 1.6.2, on the same model and image folder.
 
-    python scripts/bench_eval.py [--model ViT-S-32] [--per-class 8] [--batch-size 32] [--workers 2] [--rounds 2] [--threads N]
+    python scripts/bench_eval.py [--model ViT-S-32] [--per-class 8] [--batch-size 32] [--workers 2] \\
+        [--rounds 2] [--threads N]
 
 The data is the synthetic evaluation set (24 classes, 7 templates, `--per-class` images each) written to a
 temporary folder. Both tools get the same open_clip model (random init), preprocess, tokenizer, class names,
 templates, batch size and worker count, in the same precision (fp32 on CPU; bf16 autocast on CUDA): ours reads
 the folder with `eval.zeroshot.evaluate`, clip_benchmark with torchvision's ImageFolder and
 `clip_benchmark.metrics.zeroshot_classification.evaluate`, as its CLI does. A timed run is the whole
-evaluation (class embeddings + images); the class-embedding phase is also timed alone. Rounds alternate between the tools; the best round of each is kept. Also records top-1/top-5 of both (they must agree). Writes docs/bench_eval.csv,
-docs/bench_eval.png and docs/bench_eval.md.
+evaluation (class embeddings + images); the class-embedding phase is also timed alone. Rounds alternate between
+the tools; the best round of each is kept. Also records top-1/top-5 of both (they must agree). Writes
+docs/bench_eval.csv, docs/bench_eval.png and docs/bench_eval.md.
 """
+
 import argparse
 import csv
 import os
@@ -26,11 +29,10 @@ import torchvision
 from clip_benchmark.metrics import zeroshot_classification
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from data import make_synthetic  # noqa: E402
-from eval import datasets, zeroshot  # noqa: E402
+from data import make_synthetic
+from eval import datasets, zeroshot
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 
@@ -43,8 +45,15 @@ def reference_accuracy(output, target, topk=(1,)):
 
 
 def run_ours(model, preprocess, tokenizer, root: Path, args) -> dict:
-    r = zeroshot.evaluate(model, dataset=str(root), tokenizer=tokenizer, transform=preprocess,
-                          batch_size=args.batch_size, device=args.device, workers=args.workers)
+    r = zeroshot.evaluate(
+        model,
+        dataset=str(root),
+        tokenizer=tokenizer,
+        transform=preprocess,
+        batch_size=args.batch_size,
+        device=args.device,
+        workers=args.workers,
+    )
     return {"top1": r["top1"], "top5": r["top5"], "images": r["num_images"]}
 
 
@@ -52,8 +61,9 @@ def run_clip_benchmark(model, preprocess, tokenizer, root: Path, args) -> dict:
     folder = torchvision.datasets.ImageFolder(str(root), transform=preprocess)
     loader = torch.utils.data.DataLoader(folder, batch_size=args.batch_size, shuffle=False, num_workers=args.workers)
     names, templates = datasets.read_lines(root / "classnames.txt"), datasets.read_lines(root / "templates.txt")
-    r = zeroshot_classification.evaluate(model, loader, tokenizer, names, templates, args.device,
-                                         amp=args.device.startswith("cuda"))
+    r = zeroshot_classification.evaluate(
+        model, loader, tokenizer, names, templates, args.device, amp=args.device.startswith("cuda")
+    )
     return {"top1": r["acc1"], "top5": r["acc5"], "images": len(folder)}
 
 
@@ -97,11 +107,22 @@ def measure(args) -> list[dict]:
                     best[name] = {**r, "seconds": seconds}
                 seconds = timed(build_classifier, name, model, tokenizer, root, args)[1]
                 classifier[name] = min(seconds, classifier.get(name, seconds))
-    return [{"tool": name, "model": args.model, "device": args.device, "images": r["images"],
-             "batch_size": args.batch_size, "workers": args.workers, "seconds": round(r["seconds"], 3),
-             "classifier_s": round(classifier[name], 3),
-             "images_per_s": round(r["images"] / r["seconds"], 2), "top1": r["top1"], "top5": r["top5"]}
-            for name, r in best.items()]
+    return [
+        {
+            "tool": name,
+            "model": args.model,
+            "device": args.device,
+            "images": r["images"],
+            "batch_size": args.batch_size,
+            "workers": args.workers,
+            "seconds": round(r["seconds"], 3),
+            "classifier_s": round(classifier[name], 3),
+            "images_per_s": round(r["images"] / r["seconds"], 2),
+            "top1": r["top1"],
+            "top5": r["top5"],
+        }
+        for name, r in best.items()
+    ]
 
 
 def write_outputs(rows: list[dict], args) -> None:
@@ -116,10 +137,15 @@ def write_outputs(rows: list[dict], args) -> None:
     fig.tight_layout()
     fig.savefig(DOCS / "bench_eval.png", dpi=120)
     ratio = rows[0]["images_per_s"] / rows[1]["images_per_s"]
-    table = ["| tool | images | seconds | of which class embeddings (s) | images/s | top-1 | top-5 |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
-    table += [f"| {r['tool']} | {r['images']} | {r['seconds']} | {r['classifier_s']} | {r['images_per_s']} | "
-              f"{r['top1']:.4f} | {r['top5']:.4f} |" for r in rows]
+    table = [
+        "| tool | images | seconds | of which class embeddings (s) | images/s | top-1 | top-5 |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    table += [
+        f"| {r['tool']} | {r['images']} | {r['seconds']} | {r['classifier_s']} | {r['images_per_s']} | "
+        f"{r['top1']:.4f} | {r['top5']:.4f} |"
+        for r in rows
+    ]
     text = (DOCS / "bench_eval.md").read_text() if (DOCS / "bench_eval.md").exists() else ""
     marker = "<!-- bench_eval.py results -->"
     # keep the hand-written part of the page above the marker; replace what the last run wrote below it
@@ -127,10 +153,13 @@ def write_outputs(rows: list[dict], args) -> None:
     (DOCS / "bench_eval.md").write_text(
         f"{head}{marker}\n\n## Throughput (written by scripts/bench_eval.py)\n\n"
         f"`python scripts/bench_eval.py {' '.join(sys.argv[1:])}` on {platform.processor() or platform.machine()} "
-        f"({torch.get_num_threads()} torch threads, load average {os.getloadavg()[0]:.1f} at the end), model {args.model} (random init), {args.device}, batch "
+        f"({torch.get_num_threads()} torch threads, load average {os.getloadavg()[0]:.1f} at the end), "
+        f"model {args.model} (random init), {args.device}, batch "
         f"{args.batch_size}, {args.workers} workers, best of {args.rounds} alternating rounds:\n\n"
-        + "\n".join(table) + f"\n\nRatio ours / clip_benchmark: **{ratio:.2f}x**. "
-        f"Top-1 difference: {abs(rows[0]['top1'] - rows[1]['top1']) * 100:.2f} points.\n\n![](bench_eval.png)\n")
+        + "\n".join(table)
+        + f"\n\nRatio ours / clip_benchmark: **{ratio:.2f}x**. "
+        f"Top-1 difference: {abs(rows[0]['top1'] - rows[1]['top1']) * 100:.2f} points.\n\n![](bench_eval.png)\n"
+    )
     print("\n".join(table) + f"\nratio ours / clip_benchmark = {ratio:.2f}")
 
 

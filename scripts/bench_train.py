@@ -12,6 +12,7 @@ default: on a shared CPU, idle threads' spin-waits make multi-threaded timings e
 step is kept, since load from other jobs only adds time.
 Writes docs/bench_train.csv, docs/bench_train.md and docs/bench_train.png.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,12 +28,11 @@ from pathlib import Path
 import open_clip
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from models import ModelConfig, build_clip  # noqa: E402
-from models.attention import ATTENTIONS  # noqa: E402
-from train.config import OptimConfig  # noqa: E402
-from train.loss import ClipLoss  # noqa: E402
-from train.optim import build_optimizer  # noqa: E402
+from models import ModelConfig, build_clip
+from models.attention import ATTENTIONS
+from train.config import OptimConfig
+from train.loss import ClipLoss
+from train.optim import build_optimizer
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 
@@ -96,11 +96,30 @@ def ours_vs_open_clip(sizes: list[str], batch_size: int, rounds: int) -> list[di
             torch.manual_seed(0)
             ours = build_clip(ModelConfig(name=size))
             theirs = open_clip.create_model(size)
-            result = race({"ours": make_step(ours, ClipLoss(), images, tokens, precision),
-                           "open_clip": make_step(theirs, open_clip.loss.ClipLoss(), images, tokens, precision)}, rounds)
-            rows.append({"part": "vs_open_clip", "model": size, "pixels": 224, "precision": precision, "attention": "softmax",
-                         "ours_s": result["ours"], "open_clip_s": result["open_clip"], "ratio": result["ours"] / result["open_clip"]})
-            print(f"{size} {precision}: ours {result['ours']:.3f} s, open_clip {result['open_clip']:.3f} s, ratio {rows[-1]['ratio']:.2f}", flush=True)
+            result = race(
+                {
+                    "ours": make_step(ours, ClipLoss(), images, tokens, precision),
+                    "open_clip": make_step(theirs, open_clip.loss.ClipLoss(), images, tokens, precision),
+                },
+                rounds,
+            )
+            rows.append(
+                {
+                    "part": "vs_open_clip",
+                    "model": size,
+                    "pixels": 224,
+                    "precision": precision,
+                    "attention": "softmax",
+                    "ours_s": result["ours"],
+                    "open_clip_s": result["open_clip"],
+                    "ratio": result["ours"] / result["open_clip"],
+                }
+            )
+            print(
+                f"{size} {precision}: ours {result['ours']:.3f} s, open_clip {result['open_clip']:.3f} s, "
+                f"ratio {rows[-1]['ratio']:.2f}",
+                flush=True,
+            )
             del ours, theirs
     return rows
 
@@ -117,8 +136,17 @@ def attentions(size: str, resolutions: list[int], batch_size: int, rounds: int, 
             steps[attention] = make_step(model, ClipLoss(), images, tokens, "fp32")
         result = race(steps, rounds)
         for attention, seconds in result.items():
-            rows.append({"part": "attention", "model": size, "pixels": pixels, "precision": "fp32", "attention": attention,
-                         "ours_s": seconds, "ratio": seconds / result["softmax"]})
+            rows.append(
+                {
+                    "part": "attention",
+                    "model": size,
+                    "pixels": pixels,
+                    "precision": "fp32",
+                    "attention": attention,
+                    "ours_s": seconds,
+                    "ratio": seconds / result["softmax"],
+                }
+            )
             print(f"{size} {pixels}px {attention}: {seconds:.3f} s ({rows[-1]['ratio']:.2f}x softmax)", flush=True)
     return rows
 
@@ -133,15 +161,33 @@ def write_outputs(rows: list[dict], args, seconds: float) -> None:
         writer.writerows(rows)
     first = [r for r in rows if r["part"] == "vs_open_clip"]
     second = [r for r in rows if r["part"] == "attention"]
-    lines = ["# Training step: ours against open_clip, and each attention", "",
-             f"`{' '.join(['python scripts/bench_train.py', *sys.argv[1:]])}`: batch {args.batch_size}, CPU ({platform.processor() or platform.machine()}, "
-             f"{torch.get_num_threads()} thread(s), shared: load average {os.getloadavg()[0]:.1f} at the end), torch {torch.__version__}, open_clip {open_clip.__version__}; fastest of {args.steps} "
-             f"steps after one warm-up; a step = forward, contrastive loss, backward, AdamW step. Total run {seconds / 60:.1f} min.", "",
-             "## Softmax CLIP, ours vs open_clip (224 px)", "",
-             "| model | precision | ours s/step | open_clip s/step | ours / open_clip |", "| --- | --- | ---: | ---: | ---: |"]
-    lines += [f"| {r['model']} | {r['precision']} | {r['ours_s']:.3f} | {r['open_clip_s']:.3f} | {r['ratio']:.2f} |" for r in first]
-    lines += ["", f"## Image attention variants ({args.attention_size}, batch {args.attention_batch_size}, text tower softmax, fp32)", "",
-              "| pixels | attention | s/step | / softmax |", "| ---: | --- | ---: | ---: |"]
+    lines = [
+        "# Training step: ours against open_clip, and each attention",
+        "",
+        f"`{' '.join(['python scripts/bench_train.py', *sys.argv[1:]])}`: batch {args.batch_size}, "
+        f"CPU ({platform.processor() or platform.machine()}, "
+        f"{torch.get_num_threads()} thread(s), shared: load average {os.getloadavg()[0]:.1f} at the end), "
+        f"torch {torch.__version__}, open_clip {open_clip.__version__}; fastest of {args.steps} "
+        "steps after one warm-up; a step = forward, contrastive loss, backward, AdamW step. "
+        f"Total run {seconds / 60:.1f} min.",
+        "",
+        "## Softmax CLIP, ours vs open_clip (224 px)",
+        "",
+        "| model | precision | ours s/step | open_clip s/step | ours / open_clip |",
+        "| --- | --- | ---: | ---: | ---: |",
+    ]
+    lines += [
+        f"| {r['model']} | {r['precision']} | {r['ours_s']:.3f} | {r['open_clip_s']:.3f} | {r['ratio']:.2f} |"
+        for r in first
+    ]
+    lines += [
+        "",
+        f"## Image attention variants ({args.attention_size}, batch {args.attention_batch_size}, "
+        "text tower softmax, fp32)",
+        "",
+        "| pixels | attention | s/step | / softmax |",
+        "| ---: | --- | ---: | ---: |",
+    ]
     lines += [f"| {r['pixels']} | {r['attention']} | {r['ours_s']:.3f} | {r['ratio']:.2f} |" for r in second]
     lines += ["", "![seconds per step](bench_train.png)", ""]
     (out / "bench_train.md").write_text("\n".join(lines))
@@ -192,7 +238,13 @@ def main(argv: list[str] | None = None) -> None:
     start = time.perf_counter()
     rows = ours_vs_open_clip(args.sizes.split(","), args.batch_size, args.steps)
     with tempfile.TemporaryDirectory() as folder:
-        rows += attentions(args.attention_size, [int(p) for p in args.resolutions.split(",")], args.attention_batch_size, args.steps, Path(folder))
+        rows += attentions(
+            args.attention_size,
+            [int(p) for p in args.resolutions.split(",")],
+            args.attention_batch_size,
+            args.steps,
+            Path(folder),
+        )
     write_outputs(rows, args, time.perf_counter() - start)
     print(f"wrote {Path(args.out) / 'bench_train.md'}, .csv and .png in {(time.perf_counter() - start) / 60:.1f} min")
 

@@ -10,6 +10,7 @@ compute frontier of error against GMACs x samples seen over all evaluations), ti
 layers, and writes RUN/report.md with the PNG plots beside it. Everything in the report comes from
 this run. Scale it up by changing the config only: README.md, "The real thing".
 """
+
 from __future__ import annotations
 
 import argparse
@@ -17,7 +18,7 @@ import json
 import sys
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pandas as pd
@@ -45,9 +46,18 @@ class Plan:
     n_boot: int
 
 
-FULL = Plan(train_samples=20000, eval_per_class=10, steps=400, eval_every=100, batch_size=64,
-            bench_sizes=[77, 197, 1024, 4096], n_boot=1000)
-QUICK = Plan(train_samples=256, eval_per_class=2, steps=4, eval_every=2, batch_size=16, bench_sizes=[77, 197], n_boot=50)
+FULL = Plan(
+    train_samples=20000,
+    eval_per_class=10,
+    steps=400,
+    eval_every=100,
+    batch_size=64,
+    bench_sizes=[77, 197, 1024, 4096],
+    n_boot=1000,
+)
+QUICK = Plan(
+    train_samples=256, eval_per_class=2, steps=4, eval_every=2, batch_size=16, bench_sizes=[77, 197], n_boot=50
+)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -67,11 +77,21 @@ def train_run(out: Path, shards: str, size: str, attention: str, plan: Plan) -> 
     """Train and evaluate one tiny CLIP; returns its row of the report."""
     run_dir = out / "runs" / f"{size}-{attention}"
     start = time.perf_counter()
-    code = train_main(["configs/demo.yaml", f"model.name={size}", f"model.image_attention={attention}",
-                       f"model.text_attention={attention}", f"data.train_shards={shards}",
-                       f"data.batch_size={plan.batch_size}", f"eval.dataset={out / 'data' / 'eval'}",
-                       f"train.max_steps={plan.steps}", f"eval.every={plan.eval_every}",
-                       f"train.run_dir={run_dir}", "train.resume=none"])
+    code = train_main(
+        [
+            "configs/demo.yaml",
+            f"model.name={size}",
+            f"model.image_attention={attention}",
+            f"model.text_attention={attention}",
+            f"data.train_shards={shards}",
+            f"data.batch_size={plan.batch_size}",
+            f"eval.dataset={out / 'data' / 'eval'}",
+            f"train.max_steps={plan.steps}",
+            f"eval.every={plan.eval_every}",
+            f"train.run_dir={run_dir}",
+            "train.resume=none",
+        ]
+    )
     if code != 0:
         raise SystemExit(f"training {size} with {attention} stopped with exit code {code}; see {run_dir}")
     seconds = time.perf_counter() - start
@@ -79,27 +99,50 @@ def train_run(out: Path, shards: str, size: str, attention: str, plan: Plan) -> 
     sizes = summary(build_clip(ModelConfig(name=size, image_attention=attention, text_attention=attention)))
     evals = [m for m in metrics if "zeroshot/top1" in m]
     losses = [m for m in metrics if "loss" in m]
-    return {"size": size, "attention": attention, "run_dir": str(run_dir), "train_seconds": seconds,
-            "params": sizes["total"], "params_without_token_embedding": sizes["without_token_embedding"],
-            "gmacs_per_sample": sizes["gmacs"], "final_loss": losses[-1]["loss"],
-            "top1": evals[-1]["zeroshot/top1"], "top5": evals[-1]["zeroshot/top5"],
-            "curve": [(m["samples_seen"], m["zeroshot/top1"]) for m in evals]}
+    return {
+        "size": size,
+        "attention": attention,
+        "run_dir": str(run_dir),
+        "train_seconds": seconds,
+        "params": sizes["total"],
+        "params_without_token_embedding": sizes["without_token_embedding"],
+        "gmacs_per_sample": sizes["gmacs"],
+        "final_loss": losses[-1]["loss"],
+        "top1": evals[-1]["zeroshot/top1"],
+        "top5": evals[-1]["zeroshot/top5"],
+        "curve": [(m["samples_seen"], m["zeroshot/top1"]) for m in evals],
+    }
 
 
 def scaling_fits(runs: list[dict], out: Path, n_boot: int) -> list[tuple[str, dict | None, str]]:
     """Two fits per attention: error vs parameters at the end, and the compute frontier over all evals."""
     final = pd.DataFrame([{k: v for k, v in r.items() if k != "curve"} for r in runs])
     final["error"] = 1 - final["top1"]
-    curve = pd.DataFrame([{"attention": r["attention"], "size": r["size"], "error": 1 - top1,
-                           "compute": r["gmacs_per_sample"] * seen}
-                          for r in runs for seen, top1 in r["curve"] if seen > 0])
+    curve = pd.DataFrame(
+        [
+            {"attention": r["attention"], "size": r["size"], "error": 1 - top1, "compute": r["gmacs_per_sample"] * seen}
+            for r in runs
+            for seen, top1 in r["curve"]
+            if seen > 0
+        ]
+    )
     sizes_per_attention = max(2, len(runs) // len(set(final["attention"])))
-    jobs = [("params", final, "params_without_token_embedding", None), ("compute", curve, "compute", sizes_per_attention)]
+    jobs = [
+        ("params", final, "params_without_token_embedding", None),
+        ("compute", curve, "compute", sizes_per_attention),
+    ]
     results = []
     for name, frame, x, bins in jobs:
         try:
-            report = fit(frame, x, "error", group="attention", frontier_bins=bins, n_boot=n_boot, reference="softmax"
-                         if "softmax" in set(frame["attention"]) else None)
+            report = fit(
+                frame,
+                x,
+                "error",
+                group="attention",
+                frontier_bins=bins,
+                n_boot=n_boot,
+                reference="softmax" if "softmax" in set(frame["attention"]) else None,
+            )
         except ScalingInputError as e:
             results.append((name, None, f"not fitted: {e}"))
             continue
@@ -110,24 +153,47 @@ def scaling_fits(runs: list[dict], out: Path, n_boot: int) -> list[tuple[str, di
 
 
 def attention_table(out: Path, sizes: list[int]) -> str:
-    bench_attention.main(["--sizes", *map(str, sizes), "--long-sizes", "--bf16-variants", "--budget", "0.3",
-                          "--max-seconds", "2", "--out", str(out / "bench_attention")])
+    bench_attention.main(
+        [
+            "--sizes",
+            *map(str, sizes),
+            "--long-sizes",
+            "--bf16-variants",
+            "--budget",
+            "0.3",
+            "--max-seconds",
+            "2",
+            "--out",
+            str(out / "bench_attention"),
+        ]
+    )
     lines = (out / "bench_attention.md").read_text().splitlines()[1:]  # its title: the report's section says it
     return "\n".join("#" + line if line.startswith("#") else line for line in lines) + "\n"  # its sections nest
 
 
 def report_md(runs: list[dict], fits: list, bench: str, plan: Plan, seconds: float) -> str:
-    rows = ["| size | attention | params (no embedding) | zero-shot top-1 | top-5 | final loss | training time (s) |",
-            "|---|---|---|---|---|---|---|"]
-    rows += [f"| {r['size']} | {r['attention']} | {r['params_without_token_embedding'] / 1e6:.3f}M | {100 * r['top1']:.1f}% | "
-             f"{100 * r['top5']:.1f}% | {r['final_loss']:.3f} | {r['train_seconds']:.0f} |" for r in runs]
-    parts = [f"# Softmax vs linear attention on the synthetic data\n\nMade by `python -m scripts.demo` on "
-             f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC in {seconds / 60:.1f} minutes: {plan.steps} steps of "
-             f"batch {plan.batch_size} per run, the same attention in both towers, zero-shot on 24 colour+shape "
-             f"classes (chance 4.2%).\n", "## Runs\n", "\n".join(rows) + "\n"]
+    rows = [
+        "| size | attention | params (no embedding) | zero-shot top-1 | top-5 | final loss | training time (s) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    rows += [
+        f"| {r['size']} | {r['attention']} | {r['params_without_token_embedding'] / 1e6:.3f}M | "
+        f"{100 * r['top1']:.1f}% | {100 * r['top5']:.1f}% | {r['final_loss']:.3f} | {r['train_seconds']:.0f} |"
+        for r in runs
+    ]
+    parts = [
+        f"# Softmax vs linear attention on the synthetic data\n\nMade by `python -m scripts.demo` on "
+        f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC in {seconds / 60:.1f} minutes: {plan.steps} steps of "
+        f"batch {plan.batch_size} per run, the same attention in both towers, zero-shot on 24 colour+shape "
+        f"classes (chance 4.2%).\n",
+        "## Runs\n",
+        "\n".join(rows) + "\n",
+    ]
     for name, report, table in fits:
-        title = {"params": "zero-shot error vs non-embedding parameters (end of training)",
-                 "compute": "compute frontier: zero-shot error vs GMACs x samples seen (every evaluation)"}[name]
+        title = {
+            "params": "zero-shot error vs non-embedding parameters (end of training)",
+            "compute": "compute frontier: zero-shot error vs GMACs x samples seen (every evaluation)",
+        }[name]
         parts += [f"## Scaling fit: {title}\n", f"```\n{table}\n```\n"]
         if report is not None:
             parts.append(f"![{name}](scaling_{name}.png)\n")
@@ -138,7 +204,7 @@ def report_md(runs: list[dict], fits: list, bench: str, plan: Plan, seconds: flo
 def main(argv: list[str] | None = None) -> Path:
     args = parse_args(argv)
     plan = QUICK if args.quick else FULL
-    out = Path(args.out or f"runs/demo-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}")
+    out = Path(args.out or f"runs/demo-{datetime.now(UTC):%Y%m%d-%H%M%S}")
     out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     stage(f"making the synthetic data set in {out / 'data'}")
@@ -147,8 +213,11 @@ def main(argv: list[str] | None = None) -> Path:
     for i, (size, attention) in enumerate([(s, a) for s in args.sizes for a in args.attentions], 1):
         stage(f"run {i}/{len(args.sizes) * len(args.attentions)}: {size} with {attention} attention")
         runs.append(train_run(out, shards, size, attention, plan))
-        print(f"   top-1 {100 * runs[-1]['top1']:.1f}%  loss {runs[-1]['final_loss']:.3f}  "
-              f"{runs[-1]['train_seconds']:.0f} s", file=sys.stderr)
+        print(
+            f"   top-1 {100 * runs[-1]['top1']:.1f}%  loss {runs[-1]['final_loss']:.3f}  "
+            f"{runs[-1]['train_seconds']:.0f} s",
+            file=sys.stderr,
+        )
     stage("fitting scaling laws per attention")
     fits = scaling_fits(runs, out, plan.n_boot)
     stage("timing the attention layers")

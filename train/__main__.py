@@ -1,9 +1,11 @@
-"""`python -m train CONFIG.yaml [section.key=value ...]`; errors the user can fix are one line on stderr, exit code 1."""
+"""`python -m train CONFIG.yaml [section.key=value ...]`; errors the user can fix are one line on stderr, exit code
+1."""
+
 import sys
 
-from . import main as entry
-from .config import ConfigError
-from .loop import TrainingError
+from train import main as entry
+from train.config import ConfigError
+from train.loop import TrainingError
 
 if sys.argv[1:2] in (["-h"], ["--help"]):
     print(entry.__doc__)

@@ -13,6 +13,7 @@ Everything is written into `.tmp_step_00000100/` and renamed at the end, so a cr
 the write leaves only a `.tmp_*` folder that resume ignores. Loading never unpickles code: the model is
 safetensors, and accelerate 1.15's `load_state` calls `torch.load(..., weights_only=True)`.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,7 +27,7 @@ import torch
 from accelerate import Accelerator
 from safetensors.torch import load_file, save_file
 
-from .dist import sum_over_ranks
+from train.dist import sum_over_ranks
 
 STEP_DIR = re.compile(r"^step_(\d{8})$")
 # present under DDP and FSDP alike (FSDP stores the model and optimizer as sharded folders instead)
@@ -38,12 +39,16 @@ def step_name(step: int) -> str:
     return f"step_{step:08d}"
 
 
-def save_checkpoint(accelerator: Accelerator, model, run_dir: Path, meta: dict, data_state: dict, keep_last: int) -> Path:
+def save_checkpoint(
+    accelerator: Accelerator, model, run_dir: Path, meta: dict, data_state: dict, keep_last: int
+) -> Path:
     """Write a complete checkpoint for meta["step"] (call on every rank); returns its folder."""
     root = Path(run_dir) / "checkpoints"
     final, tmp = root / step_name(meta["step"]), root / f".tmp_{step_name(meta['step'])}"
     state_dict = unwrapped_state_dict(accelerator, model)  # collective under FSDP: the full dict lands on rank 0
-    broken = accelerator.is_main_process and not all(torch.isfinite(t).all() for t in state_dict.values() if t.is_floating_point())
+    broken = accelerator.is_main_process and not all(
+        torch.isfinite(t).all() for t in state_dict.values() if t.is_floating_point()
+    )
     if sum_over_ranks(accelerator, {"broken": int(broken)})["broken"]:  # every rank raises, none waits forever
         raise RuntimeError(f"refusing to write checkpoint {final.name}: the model holds NaN or Inf weights")
     if accelerator.is_main_process:
@@ -82,7 +87,7 @@ def write_json(path: Path, obj) -> None:
 
 
 def fsync_tree(folder: Path) -> None:
-    for path in sorted(folder.rglob("*"), key=lambda p: len(p.parts), reverse=True) + [folder]:
+    for path in [*sorted(folder.rglob("*"), key=lambda p: len(p.parts), reverse=True), folder]:
         fd = os.open(path, os.O_RDONLY)
         try:
             os.fsync(fd)
@@ -147,7 +152,10 @@ def resolve(resume: str, run_dir: Path) -> Path | None:
     folder = Path(resume)
     reason = problem(folder) if folder.is_dir() else "no such folder"
     if reason:
-        raise ValueError(f"train.resume={resume} is not a loadable checkpoint ({reason}); point it at a step_* folder or use train.resume=auto")
+        raise ValueError(
+            f"train.resume={resume} is not a loadable checkpoint ({reason}); "
+            "point it at a step_* folder or use train.resume=auto"
+        )
     return folder
 
 

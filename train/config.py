@@ -7,6 +7,7 @@ anything left out keeps the dataclass default. Override values are parsed with `
 `3`, `1e-4`, `true`, `null` and `[a, b]` mean what they say. Unknown keys and values of the wrong type
 are a one-line `ConfigError` that names the key and the fix.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -101,7 +102,10 @@ CHOICES = {
 def load_config(argv: list[str]) -> Config:
     """`[CONFIG.yaml, key=value, ...]` -> a validated Config."""
     if not argv or "=" in argv[0]:
-        raise ConfigError("usage: python -m train CONFIG.yaml [section.key=value ...]; give a config file first, e.g. configs/tiny.yaml")
+        raise ConfigError(
+            "usage: python -m train CONFIG.yaml [section.key=value ...]; "
+            "give a config file first, e.g. configs/tiny.yaml"
+        )
     path = Path(argv[0])
     if not path.is_file():
         raise ConfigError(f"config file {str(path)!r} does not exist; pick one of configs/*.yaml")
@@ -186,7 +190,11 @@ def matches(value, hint) -> bool:
     if hint is type(None):
         return value is None
     if origin in (list, tuple):
-        return isinstance(value, (list, tuple)) and all(matches(v, args[0]) for v in value) if args else isinstance(value, (list, tuple))
+        return (
+            isinstance(value, (list, tuple)) and all(matches(v, args[0]) for v in value)
+            if args
+            else isinstance(value, (list, tuple))
+        )
     if origin is dict or hint is dict:
         return isinstance(value, dict)
     if hint is float:

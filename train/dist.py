@@ -5,6 +5,7 @@
 is gloo. Pre-emption (SIGTERM, or SIGUSR1 from Slurm's `--signal`) only raises a flag; the loop finishes
 its step, and all ranks stop at the same step because the flag is all-reduced every step.
 """
+
 from __future__ import annotations
 
 import os
@@ -14,10 +15,15 @@ from datetime import timedelta
 
 import numpy as np
 import torch
-from accelerate import Accelerator, DistributedDataParallelKwargs, FullyShardedDataParallelPlugin, InitProcessGroupKwargs
+from accelerate import (
+    Accelerator,
+    DistributedDataParallelKwargs,
+    FullyShardedDataParallelPlugin,
+    InitProcessGroupKwargs,
+)
 from accelerate.state import AcceleratorState, GradientState
 
-from .config import ConfigError, TrainConfig
+from train.config import ConfigError, TrainConfig
 
 PRECISION = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}
 PREEMPT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
@@ -30,7 +36,9 @@ def world_size_from_env() -> int:
 def make_accelerator(cfg: TrainConfig) -> Accelerator:
     """An Accelerator for DDP (default) or FSDP, with the configured mixed precision."""
     if cfg.precision == "fp16" and (cfg.cpu or not torch.cuda.is_available()):
-        raise ConfigError("train.precision=fp16 needs a GPU (its gradient scaler is CUDA-only); use train.precision=bf16 on the CPU")
+        raise ConfigError(
+            "train.precision=fp16 needs a GPU (its gradient scaler is CUDA-only); use train.precision=bf16 on the CPU"
+        )
     if cfg.deterministic:
         # cuBLAS needs a fixed workspace to be deterministic; must be set before the first CUDA matmul
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
@@ -50,7 +58,10 @@ def make_accelerator(cfg: TrainConfig) -> Accelerator:
     AcceleratorState._reset_state(reset_partial_state=False)
     GradientState._reset_state()
     # other ranks wait at a barrier while rank 0 evaluates or writes a checkpoint: allow more than NCCL's 10 min
-    handlers = [InitProcessGroupKwargs(timeout=timedelta(minutes=60)), DistributedDataParallelKwargs(find_unused_parameters=False)]
+    handlers = [
+        InitProcessGroupKwargs(timeout=timedelta(minutes=60)),
+        DistributedDataParallelKwargs(find_unused_parameters=False),
+    ]
     accelerator = Accelerator(
         mixed_precision=PRECISION[cfg.precision],
         # accelerate treats a torchrun world as multi-process CPU (gloo) only when told it is on the CPU
@@ -61,15 +72,18 @@ def make_accelerator(cfg: TrainConfig) -> Accelerator:
         step_scheduler_with_optimizer=False,
     )
     if cfg.distributed == "fsdp" and accelerator.distributed_type.name != "FSDP":
-        raise ConfigError(f"train.distributed=fsdp needs several GPU processes (accelerate shards only across GPUs), "
-                          f"this is {accelerator.distributed_type.name} with {accelerator.num_processes} process(es); use train.distributed=ddp")
+        raise ConfigError(
+            "train.distributed=fsdp needs several GPU processes (accelerate shards only across GPUs), "
+            f"this is {accelerator.distributed_type.name} with {accelerator.num_processes} process(es); "
+            "use train.distributed=ddp"
+        )
     return accelerator
 
 
 def seed_everything(seed: int) -> None:
     """The same seed on every rank, so every rank builds the same initial model."""
     random.seed(seed)
-    np.random.seed(seed)
+    np.random.seed(seed)  # noqa: NPY002 - seeds numpy's global RNG on purpose, for user code that draws from it
     torch.manual_seed(seed)
 
 

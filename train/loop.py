@@ -4,24 +4,25 @@ A step: draw `accum_freq` micro-batches, compute gradients (`compute_gradients`)
 whether the loss was finite and whether a pre-emption signal arrived, then take the optimizer step (or skip
 it), step the schedule, clamp the logit scale, log, evaluate and checkpoint as configured.
 """
+
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import torch
 from accelerate import Accelerator
 from torch import Tensor, nn
 
-from .checkpoint import save_checkpoint
-from .config import TrainConfig
-from .dist import StopFlag, agree, sum_over_ranks
-from .log import RunLog
-from .optim import clamp_logit_scale
+from train.checkpoint import save_checkpoint
+from train.config import TrainConfig
+from train.dist import StopFlag, agree, sum_over_ranks
+from train.log import RunLog
+from train.optim import clamp_logit_scale
 
 PREEMPTED = 75  # exit code after a pre-emption checkpoint; the Slurm wrapper requeues on it
 
@@ -72,8 +73,15 @@ def plain_param(p: Tensor | None) -> Tensor | None:
     return p.full_tensor() if hasattr(p, "full_tensor") else p
 
 
-def compute_gradients(accelerator: Accelerator, model: nn.Module, loss_fn: nn.Module, micro_batches: list, *,
-                      logit_bias: Tensor | None = None, poison: bool = False) -> Tensor:
+def compute_gradients(
+    accelerator: Accelerator,
+    model: nn.Module,
+    loss_fn: nn.Module,
+    micro_batches: list,
+    *,
+    logit_bias: Tensor | None = None,
+    poison: bool = False,
+) -> Tensor:
     """Backward of the contrastive loss over all micro-batches together; returns the loss (detached).
 
     With several micro-batches (open_clip's --accum-freq): first the features of every micro-batch without
@@ -93,8 +101,12 @@ def compute_gradients(accelerator: Accelerator, model: nn.Module, loss_fn: nn.Mo
             if not last:
                 scale, bias = scale.detach(), None if bias is None else bias.detach()
             if cached is not None:
-                image_features = torch.cat([c[0] for c in cached[:j]] + [image_features] + [c[0] for c in cached[j + 1:]])
-                text_features = torch.cat([c[1] for c in cached[:j]] + [text_features] + [c[1] for c in cached[j + 1:]])
+                image_features = torch.cat(
+                    [c[0] for c in cached[:j]] + [image_features] + [c[0] for c in cached[j + 1 :]]
+                )
+                text_features = torch.cat(
+                    [c[1] for c in cached[:j]] + [text_features] + [c[1] for c in cached[j + 1 :]]
+                )
             loss = loss_fn(image_features, text_features, scale, bias)
             if poison:
                 loss = loss * float("nan")
@@ -102,7 +114,9 @@ def compute_gradients(accelerator: Accelerator, model: nn.Module, loss_fn: nn.Mo
     return loss.detach()
 
 
-def apply_gradients(accelerator: Accelerator, model: nn.Module, optimizer, clip_norm: float | None) -> tuple[bool, float]:
+def apply_gradients(
+    accelerator: Accelerator, model: nn.Module, optimizer, clip_norm: float | None
+) -> tuple[bool, float]:
     """Clip and step unless the gradient norm is non-finite; returns (stepped, gradient norm).
 
     Under fp16 a non-finite norm is the gradient scaler's business: it skips the step and lowers the scale.
@@ -136,13 +150,18 @@ class Trainer:
     def run(self, stop: StopFlag) -> int:
         """Train to cfg.max_steps; returns the exit code (0 done, 75 pre-empted)."""
         if self.progress.step >= self.cfg.max_steps:
-            self.message(f"nothing to do: the run is at step {self.progress.step} of train.max_steps={self.cfg.max_steps}")
+            self.message(
+                f"nothing to do: the run is at step {self.progress.step} of train.max_steps={self.cfg.max_steps}"
+            )
             self.log.close()
             return 0
         try:
             while self.progress.step < self.cfg.max_steps:
                 if self.step(stop):
-                    self.message(f"signal {stop.signal} received: checkpoint at step {self.progress.step}, exiting with {PREEMPTED} to be requeued")
+                    self.message(
+                        f"signal {stop.signal} received: checkpoint at step {self.progress.step}, "
+                        f"exiting with {PREEMPTED} to be requeued"
+                    )
                     self.save()
                     return PREEMPTED
             if not self.due(self.cfg.save_every):
@@ -167,7 +186,9 @@ class Trainer:
         data_wait = time.perf_counter() - start
         self.optimizer.zero_grad(set_to_none=True)
         bias = getattr(acc.unwrap_model(self.model), "logit_bias", None)
-        loss = compute_gradients(acc, self.model, self.loss_fn, batches, logit_bias=bias, poison=p.step + 1 in cfg.debug_nan_steps)
+        loss = compute_gradients(
+            acc, self.model, self.loss_fn, batches, logit_bias=bias, poison=p.step + 1 in cfg.debug_nan_steps
+        )
         loss, stop_now = agree(acc, loss, stop.requested)
         bad, grad_norm = not math.isfinite(loss), math.nan
         if not bad:
@@ -195,10 +216,16 @@ class Trainer:
             return
         p.bad_steps += 1
         p.consecutive_bad += 1
-        self.message(f"warning: step {p.step}: non-finite loss {loss} or gradient norm {grad_norm}, optimizer step skipped ({p.consecutive_bad} in a row)")
+        self.message(
+            f"warning: step {p.step}: non-finite loss {loss} or gradient norm {grad_norm}, "
+            f"optimizer step skipped ({p.consecutive_bad} in a row)"
+        )
         if p.consecutive_bad >= self.cfg.max_bad_steps:
-            raise TrainingError(f"stopped at step {p.step}: {p.consecutive_bad} consecutive steps with a non-finite loss or gradient "
-                                f"(train.max_bad_steps={self.cfg.max_bad_steps}); lower optim.lr, set optim.grad_clip_norm, or use train.precision=fp32")
+            raise TrainingError(
+                f"stopped at step {p.step}: {p.consecutive_bad} consecutive steps with a non-finite loss or gradient "
+                f"(train.max_bad_steps={self.cfg.max_bad_steps}); "
+                "lower optim.lr, set optim.grad_clip_norm, or use train.precision=fp32"
+            )
 
     def report(self, loss: float, lr: float, grad_norm: float, data_wait: float, samples_per_s: float) -> None:
         """Progress bar every step; metrics.jsonl and wandb every log_every steps and at the last step."""
@@ -208,21 +235,43 @@ class Trainer:
             return
         skipped = sum_over_ranks(acc, self.stream.data.skipped())
         scale = float(plain_param(acc.unwrap_model(self.model).logit_scale).detach().exp())
-        self.log.log({"step": p.step, "samples_seen": p.samples_seen, "loss": loss, "lr": lr, "logit_scale": scale,
-                      "samples_per_s": samples_per_s, "data_wait_s": data_wait, "grad_norm": grad_norm,
-                      "bad_steps": p.bad_steps, "skipped": skipped, "time": time.time()})
+        self.log.log(
+            {
+                "step": p.step,
+                "samples_seen": p.samples_seen,
+                "loss": loss,
+                "lr": lr,
+                "logit_scale": scale,
+                "samples_per_s": samples_per_s,
+                "data_wait_s": data_wait,
+                "grad_norm": grad_norm,
+                "bad_steps": p.bad_steps,
+                "skipped": skipped,
+                "time": time.time(),
+            }
+        )
 
     def run_eval(self) -> None:
         results = self.evaluate()
         if results:
             self.log.log({"step": self.progress.step, "samples_seen": self.progress.samples_seen, **results})
-            self.message(f"step {self.progress.step}: " + ", ".join(f"{k}={results[k]:.4f}" for k in ("zeroshot/top1", "zeroshot/top5") if k in results))
+            self.message(
+                f"step {self.progress.step}: "
+                + ", ".join(f"{k}={results[k]:.4f}" for k in ("zeroshot/top1", "zeroshot/top5") if k in results)
+            )
 
     def save(self) -> Path:
         p = self.progress
-        meta = {"step": p.step, "samples_seen": p.samples_seen, "epoch": self.stream.epoch, "bad_steps": p.bad_steps,
-                "config": self.config_dict}
-        return save_checkpoint(self.accelerator, self.model, Path(self.cfg.run_dir), meta, self.stream.state_dict(), self.cfg.keep_last)
+        meta = {
+            "step": p.step,
+            "samples_seen": p.samples_seen,
+            "epoch": self.stream.epoch,
+            "bad_steps": p.bad_steps,
+            "config": self.config_dict,
+        }
+        return save_checkpoint(
+            self.accelerator, self.model, Path(self.cfg.run_dir), meta, self.stream.state_dict(), self.cfg.keep_last
+        )
 
     def message(self, text: str) -> None:
         """A line for the user on rank 0 (through the progress bar when there is one)."""

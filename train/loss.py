@@ -5,6 +5,7 @@ whose backward sums the gradients arriving from every rank) and scores only its 
 global batch. With DDP averaging the gradients over ranks this gives exactly the gradient of the loss over
 the global batch, while each rank builds only a [b, W*b] logit block instead of [W*b, W*b].
 """
+
 from __future__ import annotations
 
 import warnings
@@ -15,7 +16,8 @@ import torch.distributed.nn.functional as dist_fn
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-# the issue asks for this autograd-aware gather; its replacement in _functional_collectives is not differentiable here
+# the autograd-aware gather: gradients flow back to every rank's local features (its replacement in
+# _functional_collectives is not differentiable here)
 warnings.filterwarnings("ignore", message="torch.distributed.nn.functional.all_gather is deprecated")
 
 
@@ -40,7 +42,9 @@ class ClipLoss(nn.Module):
     L2-normalised image and text features and s = exp(logit_scale).
     """
 
-    def forward(self, image_features: Tensor, text_features: Tensor, logit_scale: Tensor, logit_bias: Tensor | None = None) -> Tensor:
+    def forward(
+        self, image_features: Tensor, text_features: Tensor, logit_scale: Tensor, logit_bias: Tensor | None = None
+    ) -> Tensor:
         """image_features, text_features [b, D] (this rank's rows), logit_scale scalar (exp'd) -> scalar."""
         image_features, text_features = image_features.float(), text_features.float()
         rank, _ = world()
@@ -58,7 +62,9 @@ class SigLipLoss(nn.Module):
     global batch B; this rank sums its own images i against all texts j.
     """
 
-    def forward(self, image_features: Tensor, text_features: Tensor, logit_scale: Tensor, logit_bias: Tensor | None = None) -> Tensor:
+    def forward(
+        self, image_features: Tensor, text_features: Tensor, logit_scale: Tensor, logit_bias: Tensor | None = None
+    ) -> Tensor:
         """image_features, text_features [b, D], logit_scale and logit_bias scalars -> scalar."""
         if logit_bias is None:
             raise ValueError("the siglip loss needs the model's logit_bias; build the model with train.loss=siglip")

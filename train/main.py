@@ -8,6 +8,7 @@ default is in train/config.py and data/config.py, models/config.py. Launch on on
 A rerun of the same command resumes from the newest complete checkpoint (train.resume=auto).
 Exit codes: 0 done, 75 pre-empted (SIGTERM/SIGUSR1: checkpoint written after the current step), 1 error.
 """
+
 from __future__ import annotations
 
 import math
@@ -21,14 +22,13 @@ from data import DataConfig, build_train_data
 from data.errors import DataError
 from eval.zeroshot import evaluate
 from models import ModelConfig, build_clip, tokenizer, transforms
-
-from .checkpoint import load_checkpoint, read_meta, resolve
-from .config import Config, ConfigError, dump, load_config, to_dict
-from .dist import StopFlag, make_accelerator, world_size_from_env
-from .log import RunLog, check_wandb, git_commit, trim_metrics
-from .loop import DataStream, Progress, Trainer
-from .loss import build_loss
-from .optim import build_optimizer
+from train.checkpoint import load_checkpoint, read_meta, resolve
+from train.config import Config, ConfigError, dump, load_config, to_dict
+from train.dist import StopFlag, make_accelerator, world_size_from_env
+from train.log import RunLog, check_wandb, git_commit, trim_metrics
+from train.loop import DataStream, Progress, Trainer
+from train.loss import build_loss
+from train.optim import build_optimizer
 
 SIGLIP_INIT = {"logit_scale": math.log(10), "logit_bias": -10.0}  # Zhai et al. 2023, sec. 3.1
 
@@ -53,9 +53,21 @@ def fit(cfg: Config, stop: StopFlag) -> int:
     stream, progress = DataStream(data, accelerator.device), Progress()
     resume(cfg, accelerator, stream, progress)
     log = start_run_dir(cfg, accelerator, progress.step)
-    trainer = Trainer(accelerator, model, optimizer, schedule, build_loss(cfg.train.loss), stream, cfg.train, log,
-                      to_dict(cfg), clip_norm=cfg.optim.grad_clip_norm, evaluate=make_evaluator(cfg, accelerator, model),
-                      eval_every=cfg.eval.every, progress=progress)
+    trainer = Trainer(
+        accelerator,
+        model,
+        optimizer,
+        schedule,
+        build_loss(cfg.train.loss),
+        stream,
+        cfg.train,
+        log,
+        to_dict(cfg),
+        clip_norm=cfg.optim.grad_clip_norm,
+        evaluate=make_evaluator(cfg, accelerator, model),
+        eval_every=cfg.eval.every,
+        progress=progress,
+    )
     code = trainer.run(stop)
     accelerator.end_training()
     return code
@@ -68,7 +80,9 @@ def preflight(cfg: Config, world_size: int) -> None:
     except DataError as e:
         raise ConfigError(str(e)) from None
     if cfg.eval.dataset and "://" not in cfg.eval.dataset and not Path(cfg.eval.dataset).exists():
-        raise ConfigError(f"eval.dataset={cfg.eval.dataset} does not exist; point it at an ImageFolder tree or set eval.dataset=null")
+        raise ConfigError(
+            f"eval.dataset={cfg.eval.dataset} does not exist; point it at an ImageFolder tree or set eval.dataset=null"
+        )
     if cfg.train.max_steps < 1 or cfg.train.accum_freq < 1 or cfg.train.keep_last < 1 or cfg.train.max_bad_steps < 1:
         raise ConfigError("train.max_steps, train.accum_freq, train.keep_last and train.max_bad_steps must be >= 1")
     check_wandb(cfg.train.wandb)
@@ -78,9 +92,13 @@ def build_data(data_cfg: DataConfig, model_cfg: ModelConfig, augment: bool, acce
     """The train stream of this rank; a missing or bad shard spec is a ConfigError before any training."""
     train_transform, eval_transform = transforms(model_cfg)
     try:
-        return build_train_data(data_cfg, train_transform if augment else eval_transform, tokenizer(model_cfg),
-                                rank=accelerator.process_index,
-                                world_size=accelerator.num_processes)
+        return build_train_data(
+            data_cfg,
+            train_transform if augment else eval_transform,
+            tokenizer(model_cfg),
+            rank=accelerator.process_index,
+            world_size=accelerator.num_processes,
+        )
     except DataError as e:
         raise ConfigError(str(e)) from None
 
@@ -111,10 +129,18 @@ def resume(cfg: Config, accelerator, stream: DataStream, progress: Progress) -> 
     saved = {k: v for k, v in read_meta(folder)["config"]["model"].items() if k != "pretrained"}
     wanted = {k: v for k, v in to_dict(cfg)["model"].items() if k != "pretrained"}
     if saved != wanted:
-        changed = ", ".join(f"model.{k}={saved.get(k)!r} there" for k in sorted(wanted) if saved.get(k) != wanted.get(k))
-        raise ConfigError(f"{folder} holds another model ({changed}); pick a new train.run_dir or set train.resume=none")
+        changed = ", ".join(
+            f"model.{k}={saved.get(k)!r} there" for k in sorted(wanted) if saved.get(k) != wanted.get(k)
+        )
+        raise ConfigError(
+            f"{folder} holds another model ({changed}); pick a new train.run_dir or set train.resume=none"
+        )
     meta, data_state = load_checkpoint(accelerator, folder)
-    progress.step, progress.samples_seen, progress.bad_steps = meta["step"], meta["samples_seen"], meta.get("bad_steps", 0)
+    progress.step, progress.samples_seen, progress.bad_steps = (
+        meta["step"],
+        meta["samples_seen"],
+        meta.get("bad_steps", 0),
+    )
     stream.load_state_dict(data_state)
     if accelerator.is_main_process:
         print(f"resumed from {folder} at step {progress.step} ({progress.samples_seen} samples seen)", file=sys.stderr)
@@ -129,9 +155,17 @@ def start_run_dir(cfg: Config, accelerator, step: int) -> RunLog:
         (run_dir / "git_commit.txt").write_text(git_commit() + "\n")
         trim_metrics(run_dir / "metrics.jsonl", step)
     accelerator.wait_for_everyone()
-    return RunLog(run_dir, to_dict(cfg), main=accelerator.is_main_process, wandb_mode=cfg.train.wandb,
-                  project=cfg.train.wandb_project, name=cfg.train.wandb_name, total_steps=cfg.train.max_steps,
-                  start_step=step, progress=cfg.train.progress)
+    return RunLog(
+        run_dir,
+        to_dict(cfg),
+        main=accelerator.is_main_process,
+        wandb_mode=cfg.train.wandb,
+        project=cfg.train.wandb_project,
+        name=cfg.train.wandb_name,
+        total_steps=cfg.train.max_steps,
+        start_step=step,
+        progress=cfg.train.progress,
+    )
 
 
 def make_evaluator(cfg: Config, accelerator, model: nn.Module):
@@ -149,9 +183,17 @@ def make_evaluator(cfg: Config, accelerator, model: nn.Module):
             net.eval()
             # the eval must not move the training RNG, or a resumed run would diverge from an uninterrupted one
             with torch.random.fork_rng(devices=[accelerator.device] if accelerator.device.type == "cuda" else []):
-                out = evaluate(net, dataset=cfg.eval.dataset, tokenizer=tok, transform=eval_transform,
-                               classnames=cfg.eval.classnames, templates=cfg.eval.templates,
-                               batch_size=cfg.eval.batch_size, device=accelerator.device, workers=cfg.eval.workers)
+                out = evaluate(
+                    net,
+                    dataset=cfg.eval.dataset,
+                    tokenizer=tok,
+                    transform=eval_transform,
+                    classnames=cfg.eval.classnames,
+                    templates=cfg.eval.templates,
+                    batch_size=cfg.eval.batch_size,
+                    device=accelerator.device,
+                    workers=cfg.eval.workers,
+                )
             net.train(was_training)
             results = {f"zeroshot/{k}": v for k, v in out.items() if isinstance(v, (int, float))}
         accelerator.wait_for_everyone()
@@ -170,4 +212,3 @@ def eval_model(accelerator, model: nn.Module, model_cfg: ModelConfig) -> nn.Modu
     full = build_clip(model_cfg).to(accelerator.device)
     full.load_state_dict({k: v for k, v in state.items() if k != "logit_bias"})
     return full
-

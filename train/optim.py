@@ -1,4 +1,5 @@
 """AdamW with CLIP's weight-decay exclusions and a warmup + cosine schedule (Loshchilov & Hutter 2017, 2019)."""
+
 from __future__ import annotations
 
 import functools
@@ -8,7 +9,7 @@ import torch
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
-from .config import OptimConfig
+from train.config import OptimConfig
 
 LOGIT_SCALE_MAX = math.log(100)
 # parameters named like this are embeddings (or the temperature/bias), never decayed
@@ -37,7 +38,9 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig, max_steps: int) -> tuple
     optimizer = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps)
     # a partial, not a closure or object: LambdaLR then saves no state of it, so a resumed run follows the
     # schedule of its current config, and the state dict holds plain numbers (loadable with weights_only)
-    schedule = functools.partial(lr_multiplier, warmup=cfg.warmup_steps, total=max_steps, kind=cfg.schedule, min_ratio=cfg.min_lr_ratio)
+    schedule = functools.partial(
+        lr_multiplier, warmup=cfg.warmup_steps, total=max_steps, kind=cfg.schedule, min_ratio=cfg.min_lr_ratio
+    )
     return optimizer, LambdaLR(optimizer, schedule)
 
 

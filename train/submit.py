@@ -2,7 +2,8 @@
 
     python -m train.submit CONFIG --nodes N --gpus-per-node G --partition P --time T [--account A] [key=value ...]
     python -m train.submit CONFIG --gpus-per-node 0 --procs-per-node 2 --time 10 --dry-run    # CPU, print only
-    python -m train.submit sweep CONFIG --sizes tiny-s,tiny-m --attentions softmax,linear_elu --samples 1000,2000 --time 30
+    python -m train.submit sweep CONFIG --sizes tiny-s,tiny-m --attentions softmax,linear_elu --samples 1000,2000 \\
+        --time 30
     python -m train.submit sweep SWEEP.yaml --time 30
     python -m train.submit eval RUN_OR_CHECKPOINT... --dataset DIR --time 20
 
@@ -12,6 +13,7 @@ submitting them. The run directory is `train.run_dir` of the overrides or of the
 runs/<config-stem>-<timestamp>; it is passed on as an absolute `train.run_dir=` override, so a requeued
 job resumes there (train.resume=auto). The job runs in the current directory, like `python -m train` here.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -105,14 +107,23 @@ def add_resource_arguments(parser: argparse.ArgumentParser, training: bool = Tru
     parser.add_argument("--account", help="Slurm account to charge")
     parser.add_argument("--gpus-per-node", type=int, default=1, help="0 = CPU job without a --gres line")
     parser.add_argument("--cpus-per-task", type=int, help="CPUs for each node's task (all its processes)")
-    parser.add_argument("--sbatch-arg", action="append", default=[], metavar="OPTION",
-                        help="extra sbatch option, e.g. --sbatch-arg=--qos=high (repeatable)")
+    parser.add_argument(
+        "--sbatch-arg",
+        action="append",
+        default=[],
+        metavar="OPTION",
+        help="extra sbatch option, e.g. --sbatch-arg=--qos=high (repeatable)",
+    )
     parser.add_argument("--dry-run", action="store_true", help="print the batch script(s), submit nothing")
     if training:
         parser.add_argument("--nodes", type=int, default=1)
         parser.add_argument("--procs-per-node", type=int, help="training processes per node (default: one per GPU)")
-        parser.add_argument("--signal-seconds", type=int, default=120,
-                            help="USR1 this many seconds before the time limit: checkpoint, exit 75, requeue")
+        parser.add_argument(
+            "--signal-seconds",
+            type=int,
+            default=120,
+            help="USR1 this many seconds before the time limit: checkpoint, exit 75, requeue",
+        )
 
 
 def resources_from(args: argparse.Namespace) -> Resources:
@@ -121,10 +132,20 @@ def resources_from(args: argparse.Namespace) -> Resources:
     if gpus < 0 or procs < 1 or getattr(args, "nodes", 1) < 1:
         raise SubmitError("--nodes, --procs-per-node must be >= 1 and --gpus-per-node >= 0")
     if gpus and procs != gpus:
-        raise SubmitError(f"--procs-per-node {procs} differs from --gpus-per-node {gpus}; training runs one process per GPU")
-    res = Resources(time=args.time, nodes=getattr(args, "nodes", 1), gpus_per_node=gpus, procs_per_node=procs,
-                    partition=args.partition, account=args.account, cpus_per_task=args.cpus_per_task,
-                    signal_seconds=getattr(args, "signal_seconds", 120), sbatch_args=list(args.sbatch_arg))
+        raise SubmitError(
+            f"--procs-per-node {procs} differs from --gpus-per-node {gpus}; training runs one process per GPU"
+        )
+    res = Resources(
+        time=args.time,
+        nodes=getattr(args, "nodes", 1),
+        gpus_per_node=gpus,
+        procs_per_node=procs,
+        partition=args.partition,
+        account=args.account,
+        cpus_per_task=args.cpus_per_task,
+        signal_seconds=getattr(args, "signal_seconds", 120),
+        sbatch_args=list(args.sbatch_arg),
+    )
     if getattr(args, "signal_seconds", 0) >= time_limit_seconds(args.time):
         raise SubmitError(f"--signal-seconds {res.signal_seconds} is not below the time limit {args.time}; lower it")
     return res
@@ -146,21 +167,33 @@ def choose_run_dir(config: Path, overrides: list[str], stamp: str) -> tuple[Path
     explicit = (yaml.safe_load(config.read_text()) or {}).get("train", {}) or {}
     run_dir = Path(given[-1] if given else explicit.get("run_dir") or f"runs/{config.stem}-{stamp}").absolute()
     if re.search(r"\s", str(run_dir)):
-        raise SubmitError(f"run directory {str(run_dir)!r} holds whitespace, which #SBATCH --output cannot; pick another train.run_dir")
+        raise SubmitError(
+            f"run directory {str(run_dir)!r} holds whitespace, which #SBATCH --output cannot; "
+            "pick another train.run_dir"
+        )
     kept = [o for o in overrides if not o.startswith("train.run_dir=")]
     return run_dir, [*kept, f"train.run_dir={run_dir}"]
 
 
-def render_train(config: Path, overrides: list[str], run_dir: Path, res: Resources,
-                 bin_dir: Path | None = None) -> str:
+def render_train(config: Path, overrides: list[str], run_dir: Path, res: Resources, bin_dir: Path | None = None) -> str:
     """slurm/train.sbatch for `python -m train CONFIG overrides...` with the job's resources."""
-    return render("train.sbatch", {
-        "job_name": f"clip-{run_dir.name}", "nodes": res.nodes, "procs_per_node": res.procs_per_node,
-        "world_size": res.world_size, "time": res.time, "workdir": Path.cwd(), "repo": REPO, "run_dir": run_dir,
-        "signal_seconds": res.signal_seconds, "sbatch_options": sbatch_options(res),
-        "bin_dir": bin_dir or Path(sys.executable).parent,
-        "train_args": shlex.join([str(config.absolute()), *overrides]),
-    })
+    return render(
+        "train.sbatch",
+        {
+            "job_name": f"clip-{run_dir.name}",
+            "nodes": res.nodes,
+            "procs_per_node": res.procs_per_node,
+            "world_size": res.world_size,
+            "time": res.time,
+            "workdir": Path.cwd(),
+            "repo": REPO,
+            "run_dir": run_dir,
+            "signal_seconds": res.signal_seconds,
+            "sbatch_options": sbatch_options(res),
+            "bin_dir": bin_dir or Path(sys.executable).parent,
+            "train_args": shlex.join([str(config.absolute()), *overrides]),
+        },
+    )
 
 
 def submit(script: str, path: Path, dry_run: bool) -> str | None:
@@ -173,13 +206,17 @@ def submit(script: str, path: Path, dry_run: bool) -> str | None:
     try:
         done = subprocess.run(["sbatch", "--parsable", str(path)], capture_output=True, text=True, timeout=60)
     except FileNotFoundError:
-        raise SubmitError("sbatch not found; run on a Slurm login node (or scripts/slurm_local.sh up), or use --dry-run") from None
+        raise SubmitError(
+            "sbatch not found; run on a Slurm login node (or scripts/slurm_local.sh up), or use --dry-run"
+        ) from None
     if done.returncode != 0:
         raise SubmitError(f"sbatch {path} failed: {done.stderr.strip() or done.stdout.strip()}")
     return done.stdout.strip().split(";")[0]
 
 
-def submit_training(config: Path, overrides: list[str], res: Resources, dry_run: bool, stamp: str) -> tuple[str | None, Path]:
+def submit_training(
+    config: Path, overrides: list[str], res: Resources, dry_run: bool, stamp: str
+) -> tuple[str | None, Path]:
     """Validate, render and submit one training job; returns (job id, run dir)."""
     load_checked(config, overrides)
     run_dir, overrides = choose_run_dir(config, overrides, stamp)
@@ -191,8 +228,9 @@ def submit_training(config: Path, overrides: list[str], res: Resources, dry_run:
 
 
 def main_train(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(prog="python -m train.submit", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m train.submit", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("config", type=Path, help="training config YAML, e.g. configs/tiny.yaml")
     parser.add_argument("overrides", nargs="*", help="section.key=value overrides for python -m train")
     add_resource_arguments(parser)
@@ -224,8 +262,15 @@ def sweep_points(sizes: list[str], attentions: list[str], samples: list[int], sa
         if seen is not None:
             overrides.append(f"train.max_steps={math.ceil(seen / samples_per_step)}")
             parts.append(f"{seen}")
-        points.append({"size": size or "", "attention": attention or "", "samples": seen or "",
-                       "name": "-".join(parts) or "run", "overrides": overrides})
+        points.append(
+            {
+                "size": size or "",
+                "attention": attention or "",
+                "samples": seen or "",
+                "name": "-".join(parts) or "run",
+                "overrides": overrides,
+            }
+        )
     return points
 
 
@@ -234,7 +279,10 @@ def read_sweep_file(path: Path, args: argparse.Namespace) -> Path:
     spec = yaml.safe_load(path.read_text()) or {}
     unknown = sorted(set(spec) - {"config", "overrides", *SWEEP_AXES})
     if unknown or "config" not in spec:
-        raise SubmitError(f"sweep file {path} needs 'config' and may hold {', '.join(SWEEP_AXES)}, overrides; got {unknown or 'no config'}")
+        raise SubmitError(
+            f"sweep file {path} needs 'config' and may hold {', '.join(SWEEP_AXES)}, overrides; "
+            f"got {unknown or 'no config'}"
+        )
     for axis in SWEEP_AXES:
         if not getattr(args, axis) and spec.get(axis):
             setattr(args, axis, [str(v) for v in spec[axis]])
@@ -250,12 +298,18 @@ def split(text: str) -> list[str]:
 
 def main_sweep(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="python -m train.submit sweep", description="Submit a grid of training runs.")
-    parser.add_argument("config", type=Path, help="training config YAML, or a sweep YAML holding `config:` and the axes")
+    parser.add_argument(
+        "config", type=Path, help="training config YAML, or a sweep YAML holding `config:` and the axes"
+    )
     parser.add_argument("overrides", nargs="*", help="section.key=value overrides applied to every run")
     parser.add_argument("--sizes", type=split, default=[], help="model.name values, e.g. tiny-s,tiny-m")
-    parser.add_argument("--attentions", type=split, default=[], help="attention of both towers, e.g. softmax,linear_elu")
+    parser.add_argument(
+        "--attentions", type=split, default=[], help="attention of both towers, e.g. softmax,linear_elu"
+    )
     parser.add_argument("--samples", type=split, default=[], help="samples seen per run, e.g. 1000,2000")
-    parser.add_argument("--sweep-dir", type=Path, help="where the runs and manifest.csv go (default runs/sweep-<stem>-<time>)")
+    parser.add_argument(
+        "--sweep-dir", type=Path, help="where the runs and manifest.csv go (default runs/sweep-<stem>-<time>)"
+    )
     add_resource_arguments(parser)
     args = parser.parse_intermixed_args(argv)
     check_config_path(args.config)
@@ -263,7 +317,9 @@ def main_sweep(argv: list[str]) -> None:
     config = read_sweep_file(args.config, args) if "config" in data else args.config
     check_config_path(config)
     if not (args.sizes or args.attentions or args.samples):
-        raise SubmitError("a sweep needs at least one of --sizes, --attentions, --samples (or those keys in a sweep YAML)")
+        raise SubmitError(
+            "a sweep needs at least one of --sizes, --attentions, --samples (or those keys in a sweep YAML)"
+        )
     res, stamp = resources_from(args), timestamp()
     base = load_checked(config, args.overrides)
     try:
@@ -276,8 +332,16 @@ def main_sweep(argv: list[str]) -> None:
     for point in points:
         overrides = [*args.overrides, *point["overrides"], f"train.run_dir={sweep_dir / point['name']}"]
         job_id, run_dir = submit_training(config, overrides, res, args.dry_run, stamp)
-        rows.append({"job_id": job_id or "", "run_dir": str(run_dir), "size": point["size"],
-                     "attention": point["attention"], "samples": point["samples"], "overrides": " ".join(overrides)})
+        rows.append(
+            {
+                "job_id": job_id or "",
+                "run_dir": str(run_dir),
+                "size": point["size"],
+                "attention": point["attention"],
+                "samples": point["samples"],
+                "overrides": " ".join(overrides),
+            }
+        )
     write_manifest(rows, None if args.dry_run else sweep_dir / "manifest.csv")
 
 
@@ -303,35 +367,51 @@ def eval_output(target: Path, dataset: Path, out_dir: Path | None) -> Path:
         # a submitted run may have no checkpoint yet: with --sbatch-arg=--dependency=afterok:JOB it will
         run, name = target, "latest"
     else:
-        raise SubmitError(f"{target} is neither a checkpoint folder (with meta.json) nor a run directory "
-                          "(with checkpoints/ or train.sbatch)")
+        raise SubmitError(
+            f"{target} is neither a checkpoint folder (with meta.json) nor a run directory "
+            "(with checkpoints/ or train.sbatch)"
+        )
     return (out_dir or run / "eval") / f"zeroshot-{name}-{dataset.name}.json"
 
 
 def main_eval(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(prog="python -m train.submit eval",
-                                     description="Submit zero-shot evaluation (python -m eval.zeroshot) of checkpoints; "
-                                                 "unknown options are passed on to eval.zeroshot.")
+    parser = argparse.ArgumentParser(
+        prog="python -m train.submit eval",
+        description="Submit zero-shot evaluation (python -m eval.zeroshot) of checkpoints; "
+        "unknown options are passed on to eval.zeroshot.",
+    )
     parser.add_argument("checkpoints", nargs="+", type=Path, help="checkpoint folders or run directories")
-    parser.add_argument("--dataset", required=True, type=Path, help="ImageFolder tree or clip_benchmark webdataset folder")
+    parser.add_argument(
+        "--dataset", required=True, type=Path, help="ImageFolder tree or clip_benchmark webdataset folder"
+    )
     parser.add_argument("--out", type=Path, help="folder for the result JSONs (default: each run's eval/ folder)")
     add_resource_arguments(parser, training=False)
     args, eval_args = parser.parse_known_args(argv)
     if args.gpus_per_node > 1:
         raise SubmitError("eval.zeroshot uses one device; pass --gpus-per-node 1 (or 0 for the CPU)")
     if not args.dataset.is_dir():
-        raise SubmitError(f"--dataset {args.dataset} is not a folder; give an ImageFolder tree or a clip_benchmark webdataset folder")
+        raise SubmitError(
+            f"--dataset {args.dataset} is not a folder; give an ImageFolder tree or a clip_benchmark webdataset folder"
+        )
     res = resources_from(args)
     targets = [p.absolute() for p in args.checkpoints]
     outputs = [eval_output(p, args.dataset, args.out and args.out.absolute()) for p in targets]
     log_dir = outputs[0].parent
-    script = render("eval.sbatch", {
-        "job_name": f"clip-eval-{targets[0].name}", "time": res.time, "workdir": Path.cwd(), "repo": REPO,
-        "out_dir": log_dir,
-        "sbatch_options": sbatch_options(res), "bin_dir": Path(sys.executable).parent,
-        "checkpoints": shlex.join(map(str, targets)), "outputs": shlex.join(map(str, outputs)),
-        "eval_args": shlex.join(["--dataset", str(args.dataset.absolute()), *eval_args]),
-    })
+    script = render(
+        "eval.sbatch",
+        {
+            "job_name": f"clip-eval-{targets[0].name}",
+            "time": res.time,
+            "workdir": Path.cwd(),
+            "repo": REPO,
+            "out_dir": log_dir,
+            "sbatch_options": sbatch_options(res),
+            "bin_dir": Path(sys.executable).parent,
+            "checkpoints": shlex.join(map(str, targets)),
+            "outputs": shlex.join(map(str, outputs)),
+            "eval_args": shlex.join(["--dataset", str(args.dataset.absolute()), *eval_args]),
+        },
+    )
     job_id = submit(script, log_dir / f"eval-{timestamp()}.sbatch", args.dry_run)
     if job_id:
         print(f"submitted job {job_id}\nresults: " + " ".join(map(str, outputs)))

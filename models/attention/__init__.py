@@ -10,10 +10,14 @@
 | linear_elu             | linear.py     | reference.linear_elu |
 | efficient              | linear.py     | reference.efficient  |
 """
-from . import softmax  # noqa: F401  (each family registers itself on import)
-from . import continuum, linformer  # noqa: F401
-from . import linear  # noqa: F401
-from .base import Attention
-from .registry import ATTENTIONS, attend, build_attention, get_attention, register_attention
+
+from models.attention import (  # noqa: F401
+    continuum,
+    linear,
+    linformer,
+    softmax,
+)
+from models.attention.base import Attention
+from models.attention.registry import ATTENTIONS, attend, build_attention, get_attention, register_attention
 
 __all__ = ["ATTENTIONS", "Attention", "attend", "build_attention", "get_attention", "register_attention"]

@@ -3,11 +3,13 @@
 Parameter names follow open_clip's `nn.MultiheadAttention` (`in_proj_weight`, `in_proj_bias`,
 `out_proj`), so a softmax state dict loads into any variant and back into open_clip unchanged.
 """
+
 from __future__ import annotations
 
 import contextlib
 import math
-from typing import Callable, ClassVar
+from collections.abc import Callable
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -35,7 +37,10 @@ class Attention(nn.Module):
     def __init__(self, dim: int, num_heads: int, *, causal: bool = False, qkv_bias: bool = True, **options):
         super().__init__()
         if dim % num_heads:
-            raise ValueError(f"attention {self.name!r}: width {dim} is not divisible by {num_heads} heads; pick a width that is a multiple of the head count")
+            raise ValueError(
+                f"attention {self.name!r}: width {dim} is not divisible by {num_heads} heads; "
+                "pick a width that is a multiple of the head count"
+            )
         self.check_causal(causal)
         self.dim, self.num_heads, self.head_dim, self.causal = dim, num_heads, dim // num_heads, causal
         self.options = options

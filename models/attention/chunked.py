@@ -10,6 +10,7 @@ N = 65536). Measured at N = 16384 (docs/bench_attention.md): on one thread the l
 on two threads of a busy machine it is ~3x slower (each small op waits for both threads); the
 cumsum form is kept for its fixed, small number of ops.
 """
+
 from __future__ import annotations
 
 import torch
@@ -19,7 +20,9 @@ from torch import Tensor
 
 def check_chunk_size(chunk_size) -> int:
     if not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 1:
-        raise ValueError(f"chunk_size must be a positive integer number of tokens, got {chunk_size!r}; the default is 64")
+        raise ValueError(
+            f"chunk_size must be a positive integer number of tokens, got {chunk_size!r}; the default is 64"
+        )
     return chunk_size
 
 

@@ -33,6 +33,7 @@ Start token (option `start`): "zero" (k_0 = v_0 = 0, the default), "copy" (k_0, 
 real token, so [0, 1] is a constant segment and weights token 1 fully), "learn" (k_0, v_0 learned
 per head, initialised to zero, so training starts from "zero").
 """
+
 from __future__ import annotations
 
 import math
@@ -40,10 +41,10 @@ import math
 import torch
 from torch import Tensor, nn
 
-from . import reference
-from .base import Attention, scale
-from .reference import CONTINUUM_STARTS, continuum_start, join_real_tokens
-from .registry import register_attention
+from models.attention import reference
+from models.attention.base import Attention, scale
+from models.attention.reference import CONTINUUM_STARTS, continuum_start, join_real_tokens
+from models.attention.registry import register_attention
 
 SERIES_BOUND = 1.0  # |x| below this uses the Taylor series: the closed forms lose digits to cancellation there
 MAX_CHUNK_ELEMENTS = 2**25  # query rows per chunk keep each [B, H, rows, N] temporary below this
@@ -84,15 +85,19 @@ def log_phi2_pair_value(d: Tensor, with_slope: bool = False) -> tuple[Tensor, ..
     log_y2 = 2 * torch.log(y)
     up = y + torch.log1p(-(1 + y) * ey) - log_y2  # log phi2(y): (e^y - 1 - y) / y^2 with e^y taken out
     down = torch.log(y - 1 + ey) - log_y2  # log phi2(-y) = log(e^-y - 1 + y) - 2 log y
-    out = [torch.where(small, torch.log(even + odd), torch.where(pos, up, down)),
-           torch.where(small, torch.log(even - odd), torch.where(pos, down, up))]
+    out = [
+        torch.where(small, torch.log(even + odd), torch.where(pos, up, down)),
+        torch.where(small, torch.log(even - odd), torch.where(pos, down, up)),
+    ]
     if with_slope:
         deven, dodd = even_odd(x, [(j + 1) / math.factorial(j + 3) for j in range(terms)])  # phi2'
         # from log(e^x - 1 - x) - 2 log x, with x / expm1(x) = y e^-y / (1 - e^-y) at x = y (no inf / inf)
         up = 1 / (1 - y * ey / (1 - ey)) - 2 / y
         down = 1 / (1 - y / (1 - ey)) + 2 / y
-        out += [torch.where(small, (deven + dodd) / (even + odd), torch.where(pos, up, down)),
-                torch.where(small, (deven - dodd) / (even - odd), torch.where(pos, down, up))]
+        out += [
+            torch.where(small, (deven + dodd) / (even + odd), torch.where(pos, up, down)),
+            torch.where(small, (deven - dodd) / (even - odd), torch.where(pos, down, up)),
+        ]
     return tuple(out)
 
 
@@ -113,7 +118,8 @@ class LogPhi2Pair(torch.autograd.Function):
 
 
 def log_phi2_pair(d: Tensor) -> tuple[Tensor, Tensor]:
-    """(log phi2(d), log phi2(-d)) elementwise, phi2(x) = (e^x - 1 - x) / x^2, phi2(0) = 1/2; stable values and gradients."""
+    """(log phi2(d), log phi2(-d)) elementwise, phi2(x) = (e^x - 1 - x) / x^2, phi2(0) = 1/2; stable values and
+    gradients."""
     return LogPhi2Pair.apply(d)
 
 
@@ -123,7 +129,8 @@ def log_phi2(x: Tensor) -> Tensor:
 
 
 def continuum_rows(q: Tensor, keys: Tensor, values: Tensor, ends: Tensor | None) -> Tensor:
-    """Query rows q [B, H, n, D] against keys, values [B, H, N + 1, D] (start token first); ends [., ., n, 1] or None."""
+    """Query rows q [B, H, n, D] against keys, values [B, H, N + 1, D] (start token first); ends [., ., n, 1] or
+    None."""
     n_seg = keys.shape[-2] - 1
     a = (q @ keys.transpose(-1, -2)) * scale(q.shape[-1])  # [B, H, n, N + 1]
     near, far = a[..., :-1], a[..., 1:]  # the two ends of segment j = [j, j + 1]
@@ -138,9 +145,17 @@ def continuum_rows(q: Tensor, keys: Tensor, values: Tensor, ends: Tensor | None)
     return p[..., :n_seg] @ values[..., :-1, :] + p[..., n_seg:] @ values[..., 1:, :]
 
 
-def continuum_softmax(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, key_mask: Tensor | None = None,
-                      start: str = "zero", start_kv: tuple[Tensor, Tensor] | None = None,
-                      query_chunk: int | None = None) -> Tensor:
+def continuum_softmax(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    causal: bool = False,
+    key_mask: Tensor | None = None,
+    start: str = "zero",
+    start_kv: tuple[Tensor, Tensor] | None = None,
+    query_chunk: int | None = None,
+) -> Tensor:
     """[B, H, N, D] x3 -> [B, H, N, D]; O(N^2) like softmax. Computed in fp32 (fp64 stays fp64).
 
     start_kv: the learned (k_0, v_0) [H, D] when start == "learn". query_chunk: query rows per
@@ -153,8 +168,10 @@ def continuum_softmax(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, 
     values = torch.cat([v0.expand_as(v[:, :, :1]), v], 2)
     B, H, N, _ = q.shape
     rows = query_chunk or max(1, MAX_CHUNK_ELEMENTS // (B * H * N))
-    out = [continuum_rows(q[:, :, i : i + rows], keys, values, None if ends is None else ends[:, :, i : i + rows])
-           for i in range(0, N, rows)]
+    out = [
+        continuum_rows(q[:, :, i : i + rows], keys, values, None if ends is None else ends[:, :, i : i + rows])
+        for i in range(0, N, rows)
+    ]
     return torch.cat(out, 2).to(dtype)
 
 
@@ -169,12 +186,19 @@ class ContinuumSoftmaxAttention(Attention):
     function = staticmethod(continuum_softmax)
     reference = staticmethod(reference.continuum_softmax)
 
-    def __init__(self, dim: int, num_heads: int, *, causal: bool = False, qkv_bias: bool = True, start: str = "zero", **options):
+    def __init__(
+        self, dim: int, num_heads: int, *, causal: bool = False, qkv_bias: bool = True, start: str = "zero", **options
+    ):
         super().__init__(dim, num_heads, causal=causal, qkv_bias=qkv_bias, start=start, **options)
         if set(options) - {"query_chunk"}:
-            raise ValueError(f"attention 'continuum_softmax': unknown options {', '.join(sorted(set(options) - {'query_chunk'}))}; it takes start and query_chunk")
+            raise ValueError(
+                f"attention 'continuum_softmax': unknown options {', '.join(sorted(set(options) - {'query_chunk'}))}; "
+                "it takes start and query_chunk"
+            )
         if start not in CONTINUUM_STARTS:
-            raise ValueError(f"attention 'continuum_softmax': unknown start {start!r}; pick one of {', '.join(CONTINUUM_STARTS)}")
+            raise ValueError(
+                f"attention 'continuum_softmax': unknown start {start!r}; pick one of {', '.join(CONTINUUM_STARTS)}"
+            )
         if start == "learn":
             self.start_k = nn.Parameter(torch.zeros(num_heads, self.head_dim))
             self.start_v = nn.Parameter(torch.zeros(num_heads, self.head_dim))
@@ -183,7 +207,11 @@ class ContinuumSoftmaxAttention(Attention):
         return (self.start_k, self.start_v) if self.options["start"] == "learn" else None
 
     def attention(self, q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None) -> Tensor:
-        return continuum_softmax(q, k, v, causal=self.causal, key_mask=key_mask, start_kv=self.start_kv(), **self.options)
+        return continuum_softmax(
+            q, k, v, causal=self.causal, key_mask=key_mask, start_kv=self.start_kv(), **self.options
+        )
 
     def attention_reference(self, q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None) -> Tensor:
-        return reference.continuum_softmax(q, k, v, causal=self.causal, key_mask=key_mask, start_kv=self.start_kv(), **self.options)
+        return reference.continuum_softmax(
+            q, k, v, causal=self.causal, key_mask=key_mask, start_kv=self.start_kv(), **self.options
+        )

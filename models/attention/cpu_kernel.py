@@ -1,4 +1,5 @@
-"""Builds nodenom_cpu.c and affine_cpu.c (with linear_cpu.h) with the system C compiler on first use and calls them through ctypes.
+"""Builds nodenom_cpu.c and affine_cpu.c (with linear_cpu.h) with the system C compiler on first use and calls them
+through ctypes.
 
 The fused kernels compute non-causal linear_affine_nodenom and linear_affine, forward and backward, in
 one OpenMP region each (see the C files' headers); tiled.py and NormalisedLinear are the same math in
@@ -11,6 +12,7 @@ the flags, the compiler and this CPU's identity, so nodes of a cluster that shar
 differ in CPU each get their own build; a build is written to a temporary name and renamed, so ranks
 that start together never load a half-written file. Compiling takes about a second.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -71,7 +73,9 @@ def build(cc: str) -> Path:
         try:
             result = subprocess.run([cc, *FLAGS, *map(str, SOURCES), "-o", tmp, "-lm"], capture_output=True, text=True)
             if result.returncode != 0:
-                raise RuntimeError(result.stderr.strip().splitlines()[-1] if result.stderr.strip() else "compiler failed")
+                raise RuntimeError(
+                    result.stderr.strip().splitlines()[-1] if result.stderr.strip() else "compiler failed"
+                )
             os.replace(tmp, target)
         finally:
             if os.path.exists(tmp):
@@ -86,13 +90,21 @@ def library() -> ctypes.CDLL | None:
         return None
     cc = compiler()
     if cc is None:
-        warnings.warn("linear attention CPU kernels: no C compiler (cc/gcc) found, using the slower PyTorch path; install gcc or set CC")
+        warnings.warn(
+            "linear attention CPU kernels: no C compiler (cc/gcc) found, using the slower PyTorch path; "
+            "install gcc or set CC",
+            stacklevel=1,
+        )
         return None
     try:
         lib = ctypes.CDLL(str(build(cc)))
     except (OSError, RuntimeError, subprocess.SubprocessError) as err:
-        warnings.warn(f"linear attention CPU kernels: building the fused CPU kernel failed ({err}); using the slower PyTorch path; "
-                      f"set {DISABLE}=0 to silence this, or CLIP_KERNEL_CACHE to a writable folder")
+        warnings.warn(
+            f"linear attention CPU kernels: building the fused CPU kernel failed ({err}); "
+            f"using the slower PyTorch path; set {DISABLE}=0 to silence this, "
+            "or CLIP_KERNEL_CACHE to a writable folder",
+            stacklevel=1,
+        )
         return None
     p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
     lib.nodenom_forward.argtypes = [p, p, p, p, i64, i64, i64, i64, p, p, p, p, i32, i32]
@@ -105,14 +117,19 @@ def library() -> ctypes.CDLL | None:
 
 
 def usable(*tensors: Tensor | None) -> bool:
-    """True when the kernel can take these [G, N, D] tensors: fp32 on the CPU, none empty, a supported head size, and a build."""
+    """True when the kernel can take these [G, N, D] tensors: fp32 on the CPU, none empty, a supported head size, and
+    a build."""
     real = [t for t in tensors if t is not None]
-    return (all(t.device.type == "cpu" and t.dtype == torch.float32 and t.numel() > 0 for t in real)
-            and real[0].shape[-1] in HEAD_DIMS and library() is not None)
+    return (
+        all(t.device.type == "cpu" and t.dtype == torch.float32 and t.numel() > 0 for t in real)
+        and real[0].shape[-1] in HEAD_DIMS
+        and library() is not None
+    )
 
 
 def streams(out: Tensor) -> bool:
-    """Non-temporal stores for outputs of at least STREAM_BYTES: larger than the caches, so keeping them there only costs reads."""
+    """Non-temporal stores for outputs of at least STREAM_BYTES: larger than the caches, so keeping them there only
+    costs reads."""
     return out.numel() * out.element_size() >= STREAM_BYTES
 
 
@@ -121,55 +138,145 @@ def pointer(t: Tensor | None) -> int | None:
 
 
 def forward(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, out: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Writes o into out [G, N, D]; returns rq [G, N, 1], rk [G, M, 1] (zero for padded keys) and the state [G, D + 1, D] = [S; s].
+    """Writes o into out [G, N, D]; returns rq [G, N, 1], rk [G, M, 1] (zero for padded keys) and the state
+    [G, D + 1, D] = [S; s].
 
     Every tensor must be contiguous (AffineNoDenom makes them so and keeps them for the backward).
     """
     (G, N, D), M = q.shape, k.shape[1]
     rq, rk, state = q.new_empty(G, N, 1), k.new_empty(G, M, 1), q.new_empty(G, D + 1, D)
-    status = library().nodenom_forward(q.data_ptr(), k.data_ptr(), v.data_ptr(), pointer(keep), G, N, M, D, out.data_ptr(),
-                                       rq.data_ptr(), rk.data_ptr(), state.data_ptr(), torch.get_num_threads(), streams(out))
+    status = library().nodenom_forward(
+        q.data_ptr(),
+        k.data_ptr(),
+        v.data_ptr(),
+        pointer(keep),
+        G,
+        N,
+        M,
+        D,
+        out.data_ptr(),
+        rq.data_ptr(),
+        rk.data_ptr(),
+        state.data_ptr(),
+        torch.get_num_threads(),
+        streams(out),
+    )
     if status != 0:
         out_of_memory(G, D)
     return rq, rk, state
 
 
-def backward(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, rq: Tensor, rk: Tensor, state: Tensor,
-             grad_q: Tensor, grad_k: Tensor, grad_v: Tensor) -> None:
-    """Writes dL/dq, dL/dk, dL/dv [G, N or M, D] into grad_q, grad_k, grad_v from dL/do = grad and forward()'s results."""
+def backward(
+    grad: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    keep: Tensor | None,
+    rq: Tensor,
+    rk: Tensor,
+    state: Tensor,
+    grad_q: Tensor,
+    grad_k: Tensor,
+    grad_v: Tensor,
+) -> None:
+    """Writes dL/dq, dL/dk, dL/dv [G, N or M, D] into grad_q, grad_k, grad_v from dL/do = grad and forward()'s
+    results."""
     (G, N, D), M = q.shape, k.shape[1]
     grad = grad.contiguous()  # a name keeps it alive through the call
-    status = library().nodenom_backward(grad.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(), pointer(keep),
-                                        rq.data_ptr(), rk.data_ptr(), state.data_ptr(), G, N, M, D, grad_q.data_ptr(),
-                                        grad_k.data_ptr(), grad_v.data_ptr(), torch.get_num_threads(), streams(grad_q))
+    status = library().nodenom_backward(
+        grad.data_ptr(),
+        q.data_ptr(),
+        k.data_ptr(),
+        v.data_ptr(),
+        pointer(keep),
+        rq.data_ptr(),
+        rk.data_ptr(),
+        state.data_ptr(),
+        G,
+        N,
+        M,
+        D,
+        grad_q.data_ptr(),
+        grad_k.data_ptr(),
+        grad_v.data_ptr(),
+        torch.get_num_threads(),
+        streams(grad_q),
+    )
     if status != 0:
         out_of_memory(G, D)
 
 
-def affine_forward(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, count: Tensor, out: Tensor) -> tuple[Tensor, ...]:
-    """linear_affine: writes o into out [G, N, D]; returns rq, den [G, N, 1], rk [G, M, 1] and the state [G, D + 2, D] = [S; c; z].
+def affine_forward(
+    q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, count: Tensor, out: Tensor
+) -> tuple[Tensor, ...]:
+    """linear_affine: writes o into out [G, N, D]; returns rq, den [G, N, 1], rk [G, M, 1] and the state
+    [G, D + 2, D] = [S; c; z].
 
     count [G] (float): the number of real keys per head. Every tensor must be contiguous.
     """
     (G, N, D), M = q.shape, k.shape[1]
     rq, den, rk, state = q.new_empty(G, N, 1), q.new_empty(G, N, 1), k.new_empty(G, M, 1), q.new_empty(G, D + 2, D)
-    status = library().affine_forward(q.data_ptr(), k.data_ptr(), v.data_ptr(), pointer(keep), count.data_ptr(), G, N, M, D,
-                                      out.data_ptr(), rq.data_ptr(), rk.data_ptr(), den.data_ptr(), state.data_ptr(),
-                                      torch.get_num_threads())
+    status = library().affine_forward(
+        q.data_ptr(),
+        k.data_ptr(),
+        v.data_ptr(),
+        pointer(keep),
+        count.data_ptr(),
+        G,
+        N,
+        M,
+        D,
+        out.data_ptr(),
+        rq.data_ptr(),
+        rk.data_ptr(),
+        den.data_ptr(),
+        state.data_ptr(),
+        torch.get_num_threads(),
+    )
     if status != 0:
         out_of_memory(G, D)
     return rq, den, rk, state
 
 
-def affine_backward(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, count: Tensor, rq: Tensor,
-                    den: Tensor, rk: Tensor, state: Tensor, grad_q: Tensor, grad_k: Tensor, grad_v: Tensor) -> None:
-    """linear_affine: writes dL/dq, dL/dk, dL/dv into grad_q, grad_k, grad_v from dL/do = grad and affine_forward()'s results."""
+def affine_backward(
+    grad: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    keep: Tensor | None,
+    count: Tensor,
+    rq: Tensor,
+    den: Tensor,
+    rk: Tensor,
+    state: Tensor,
+    grad_q: Tensor,
+    grad_k: Tensor,
+    grad_v: Tensor,
+) -> None:
+    """linear_affine: writes dL/dq, dL/dk, dL/dv into grad_q, grad_k, grad_v from dL/do = grad and affine_forward()'s
+    results."""
     (G, N, D), M = q.shape, k.shape[1]
     grad = grad.contiguous()  # a name keeps it alive through the call
-    status = library().affine_backward(grad.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(), pointer(keep),
-                                       count.data_ptr(), rq.data_ptr(), rk.data_ptr(), den.data_ptr(), state.data_ptr(),
-                                       G, N, M, D, grad_q.data_ptr(), grad_k.data_ptr(), grad_v.data_ptr(),
-                                       torch.get_num_threads())
+    status = library().affine_backward(
+        grad.data_ptr(),
+        q.data_ptr(),
+        k.data_ptr(),
+        v.data_ptr(),
+        pointer(keep),
+        count.data_ptr(),
+        rq.data_ptr(),
+        rk.data_ptr(),
+        den.data_ptr(),
+        state.data_ptr(),
+        G,
+        N,
+        M,
+        D,
+        grad_q.data_ptr(),
+        grad_k.data_ptr(),
+        grad_v.data_ptr(),
+        torch.get_num_threads(),
+    )
     if status != 0:
         out_of_memory(G, D)
 

@@ -5,16 +5,17 @@ Causal: chunkwise (chunked.causal_linear), exact inside a chunk, a running state
 All variants compute in fp32 (fp64 stays fp64) and return the dtype of q. Padded keys (key_mask
 False) leave every sum, normalisers included: their phi(k) and v are zeroed, not only v.
 """
+
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import cpu_kernel, reference, tiled
-from .base import Attention
-from .chunked import causal_linear
-from .registry import register_attention
+from models.attention import cpu_kernel, reference, tiled
+from models.attention.base import Attention
+from models.attention.chunked import causal_linear
+from models.attention.registry import register_attention
 
 
 def flatten(q: Tensor, k: Tensor, v: Tensor) -> list[Tensor]:
@@ -29,7 +30,9 @@ def key_weights(key_mask: Tensor | None, q: Tensor, dtype: torch.dtype) -> Tenso
         return None
     B, H, N, _ = q.shape
     if key_mask.shape != (B, N):
-        raise ValueError(f"key_mask has shape {tuple(key_mask.shape)} but q has batch {B} and {N} tokens; pass a bool mask [B, N]")
+        raise ValueError(
+            f"key_mask has shape {tuple(key_mask.shape)} but q has batch {B} and {N} tokens; pass a bool mask [B, N]"
+        )
     return key_mask[:, None, :, None].expand(B, H, N, 1).reshape(B * H, N, 1).to(dtype)
 
 
@@ -39,7 +42,8 @@ def inv_norm(x: Tensor) -> Tensor:
 
 
 def rowdot(x: Tensor, y: Tensor) -> Tensor:
-    """[G, N, D] x2 -> [G, N, 1]: x_i . y_i; einsum skips the [G, N, D] product of a mul-sum (2-3x faster at large N)."""
+    """[G, N, D] x2 -> [G, N, 1]: x_i . y_i; einsum skips the [G, N, D] product of a mul-sum (2-3x faster at large
+    N)."""
     return torch.einsum("gnd,gnd->gn", x, y).unsqueeze(-1)
 
 
@@ -113,7 +117,9 @@ def elu_feature(x: Tensor) -> Tensor:
     return F.elu(x) + 1
 
 
-def features(q: Tensor, k: Tensor, keep: Tensor | None, unit: bool) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
+def features(
+    q: Tensor, k: Tensor, keep: Tensor | None, unit: bool
+) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
     """phi(q), phi(k) [G, N, D] (phi(k) zero for padded keys) and, for unit features, the scales 1/|q|, 1/|k|."""
     if unit:
         return unit_pair(q, k, keep)
@@ -121,7 +127,9 @@ def features(q: Tensor, k: Tensor, keep: Tensor | None, unit: bool) -> tuple[Ten
     return elu_feature(q), k_phi, None, None
 
 
-def scales(q: Tensor, k: Tensor, keep: Tensor | None, unit: bool) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
+def scales(
+    q: Tensor, k: Tensor, keep: Tensor | None, unit: bool
+) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
     """The stored features and their row scales: q, k with 1/|q|, 1/|k| (phi = r x, applied lazily) for unit
     features, else elu(q) + 1, elu(k) + 1 with no scale. phi(k) is zero for padded keys either way."""
     if not unit:
@@ -136,7 +144,8 @@ def scaled(x: Tensor, r: Tensor | None) -> Tensor:
 
 
 def feature_grad(x: Tensor, r: Tensor | None, grad_phi: Tensor) -> Tensor:
-    """dL/dx from dL/dphi(x) (overwritten): through r x with r = 1/|x| for unit features, else elu'(x) = min(elu(x) + 1, 1)."""
+    """dL/dx from dL/dphi(x) (overwritten): through r x with r = 1/|x| for unit features, else
+    elu'(x) = min(elu(x) + 1, 1)."""
     return unscale_grad(x, r, grad_phi) if r is not None else grad_phi.mul_(x.clamp(max=1))
 
 
@@ -167,7 +176,9 @@ class NormalisedLinear(torch.autograd.Function):
         # padded rows of v - c meet phi(k) = 0 only, so they need no mask
         v_centred = v - centre
         k_sum = k_f.sum(1, keepdim=True) if rk is None else torch.bmm(rk.transpose(1, 2), k_f)  # [G, 1, D]
-        state = torch.bmm(k_f.transpose(1, 2), v_centred) if rk is None else scaled_gram(k_f, rk, v_centred)  # [G, D, D]
+        state = (
+            torch.bmm(k_f.transpose(1, 2), v_centred) if rk is None else scaled_gram(k_f, rk, v_centred)
+        )  # [G, D, D]
         den = scaled(torch.bmm(q_f, k_sum.transpose(1, 2)), rq)  # [G, N, 1]
         den = (den.add_(count) if unit else den).clamp_min_(torch.finfo(v.dtype).tiny)
         ctx.save_for_backward(q_f, k_f, v_centred, keep, rq, rk, state, k_sum, den, count)
@@ -203,7 +214,9 @@ def with_ones(v: Tensor, keep: Tensor | None) -> Tensor:
     return torch.cat([v, ones], -1)
 
 
-def linear_affine_nodenom(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, key_mask: Tensor | None = None, chunk_size: int = 64) -> Tensor:
+def linear_affine_nodenom(
+    q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, key_mask: Tensor | None = None, chunk_size: int = 64
+) -> Tensor:
     """Gerami, Madani, Duraiswami 2026, Eq. 7: o_i = sum_n (1 + q^_i.k^_n) / 2 v_n, [B, H, N, D] x3 -> [B, H, N, D].
 
     There is no denominator and no 1/N, so the output grows linearly with the number of keys
@@ -216,7 +229,8 @@ def linear_affine_nodenom(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = Fal
     if causal:
         out = causal_linear(*unit_pair(qf, kf, keep)[:2], v_kept, chunk_size=chunk_size, plus_one=True) * 0.5
     elif torch.compiler.is_compiling():
-        # the compiler cannot trace the C kernel's ctypes call nor tiled.py's out= views; it fuses these plain ops itself
+        # the compiler cannot trace the C kernel's ctypes call nor tiled.py's out= views; it fuses these plain ops
+        # itself
         q_hat, k_hat, _, _ = unit_pair(qf, kf, keep)
         out = torch.baddbmm(v_kept.sum(1, keepdim=True), q_hat, k_hat.transpose(1, 2) @ vf) * 0.5
     else:
@@ -238,7 +252,9 @@ def causal_normalised(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, *, u
     return centre + safe_divide(out[..., :-1], out[..., -1:])
 
 
-def normalised_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, key_mask: Tensor | None, chunk_size: int, unit: bool) -> Tensor:
+def normalised_attention(
+    q: Tensor, k: Tensor, v: Tensor, causal: bool, key_mask: Tensor | None, chunk_size: int, unit: bool
+) -> Tensor:
     """[B, H, N, D] x3 -> [B, H, N, D] for linear_affine (unit) and linear_elu."""
     shape, dtype = q.shape, q.dtype
     qf, kf, vf = flatten(q, k, v)
@@ -250,7 +266,9 @@ def normalised_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, key_mask
     return out.reshape(shape).to(dtype)
 
 
-def linear_affine(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, key_mask: Tensor | None = None, chunk_size: int = 64) -> Tensor:
+def linear_affine(
+    q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, key_mask: Tensor | None = None, chunk_size: int = 64
+) -> Tensor:
     """o_i = sum_n (1 + q^_i.k^_n) v_n / sum_n (1 + q^_i.k^_n), [B, H, N, D] x3 -> [B, H, N, D].
 
     1 + cos >= 0, so o_i is a convex combination of the v_n. Non-causal it is two small matmuls:
@@ -259,8 +277,11 @@ def linear_affine(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, key_
     return normalised_attention(q, k, v, causal, key_mask, chunk_size, unit=True)
 
 
-def linear_elu(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, key_mask: Tensor | None = None, chunk_size: int = 64) -> Tensor:
-    """Katharopoulos et al. 2020: o_i = phi(q_i) S / phi(q_i).z, S = sum_n phi(k_n) v_n^T, z = sum_n phi(k_n), phi = elu + 1."""
+def linear_elu(
+    q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, key_mask: Tensor | None = None, chunk_size: int = 64
+) -> Tensor:
+    """Katharopoulos et al. 2020: o_i = phi(q_i) S / phi(q_i).z, S = sum_n phi(k_n) v_n^T, z = sum_n phi(k_n),
+    phi = elu + 1."""
     return normalised_attention(q, k, v, causal, key_mask, chunk_size, unit=False)
 
 

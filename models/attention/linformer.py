@@ -10,6 +10,7 @@ right-padded input gives exactly the truncated input's result.
 Init: xavier-uniform with gain 1/sqrt(2), as the authors' fairseq implementation initialises its
 `compress_k` / `compress_v` layers.
 """
+
 from __future__ import annotations
 
 import math
@@ -18,9 +19,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from . import reference
-from .base import Attention
-from .registry import register_attention
+from models.attention import reference
+from models.attention.base import Attention
+from models.attention.registry import register_attention
 
 
 def positive_int(value, option: str) -> int:
@@ -36,11 +37,22 @@ class LinformerAttention(Attention):
     supports_causal = False
     why_not_causal = "its projection along the tokens mixes future tokens into every projected key and value"
 
-    def __init__(self, dim: int, num_heads: int, *, causal: bool = False, qkv_bias: bool = True,
-                 length: int = 64, max_length: int = 256, **options):
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        *,
+        causal: bool = False,
+        qkv_bias: bool = True,
+        length: int = 64,
+        max_length: int = 256,
+        **options,
+    ):
         super().__init__(dim, num_heads, causal=causal, qkv_bias=qkv_bias)
         if options:
-            raise ValueError(f"attention 'linformer': unknown options {', '.join(sorted(options))}; it takes length and max_length")
+            raise ValueError(
+                f"attention 'linformer': unknown options {', '.join(sorted(options))}; it takes length and max_length"
+            )
         self.length, self.max_length = positive_int(length, "length"), positive_int(max_length, "max_length")
         self.proj_k = nn.Parameter(torch.empty(self.length, self.max_length))
         self.proj_v = nn.Parameter(torch.empty(self.length, self.max_length))
@@ -49,7 +61,10 @@ class LinformerAttention(Attention):
 
     def check_length(self, n: int) -> None:
         if n > self.max_length:
-            raise ValueError(f"attention 'linformer': {n} tokens exceed max_length={self.max_length}; build it with option max_length >= {n}")
+            raise ValueError(
+                f"attention 'linformer': {n} tokens exceed max_length={self.max_length}; "
+                f"build it with option max_length >= {n}"
+            )
 
     def attention(self, q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None) -> Tensor:
         """[B, H, N, D] x3 -> [B, H, N, D]: E K and F V [B, H, m, D] by matmul, then SDPA over the m keys."""

@@ -5,6 +5,7 @@ backward; they are also the fallback a reader can trust. All take q, k, v [B, H,
 [B, H, N, D] in the dtype of q. `key_mask` [B, N] is True for real tokens; padded keys leave every
 sum, normalisers included.
 """
+
 from __future__ import annotations
 
 import math
@@ -55,34 +56,45 @@ def _kernel_attention(sim: Tensor, v: Tensor, ok: Tensor, normalise: bool) -> Te
     return out
 
 
-def linear_affine(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, key_mask: Tensor | None = None, **options) -> Tensor:
+def linear_affine(
+    q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, key_mask: Tensor | None = None, **options
+) -> Tensor:
     """o_i = sum_n (1 + q^_i.k^_n) v_n / sum_n (1 + q^_i.k^_n), with q^, k^ L2-normalised over D."""
     dtype, (q, k, v) = q.dtype, upcast(q, k, v)
     sim = 1 + F.normalize(q, dim=-1) @ F.normalize(k, dim=-1).transpose(-1, -2)
     return _kernel_attention(sim, v, allowed(q, k, causal, key_mask), normalise=True).to(dtype)
 
 
-def linear_affine_nodenom(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, key_mask: Tensor | None = None, **options) -> Tensor:
-    """Gerami, Madani, Duraiswami 2026, Eq. 7: o_i = sum_n (1 + q^_i.k^_n) / 2 v_n; no denominator, so o grows with N."""
+def linear_affine_nodenom(
+    q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, key_mask: Tensor | None = None, **options
+) -> Tensor:
+    """Gerami, Madani, Duraiswami 2026, Eq. 7: o_i = sum_n (1 + q^_i.k^_n) / 2 v_n; no denominator, so o grows with
+    N."""
     dtype, (q, k, v) = q.dtype, upcast(q, k, v)
     sim = (1 + F.normalize(q, dim=-1) @ F.normalize(k, dim=-1).transpose(-1, -2)) / 2
     return _kernel_attention(sim, v, allowed(q, k, causal, key_mask), normalise=False).to(dtype)
 
 
-def linear_elu(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, key_mask: Tensor | None = None, **options) -> Tensor:
+def linear_elu(
+    q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, key_mask: Tensor | None = None, **options
+) -> Tensor:
     """Katharopoulos et al. 2020: o_i = sum_n (phi(q_i).phi(k_n)) v_n / sum_n phi(q_i).phi(k_n), phi = elu + 1."""
     dtype, (q, k, v) = q.dtype, upcast(q, k, v)
     sim = (F.elu(q) + 1) @ (F.elu(k) + 1).transpose(-1, -2)
     return _kernel_attention(sim, v, allowed(q, k, causal, key_mask), normalise=True).to(dtype)
 
 
-def efficient(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, key_mask: Tensor | None = None, **options) -> Tensor:
+def efficient(
+    q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, key_mask: Tensor | None = None, **options
+) -> Tensor:
     """Shen et al. 2021, "Efficient attention": o_i = sum_n (softmax_D(q_i) . softmax_N(K)_n) v_n, as an N x N matrix.
 
     The softmax over tokens runs over the real keys only; a batch row without any real key uses all keys.
     """
     if causal:
-        raise ValueError("attention 'efficient' cannot be causal: its softmax over all tokens of K looks at future tokens")
+        raise ValueError(
+            "attention 'efficient' cannot be causal: its softmax over all tokens of K looks at future tokens"
+        )
     dtype, (q, k, v) = q.dtype, upcast(q, k, v)
     ok = allowed(q, k, False, key_mask)[..., :1, :].transpose(-1, -2)  # [B or 1, 1, N, 1]
     ok = ok | ~ok.any(-2, keepdim=True)
@@ -91,7 +103,9 @@ def efficient(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, key_mask
     return (sim @ v).to(dtype)
 
 
-def join_real_tokens(k: Tensor, v: Tensor, causal: bool, key_mask: Tensor | None) -> tuple[Tensor, Tensor, Tensor | None]:
+def join_real_tokens(
+    k: Tensor, v: Tensor, causal: bool, key_mask: Tensor | None
+) -> tuple[Tensor, Tensor, Tensor | None]:
     """Real tokens first, in their order (padded ones after), and each query's last usable key T.
 
     k, v [B, H, N, D] -> the same, reordered; T [B or 1, 1, N, 1] counts the real tokens a query may
@@ -115,7 +129,10 @@ def continuum_start(k: Tensor, v: Tensor, start: str, start_kv: tuple[Tensor, Te
     if start not in CONTINUUM_STARTS:
         raise ValueError(f"continuum_softmax: unknown start {start!r}; pick one of {', '.join(CONTINUUM_STARTS)}")
     if (start == "learn") != (start_kv is not None):
-        raise ValueError("continuum_softmax: start='learn' uses the layer's learned start token; build it with build_attention('continuum_softmax', ..., start='learn')")
+        raise ValueError(
+            "continuum_softmax: start='learn' uses the layer's learned start token; "
+            "build it with build_attention('continuum_softmax', ..., start='learn')"
+        )
     if start == "zero":
         return torch.zeros_like(k[:, :, :1]), torch.zeros_like(v[:, :, :1])
     if start == "copy":
@@ -149,8 +166,17 @@ def segment_weights(e_near: Tensor, e_far: Tensor, d: Tensor) -> tuple[Tensor, T
     return near, far
 
 
-def continuum_softmax(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, key_mask: Tensor | None = None,
-                      start: str = "zero", start_kv: tuple[Tensor, Tensor] | None = None, **options) -> Tensor:
+def continuum_softmax(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    causal: bool = False,
+    key_mask: Tensor | None = None,
+    start: str = "zero",
+    start_kv: tuple[Tensor, Tensor] | None = None,
+    **options,
+) -> Tensor:
     """o_t = int_0^T e^{q_t.k_s / sqrt(D)} v_s ds / int_0^T e^{q_t.k_s / sqrt(D)} ds, k_s and v_s linear between tokens.
 
     Key 0 is the start token, keys 1..N the real tokens (padded ones left out, the rest joined in
@@ -178,14 +204,20 @@ def continuum_softmax(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, 
     return ((w @ values) / w.sum(-1, keepdim=True)).to(dtype)
 
 
-def linformer(q: Tensor, k: Tensor, v: Tensor, proj_k: Tensor, proj_v: Tensor, *, key_mask: Tensor | None = None) -> Tensor:
+def linformer(
+    q: Tensor, k: Tensor, v: Tensor, proj_k: Tensor, proj_v: Tensor, *, key_mask: Tensor | None = None
+) -> Tensor:
     """Wang et al. 2020, Eq. 7: softmax(q (E K)^T / sqrt(D)) (F V), (E K)_j = sum_n E[j, n] k_n over real tokens n.
 
     proj_k = E, proj_v = F [m, >= N]; the first N columns are used. -> [B, H, N, D].
     """
     dtype, (q, k, v, proj_k, proj_v) = q.dtype, upcast(q, k, v, proj_k, proj_v)
     n = k.shape[-2]
-    real = torch.ones(1, 1, 1, n, 1, dtype=k.dtype, device=k.device) if key_mask is None else key_mask[:, None, None, :, None].to(k.dtype)
+    real = (
+        torch.ones(1, 1, 1, n, 1, dtype=k.dtype, device=k.device)
+        if key_mask is None
+        else key_mask[:, None, None, :, None].to(k.dtype)
+    )
     k = torch.where(real > 0, k[:, :, None], 0)  # [B, H, 1, N, D]; padded tokens are 0, whatever they held
     v = torch.where(real > 0, v[:, :, None], 0)
     k_proj = (proj_k[:, :n, None] * k).sum(-2)  # [B, H, m, D]

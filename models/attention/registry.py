@@ -6,6 +6,7 @@ Both CLIP towers take their attention from here by name. Every entry is built as
 tokens and False for padding. Parameter-free variants also expose their math as a pure function,
 reachable as `attend(name, q, k, v, causal=...)` on `[B, H, N, D]` tensors (torch SDPA's layout).
 """
+
 from __future__ import annotations
 
 from torch import Tensor, nn
@@ -18,7 +19,9 @@ def register_attention(name: str):
 
     def wrap(cls):
         if name in ATTENTIONS:
-            raise ValueError(f"attention {name!r} is registered twice ({ATTENTIONS[name].__module__} and {cls.__module__})")
+            raise ValueError(
+                f"attention {name!r} is registered twice ({ATTENTIONS[name].__module__} and {cls.__module__})"
+            )
         cls.name = name
         ATTENTIONS[name] = cls
         return cls
@@ -38,10 +41,14 @@ def build_attention(name: str, dim: int, num_heads: int, *, causal: bool = False
     return get_attention(name)(dim, num_heads, causal=causal, **options)
 
 
-def attend(name: str, q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, key_mask: Tensor | None = None, **options) -> Tensor:
+def attend(
+    name: str, q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, key_mask: Tensor | None = None, **options
+) -> Tensor:
     """The math of a parameter-free variant on q, k, v [B, H, N, D] -> o [B, H, N, D]."""
     cls = get_attention(name)
     if cls.function is None:
-        raise ValueError(f"attention {name!r} has learned parameters inside the attention; build it with build_attention")
+        raise ValueError(
+            f"attention {name!r} has learned parameters inside the attention; build it with build_attention"
+        )
     cls.check_causal(causal)
     return cls.function(q, k, v, causal=causal, key_mask=key_mask, **options)

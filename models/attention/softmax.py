@@ -1,13 +1,15 @@
-"""Standard softmax attention, softmax(q k^T / sqrt(D)) v, through torch SDPA (flash / memory-efficient kernels where available)."""
+"""Standard softmax attention, softmax(q k^T / sqrt(D)) v, through torch SDPA (flash / memory-efficient kernels where
+available)."""
+
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import reference
-from .base import Attention
-from .registry import register_attention
+from models.attention import reference
+from models.attention.base import Attention
+from models.attention.registry import register_attention
 
 
 def sdpa_mask(key_mask: Tensor | None, n_query: int, causal: bool) -> Tensor | None:
@@ -25,7 +27,9 @@ def sdpa_mask(key_mask: Tensor | None, n_query: int, causal: bool) -> Tensor | N
     return mask | ~mask.any(-1, keepdim=True)
 
 
-def softmax_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, key_mask: Tensor | None = None) -> Tensor:
+def softmax_attention(
+    q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, key_mask: Tensor | None = None
+) -> Tensor:
     """[B, H, N, D] x3 -> [B, H, N, D]."""
     mask = sdpa_mask(key_mask, q.shape[-2], causal)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal and mask is None)

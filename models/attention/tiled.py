@@ -4,10 +4,12 @@ Every pass over the [G, N, D] tensors walks blocks of about `rows` rows (whole h
 row ranges of one head when it is long). Inside a block the row scales 1/|x|, the skinny matmuls and
 the corrections run on data still in the core's cache, and results are written straight into the
 preallocated output and gradients. Untiled, each elementwise step (a row scaling, an add, a sum) was
-its own pass over 100 MB tensors at N = 65536; tiled (on one thread, see block_rows), the only passes over memory are the reads of
-q, k, v, g and the writes of o and the three gradients. Row scales go to the left operand of a gram,
-with a column of ones (keep for keys) appended so the same matmul also gives sum_n v_n or sum_n g_n.
+its own pass over 100 MB tensors at N = 65536; tiled (on one thread, see block_rows), the only passes over
+memory are the reads of q, k, v, g and the writes of o and the three gradients. Row scales go to the left
+operand of a gram, with a column of ones (keep for keys) appended so the same matmul also gives sum_n v_n
+or sum_n g_n.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -51,7 +53,8 @@ def block_rows(x: Tensor) -> int:
 
 
 def tiles(x: Tensor, rows: int, N: int) -> list[Tensor]:
-    """Views [g, t, ...] of x [G, N, ...] in blocks of about `rows` rows: one head's row range, or whole heads when N < rows."""
+    """Views [g, t, ...] of x [G, N, ...] in blocks of about `rows` rows: one head's row range, or whole heads when
+    N < rows."""
     T = min(N, rows)
     return [part for group in x.split(max(1, rows // T)) for part in group.split(T, 1)]
 
@@ -102,7 +105,9 @@ def forward(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, rows: int | No
     rq, rk, buf = q.new_empty(G, N, 1), k.new_empty(G, M, 1), scale_buffer(k, rows)
     state = q.new_zeros(G, D + 1, D)  # [S; s] before the halving
     keeps = [None] * len(tiles(rk, rows, M)) if keep is None else tiles(keep, rows, M)
-    for k_b, v_b, r_b, keep_b, state_b in zip(*(tiles(x, rows, M) for x in (k, v, rk)), keeps, per_tile(state, rows, M)):
+    for k_b, v_b, r_b, keep_b, state_b in zip(
+        *(tiles(x, rows, M) for x in (k, v, rk)), keeps, per_tile(state, rows, M)
+    ):
         r = block_inv_norm(k_b, r_b)
         if keep_b is not None:
             r.mul_(keep_b)
@@ -110,14 +115,25 @@ def forward(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, rows: int | No
     state.mul_(0.5)
     S, s = state[:, :D], state[:, D:]
     out, buf = fresh(q, G, N, D), scale_buffer(q, rows)
-    for q_b, r_b, o_b, S_b, s_b in zip(*(tiles(x, rows, N) for x in (q, rq, out)), per_tile(S, rows, N), per_tile(s, rows, N)):
+    for q_b, r_b, o_b, S_b, s_b in zip(
+        *(tiles(x, rows, N) for x in (q, rq, out)), per_tile(S, rows, N), per_tile(s, rows, N)
+    ):
         q_hat = fill_scaled(buf, q_b, block_inv_norm(q_b, r_b))[..., :D]
         torch.baddbmm(s_b, q_hat, S_b, out=o_b)
     return out, rq, rk, state
 
 
-def backward(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, rq: Tensor, rk: Tensor,
-             state: Tensor, rows: int | None = None) -> tuple[Tensor, Tensor, Tensor]:
+def backward(
+    grad: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    keep: Tensor | None,
+    rq: Tensor,
+    rk: Tensor,
+    state: Tensor,
+    rows: int | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
     """dL/dq, dL/dk, dL/dv [G, N, D] of forward() from dL/do = grad [G, N, D] (contiguous).
 
     With H = sum_n q^_n g_n^T / 2 (half of dL/dS) and h = sum_n g_n / 2:
@@ -127,7 +143,9 @@ def backward(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None,
     rows = rows or block_rows(k if M > N else q)
     grad_q, half, buf = fresh(q, *q.shape), q.new_zeros(G, D + 1, D), scale_buffer(q, rows)
     St = state[:, :D].transpose(1, 2)
-    for q_b, g_b, r_b, gq_b, half_b, St_b in zip(*(tiles(x, rows, N) for x in (q, grad, rq, grad_q)), per_tile(half, rows, N), per_tile(St, rows, N)):
+    for q_b, g_b, r_b, gq_b, half_b, St_b in zip(
+        *(tiles(x, rows, N) for x in (q, grad, rq, grad_q)), per_tile(half, rows, N), per_tile(St, rows, N)
+    ):
         q_hat = fill_scaled(buf, q_b, r_b)
         half_b.baddbmm_(q_hat.transpose(1, 2), g_b)
         remove_radial(torch.bmm(g_b, St_b, out=gq_b), q_hat[..., :D], r_b)
@@ -135,7 +153,9 @@ def backward(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None,
     H, h = half[:, :D], half[:, D:]
     grad_k, grad_v, buf = fresh(k, *k.shape), fresh(v, *v.shape), scale_buffer(k, rows)
     keeps = [None] * len(tiles(rk, rows, M)) if keep is None else tiles(keep, rows, M)
-    blocks = zip(*(tiles(x, rows, M) for x in (k, v, rk, grad_k, grad_v)), keeps, per_tile(H, rows, M), per_tile(h, rows, M))
+    blocks = zip(
+        *(tiles(x, rows, M) for x in (k, v, rk, grad_k, grad_v)), keeps, per_tile(H, rows, M), per_tile(h, rows, M)
+    )
     for k_b, v_b, r_b, gk_b, gv_b, keep_b, H_b, h_b in blocks:
         k_hat = fill_scaled(buf, k_b, r_b)[..., :D]
         torch.baddbmm(h_b if keep_b is None else keep_b * h_b, k_hat, H_b, out=gv_b)

@@ -39,8 +39,11 @@ def test_pipe_sources_joined_with_local_ones_are_read_once_each(tmp_path):
 
 
 def resampled(spec, rank=0, world_size=1, **options):
-    cfg = DataConfig(train_shards=spec, resampled=True, **{"train_num_samples": 64, "batch_size": 8,
-                                                           "workers": 2, "shuffle_buffer": 10} | options)
+    cfg = DataConfig(
+        train_shards=spec,
+        resampled=True,
+        **{"train_num_samples": 64, "batch_size": 8, "workers": 2, "shuffle_buffer": 10} | options,
+    )
     return build_train_data(cfg, to_tensor, ids_tokenizer, rank=rank, world_size=world_size)
 
 

@@ -35,15 +35,18 @@ def test_eval_set_is_an_image_folder_with_names_in_class_order(tmp_path):
 
 
 def test_same_seed_same_bytes_other_seed_other_bytes(tmp_path):
-    paths = [make_synthetic(tmp_path / name, train_samples=30, eval_per_class=1, seed=seed)
-             for name, seed in (("a", 0), ("b", 0), ("c", 1))]
+    paths = [
+        make_synthetic(tmp_path / name, train_samples=30, eval_per_class=1, seed=seed)
+        for name, seed in (("a", 0), ("b", 0), ("c", 1))
+    ]
     a, b, c = (Path(p).read_bytes() for p in paths)
     assert a == b and a != c
 
 
 def test_command_line_writes_data_the_loader_reads(tmp_path):
     spec = main([str(tmp_path), "--train-samples", "40", "--eval-per-class", "1", "--image-size", "16"])
-    data = build_train_data(DataConfig(train_shards=spec, batch_size=8, workers=0), to_tensor,
-                            lambda texts: [len(t) for t in texts])
+    data = build_train_data(
+        DataConfig(train_shards=spec, batch_size=8, workers=0), to_tensor, lambda texts: [len(t) for t in texts]
+    )
     images = [images for images, _ in data.loader]
     assert len(images) == 5 and images[0].shape == (8, 3, 16, 16)

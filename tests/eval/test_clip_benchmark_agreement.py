@@ -8,9 +8,11 @@ the same folder, amp=False since both run fp32 on CPU) and to our `eval.zeroshot
 per-class recall must agree within 0.1 points (0.001 as fractions), and no image may score two classes equally
 (a tie would make top-1 depend on tie-breaking). clip_benchmark 1.6.2's `accuracy` calls float() on a 1-element
 array, which NumPy 2.4 refuses; the test swaps in the same formula ending in `.item()` (`reference_accuracy`),
-everything else (classifier, image scoring, balanced accuracy) is clip_benchmark's own code. Retrieval: clip_benchmark's `zeroshot_retrieval.evaluate`
-against our `eval.retrieval.evaluate` on a CSV of the same images with two captions each.
+everything else (classifier, image scoring, balanced accuracy) is clip_benchmark's own code. Retrieval:
+clip_benchmark's `zeroshot_retrieval.evaluate` against our `eval.retrieval.evaluate` on a CSV of the same images
+with two captions each.
 """
+
 import colorsys
 import json
 
@@ -27,9 +29,11 @@ from eval import retrieval, zeroshot
 
 COLOURS = ["red", "orange", "yellow", "lime", "green", "teal", "cyan", "blue", "purple", "pink"]
 TEMPLATES = ["a photo of {c}.", "a {c} picture.", "something {c}."]
-TINY = {"embed_dim": 32,
-        "vision_cfg": {"image_size": 32, "layers": 2, "width": 64, "patch_size": 8, "head_width": 32},
-        "text_cfg": {"context_length": 16, "vocab_size": 49408, "width": 64, "heads": 2, "layers": 2}}
+TINY = {
+    "embed_dim": 32,
+    "vision_cfg": {"image_size": 32, "layers": 2, "width": 64, "patch_size": 8, "head_width": 32},
+    "text_cfg": {"context_length": 16, "vocab_size": 49408, "width": 64, "heads": 2, "layers": 2},
+}
 
 
 def colour_image(hue_index: int, rng: np.random.Generator, size: int = 40) -> Image.Image:
@@ -82,14 +86,24 @@ def test_zeroshot_matches_clip_benchmark(colour_model, tmp_path, monkeypatch):
     monkeypatch.setattr(zeroshot_classification, "accuracy", reference_accuracy)
     model, preprocess, tokenizer = colour_model
     root = write_colour_folder(tmp_path / "colours")
-    ours = zeroshot.evaluate(model, dataset=str(root), tokenizer=tokenizer, transform=preprocess, batch_size=16,
-                             device="cpu", class_chunk=3, texts_per_batch=7)
+    ours = zeroshot.evaluate(
+        model,
+        dataset=str(root),
+        tokenizer=tokenizer,
+        transform=preprocess,
+        batch_size=16,
+        device="cpu",
+        class_chunk=3,
+        texts_per_batch=7,
+    )
     folder = torchvision.datasets.ImageFolder(str(root), transform=preprocess)
     loader = torch.utils.data.DataLoader(folder, batch_size=16)
     ref = zeroshot_classification.evaluate(model, loader, tokenizer, COLOURS, TEMPLATES, "cpu", amp=False)
 
-    print(f"\nzero-shot ours {ours['top1']:.4f}/{ours['top5']:.4f}/{ours['mean_per_class_recall']:.4f} "
-          f"clip_benchmark {ref['acc1']:.4f}/{ref['acc5']:.4f}/{ref['mean_per_class_recall']:.4f} (top1/top5/recall)")
+    print(
+        f"\nzero-shot ours {ours['top1']:.4f}/{ours['top5']:.4f}/{ours['mean_per_class_recall']:.4f} "
+        f"clip_benchmark {ref['acc1']:.4f}/{ref['acc5']:.4f}/{ref['mean_per_class_recall']:.4f} (top1/top5/recall)"
+    )
     assert ours["num_images"] == len(folder) == 60
     assert 0.2 < ours["top1"] < 0.95, "accuracy should be far from chance (0.1) and from perfect"
     assert ours["top1"] == pytest.approx(ref["acc1"], abs=1e-3)
@@ -113,13 +127,24 @@ def test_retrieval_matches_clip_benchmark(colour_model, tmp_path):
         pairs.append((preprocess(Image.open(tmp_path / f"{i}.png").convert("RGB")), captions))
     (tmp_path / "pairs.csv").write_text("\n".join(rows) + "\n")
 
-    ours = retrieval.evaluate(model, dataset=str(tmp_path / "pairs.csv"), tokenizer=tokenizer, transform=preprocess,
-                              batch_size=5, device="cpu")
-    loader = torch.utils.data.DataLoader(pairs, batch_size=5, collate_fn=lambda b: (torch.stack([x for x, _ in b]),
-                                                                                    [t for _, t in b]))
+    ours = retrieval.evaluate(
+        model,
+        dataset=str(tmp_path / "pairs.csv"),
+        tokenizer=tokenizer,
+        transform=preprocess,
+        batch_size=5,
+        device="cpu",
+    )
+    loader = torch.utils.data.DataLoader(
+        pairs, batch_size=5, collate_fn=lambda b: (torch.stack([x for x, _ in b]), [t for _, t in b])
+    )
     ref = zeroshot_retrieval.evaluate(model, loader, tokenizer, "cpu", amp=False, recall_k_list=[1, 5, 10])
-    print("\nretrieval ours", {k: round(v, 4) for k, v in ours.items() if "_R@" in k}, "clip_benchmark",
-          {k: round(v, 4) for k, v in ref.items()})
+    print(
+        "\nretrieval ours",
+        {k: round(v, 4) for k, v in ours.items() if "_R@" in k},
+        "clip_benchmark",
+        {k: round(v, 4) for k, v in ref.items()},
+    )
     assert ours["num_images"] == 24 and ours["num_captions"] == 48
     for k in (1, 5, 10):
         assert ours[f"text_to_image_R@{k}"] == pytest.approx(ref[f"image_retrieval_recall@{k}"], abs=1e-3)

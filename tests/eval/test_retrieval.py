@@ -1,4 +1,5 @@
 """Image-text retrieval: recall@k on a hand-built example, CSV and clip_benchmark webdataset readers, the CLI."""
+
 import json
 
 import numpy as np
@@ -39,7 +40,9 @@ def pairs(tmp_path_factory):
         Image.fromarray(pixels).save(root / f"{i}.png")
         items.append((str(root / f"{i}.png"), [f"a photo number {i}", f"colour {colour.tolist()}"]))
     (root / "3.png").write_bytes(b"broken")
-    rows = ["filepath\ttitle"] + [f"{i}.png\t{caption}" for i, (_, captions) in enumerate(items) for caption in captions]
+    rows = ["filepath\ttitle"] + [
+        f"{i}.png\t{caption}" for i, (_, captions) in enumerate(items) for caption in captions
+    ]
     (root / "pairs.tsv").write_text("\n".join(rows) + "\n")
     convert_retrieval_dataset(items, "test", str(root / "wds"), transform=path_to_bytes, max_count=4, verbose=False)
     return root
@@ -62,8 +65,20 @@ def test_csv_and_webdataset_agree_and_skip_unreadable_images(pairs):
 
 def test_cli_writes_result_json(pairs, tmp_path):
     out = tmp_path / "retrieval.json"
-    result = retrieval.main(["--open-clip-model", "tiny-s", "--dataset", str(pairs / "pairs.tsv"), "--workers", "0",
-                             "--device", "cpu", "--out", str(out)])
+    result = retrieval.main(
+        [
+            "--open-clip-model",
+            "tiny-s",
+            "--dataset",
+            str(pairs / "pairs.tsv"),
+            "--workers",
+            "0",
+            "--device",
+            "cpu",
+            "--out",
+            str(out),
+        ]
+    )
     assert json.loads(out.read_text()) == result
     expected = {f"{d}_R@{k}" for d in ("text_to_image", "image_to_text") for k in (1, 5, 10)}
     assert expected | {"num_images", "num_captions", "skipped", "params", "gmacs_per_sample", "model"} <= set(result)
@@ -72,10 +87,25 @@ def test_cli_writes_result_json(pairs, tmp_path):
 
 def test_csv_without_the_caption_column_gives_one_line_error(pairs, capsys):
     with pytest.raises(EvalInputError, match="no column 'caption'"):
-        retrieval.evaluate(models.create_model("tiny-s"), dataset=str(pairs / "pairs.tsv"), tokenizer=None,
-                           transform=None, csv_caption_key="caption")
+        retrieval.evaluate(
+            models.create_model("tiny-s"),
+            dataset=str(pairs / "pairs.tsv"),
+            tokenizer=None,
+            transform=None,
+            csv_caption_key="caption",
+        )
     with pytest.raises(SystemExit):
-        retrieval.main(["--open-clip-model", "tiny-s", "--dataset", str(pairs / "pairs.tsv"),
-                        "--csv-caption-key", "caption", "--device", "cpu"])
+        retrieval.main(
+            [
+                "--open-clip-model",
+                "tiny-s",
+                "--dataset",
+                str(pairs / "pairs.tsv"),
+                "--csv-caption-key",
+                "caption",
+                "--device",
+                "cpu",
+            ]
+        )
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "--csv-caption-key" in err and "\n" not in err

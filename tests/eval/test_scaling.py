@@ -112,7 +112,9 @@ def test_degenerate_resamples_are_redrawn():
 
 
 def test_derived_columns_compute_and_error():
-    df = pd.DataFrame({"gmacs_per_sample": [2.0, 2.0, 4.0], "samples_seen": [10.0, 100.0, 1000.0], "top1": [50.0, 60.0, 90.0]})
+    df = pd.DataFrame(
+        {"gmacs_per_sample": [2.0, 2.0, 4.0], "samples_seen": [10.0, 100.0, 1000.0], "top1": [50.0, 60.0, 90.0]}
+    )
     report = fit(df, "compute", "error", n_boot=N_BOOT)
     same = fit(df.assign(top1=df.top1 / 100), "gmacs_per_sample*samples_seen", "1-top1", n_boot=N_BOOT)
     assert report["groups"]["all"]["alpha"] == pytest.approx(same["groups"]["all"]["alpha"])
@@ -133,12 +135,37 @@ def test_numeric_groups_in_natural_order():
 
 BAD_INPUTS = [
     ("too few points", pd.DataFrame({"params": [1e6], "loss": [2.0]}), {}, "needs at least 2"),
-    ("saturating needs 3", pd.DataFrame({"params": [1e6, 1e7], "loss": [2.0, 1.0]}), {"form": "saturating"}, "at least 3"),
-    ("non-positive", pd.DataFrame({"params": [1e6, 1e7, 1e8], "loss": [2.0, 0.0, -1.0]}), {}, "2 of 3 values of y 'loss' are <= 0"),
-    ("missing column", pd.DataFrame({"params": [1e6, 1e7], "loss_val": [2.0, 1.0]}), {}, "column 'loss' not found; available columns: params, loss_val"),
-    ("NaNs leave too few", pd.DataFrame({"params": [1e6, 1e7, np.nan], "loss": [2.0, np.nan, 1.0]}), {}, "needs at least 2"),
+    (
+        "saturating needs 3",
+        pd.DataFrame({"params": [1e6, 1e7], "loss": [2.0, 1.0]}),
+        {"form": "saturating"},
+        "at least 3",
+    ),
+    (
+        "non-positive",
+        pd.DataFrame({"params": [1e6, 1e7, 1e8], "loss": [2.0, 0.0, -1.0]}),
+        {},
+        "2 of 3 values of y 'loss' are <= 0",
+    ),
+    (
+        "missing column",
+        pd.DataFrame({"params": [1e6, 1e7], "loss_val": [2.0, 1.0]}),
+        {},
+        "column 'loss' not found; available columns: params, loss_val",
+    ),
+    (
+        "NaNs leave too few",
+        pd.DataFrame({"params": [1e6, 1e7, np.nan], "loss": [2.0, np.nan, 1.0]}),
+        {},
+        "needs at least 2",
+    ),
     ("text column", pd.DataFrame({"params": ["ViT-B", "ViT-L"], "loss": [2.0, 1.0]}), {}, "'params' is not numeric"),
-    ("frontier too coarse", pd.DataFrame({"params": [1e6, 2e6, 1e9], "loss": [2.0, 1.5, 1.0]}), {"frontier_bins": 1}, "frontier"),
+    (
+        "frontier too coarse",
+        pd.DataFrame({"params": [1e6, 2e6, 1e9], "loss": [2.0, 1.5, 1.0]}),
+        {"frontier_bins": 1},
+        "frontier",
+    ),
 ]
 
 
@@ -147,12 +174,17 @@ def test_bad_input_is_one_line_error_and_writes_nothing(tmp_path, capsys, case, 
     with warnings.catch_warnings(record=True) as caught, pytest.raises(ScalingInputError, match=re.escape(message)):
         warnings.simplefilter("always", ScalingWarning)
         fit(df, "params", "loss", n_boot=N_BOOT, **kwargs)
-    assert [str(w.message) for w in caught] == (["dropped 2 of 3 rows with missing or non-finite values (1 in 'params', 1 in 'loss')"] if "NaN" in case else [])
+    assert [str(w.message) for w in caught] == (
+        ["dropped 2 of 3 rows with missing or non-finite values (1 in 'params', 1 in 'loss')"] if "NaN" in case else []
+    )
     df.to_csv(tmp_path / "runs.csv", index=False)
     flags = {"form": "--form", "frontier_bins": "--frontier-bins"}
     extra = [str(a) for k, v in kwargs.items() for a in (flags[k], v)]
     out = tmp_path / "out"
-    assert main([str(tmp_path / "runs.csv"), "--x", "params", "--y", "loss", "--n-boot", "50", "--out", str(out), *extra]) == 2
+    assert (
+        main([str(tmp_path / "runs.csv"), "--x", "params", "--y", "loss", "--n-boot", "50", "--out", str(out), *extra])
+        == 2
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("error: ") and message in err[-1]
     assert len(err) == 1 + len(caught) and all(line.startswith("warning: dropped") for line in err[:-1])
@@ -176,7 +208,13 @@ def test_nonpositive_x_names_group_and_column():
 
 def test_read_json_files(tmp_path):
     for i, (attention, params) in enumerate([("softmax", 1e6), ("linear", 2e6)]):
-        result = {"top1": 0.3 + i / 10, "params": params, "model": "ViT-S", "image_attention": attention, "extra": {"k": i}}
+        result = {
+            "top1": 0.3 + i / 10,
+            "params": params,
+            "model": "ViT-S",
+            "image_attention": attention,
+            "extra": {"k": i},
+        }
         (tmp_path / f"r{i}.json").write_text(json.dumps(result))
     df = load_points(sorted(tmp_path.glob("*.json")))
     assert df["image_attention"].tolist() == ["softmax", "linear"]
@@ -200,27 +238,38 @@ def test_read_run_directory(tmp_path):
         {"step": 20, "samples_seen": 1280, "loss": 2.5},
         {"step": 20, "samples_seen": 1280, "val_top1": 0.2},
     ]
-    evals = {"eval/step10.json": {"step": 10, "samples_seen": 640, "top1": 0.1, "params": 5e6},
-             "zeroshot.json": {"step": 15, "samples_seen": 960, "top1": 0.15}}
+    evals = {
+        "eval/step10.json": {"step": 10, "samples_seen": 640, "top1": 0.1, "params": 5e6},
+        "zeroshot.json": {"step": 15, "samples_seen": 960, "top1": 0.15},
+    }
     write_run(tmp_path / "runs" / "a", lines, "model:\n  image_attention: linear_elu\n  width: 64\n", evals)
     (row,) = load_points([tmp_path / "runs"], columns={"loss", "samples_seen"}, y_columns={"loss"}).to_dict("records")
     # The last metrics line holding loss, not the very last line; config flattened; newest eval JSON wins.
-    assert (row["loss"], row["samples_seen"], row["model.image_attention"], row["model.width"]) == (2.5, 1280, "linear_elu", 64)
+    assert (row["loss"], row["samples_seen"], row["model.image_attention"], row["model.width"]) == (
+        2.5,
+        1280,
+        "linear_elu",
+        64,
+    )
     assert (row["top1"], row["params"]) == (0.15, 5e6)
     # With y = top1 (only in the eval JSONs), samples_seen comes from the same eval record as top1.
-    (row,) = load_points([tmp_path / "runs" / "a" / "metrics.jsonl"], {"top1", "samples_seen"}, {"top1"}).to_dict("records")
+    (row,) = load_points([tmp_path / "runs" / "a" / "metrics.jsonl"], {"top1", "samples_seen"}, {"top1"}).to_dict(
+        "records"
+    )
     assert (row["top1"], row["samples_seen"], row["step"]) == (0.15, 960, 15)
 
 
 def test_read_csv_and_mixed_inputs(tmp_path):
-    pd.DataFrame({"model": ["a", "b"], "gmacs_total": [1e3, 1e4], "top1": [0.2, 0.4]}).to_csv(tmp_path / "r.csv", index=False)
+    pd.DataFrame({"model": ["a", "b"], "gmacs_total": [1e3, 1e4], "top1": [0.2, 0.4]}).to_csv(
+        tmp_path / "r.csv", index=False
+    )
     (tmp_path / "c.json").write_text(json.dumps({"model": "c", "gmacs_total": 1e5, "top1": 0.5}))
     df = load_points([tmp_path / "r.csv", tmp_path / "c.json"])
     assert df["model"].tolist() == ["a", "b", "c"] and df["gmacs_total"].tolist() == [1e3, 1e4, 1e5]
     with pytest.raises(ScalingInputError, match="does not exist"):
         load_points([tmp_path / "nope.csv"])
     (tmp_path / "empty").mkdir()
-    with pytest.raises(ScalingInputError, match="no metrics.jsonl"):
+    with pytest.raises(ScalingInputError, match=r"no metrics.jsonl"):
         load_points([tmp_path / "empty"])
 
 
@@ -228,12 +277,29 @@ def test_main_end_to_end_run_directories(tmp_path, capsys):
     rng = np.random.default_rng(0)
     for attention, alpha in [("softmax", -0.36), ("linear", -0.33)]:
         for i, samples in enumerate(np.geomspace(1e5, 1e8, 8)):
-            lines = [{"step": 1, "samples_seen": 1.0, "loss": 9.0}, {"step": 2, "samples_seen": samples,
-                     "loss": 30 * samples**alpha * np.exp(rng.normal(0, 0.02))}]
+            lines = [
+                {"step": 1, "samples_seen": 1.0, "loss": 9.0},
+                {"step": 2, "samples_seen": samples, "loss": 30 * samples**alpha * np.exp(rng.normal(0, 0.02))},
+            ]
             write_run(tmp_path / "runs" / f"{attention}{i}", lines, f"model:\n  image_attention: {attention}\n")
     out = tmp_path / "out"
-    argv = [str(tmp_path / "runs"), "--x", "samples_seen", "--y", "loss", "--group", "model.image_attention",
-            "--n-boot", str(N_BOOT), "--extrapolate", "1e9", "--reference", "softmax", "--out", str(out)]
+    argv = [
+        str(tmp_path / "runs"),
+        "--x",
+        "samples_seen",
+        "--y",
+        "loss",
+        "--group",
+        "model.image_attention",
+        "--n-boot",
+        str(N_BOOT),
+        "--extrapolate",
+        "1e9",
+        "--reference",
+        "softmax",
+        "--out",
+        str(out),
+    ]
     assert main(argv) == 0
     printed = capsys.readouterr().out
     assert "softmax" in printed and "alpha(linear) - alpha(softmax)" in printed and "x = 1e+09" in printed

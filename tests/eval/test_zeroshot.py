@@ -1,5 +1,6 @@
 """Zero-shot evaluation on the synthetic set with a tiny CLIP trained here for a few steps, the dataset formats,
 checkpoint kinds, and the one-line messages for bad input."""
+
 import json
 import shutil
 from pathlib import Path
@@ -19,7 +20,6 @@ STEPS, PER_CLASS, CLASSES = 25, 3, 24
 REPO = Path(__file__).resolve().parents[2]
 
 
-
 @pytest.fixture(scope="module")
 def synthetic(tmp_path_factory):
     out = tmp_path_factory.mktemp("synthetic")
@@ -35,14 +35,17 @@ def run_dir(synthetic, tmp_path_factory):
     cfg = models.ModelConfig(name="tiny-s")
     model = models.build_clip(cfg)
     train_transform, _ = models.transforms(cfg)
-    data = build_train_data(DataConfig(train_shards=synthetic[0], batch_size=32, workers=0), train_transform,
-                            models.tokenizer(cfg))
+    data = build_train_data(
+        DataConfig(train_shards=synthetic[0], batch_size=32, workers=0), train_transform, models.tokenizer(cfg)
+    )
     optimizer = torch.optim.AdamW(model.parameters(), lr=2e-3)
-    for step, (images, tokens) in zip(range(STEPS), data.loader):
+    for _step, (images, tokens) in zip(range(STEPS), data.loader):
         image_features, text_features, scale = model(images, tokens)
         logits = scale * image_features @ text_features.T
         labels = torch.arange(len(logits))
-        loss = (torch.nn.functional.cross_entropy(logits, labels) + torch.nn.functional.cross_entropy(logits.T, labels)) / 2
+        loss = (
+            torch.nn.functional.cross_entropy(logits, labels) + torch.nn.functional.cross_entropy(logits.T, labels)
+        ) / 2
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -69,17 +72,21 @@ def test_cli_on_run_dir_reports_accuracy_size_and_provenance(run_dir, synthetic,
     assert result["params"] == sum(p.numel() for p in model.parameters())
     assert result["params"] - result["params_without_token_embedding"] == model.token_embedding.weight.numel()
     assert result["gmacs_per_sample"] > 0 and result["image_attention"] == result["text_attention"] == "softmax"
-    assert result["skipped"] == 0 and result["num_templates"] == len(datasets.read_lines(synthetic[1] / "templates.txt"))
-    folder_result = zeroshot.main([str(run_dir / "checkpoints" / "step_00000025"), "--dataset", str(synthetic[1]),
-                                   "--workers", "0"])
+    assert result["skipped"] == 0 and result["num_templates"] == len(
+        datasets.read_lines(synthetic[1] / "templates.txt")
+    )
+    folder_result = zeroshot.main(
+        [str(run_dir / "checkpoints" / "step_00000025"), "--dataset", str(synthetic[1]), "--workers", "0"]
+    )
     assert folder_result["top1"] == result["top1"]
 
 
 def test_api_matches_cli_and_restores_training_mode(run_dir, synthetic):
     loaded = checkpoint.load_ours(run_dir, "cpu")
     loaded.model.train()
-    result = zeroshot.evaluate(loaded.model, dataset=str(synthetic[1]), tokenizer=loaded.tokenizer,
-                               transform=loaded.transform, batch_size=7)
+    result = zeroshot.evaluate(
+        loaded.model, dataset=str(synthetic[1]), tokenizer=loaded.tokenizer, transform=loaded.transform, batch_size=7
+    )
     assert loaded.model.training
     cli = zeroshot.main([str(run_dir), "--dataset", str(synthetic[1]), "--workers", "0"])
     for key in ("top1", "top5", "mean_per_class_recall", "num_images"):
@@ -89,8 +96,14 @@ def test_api_matches_cli_and_restores_training_mode(run_dir, synthetic):
 def test_clip_benchmark_webdataset_gives_the_imagefolder_result(run_dir, synthetic, tmp_path):
     loaded = checkpoint.load_ours(run_dir, "cpu")
     folder = datasets.ImageFolderSet(synthetic[1], transform=lambda image: image)
-    convert_dataset([(path, label) for path, label in folder.samples], "test", str(tmp_path), max_count=30,
-                    transform=path_to_bytes, verbose=False)
+    convert_dataset(
+        [(path, label) for path, label in folder.samples],
+        "test",
+        str(tmp_path),
+        max_count=30,
+        transform=path_to_bytes,
+        verbose=False,
+    )
     shutil.copy(synthetic[1] / "classnames.txt", tmp_path / "classnames.txt")
     shutil.copy(synthetic[1] / "templates.txt", tmp_path / "zeroshot_classification_templates.txt")
     kwargs = dict(tokenizer=loaded.tokenizer, transform=loaded.transform, batch_size=16, workers=2)
@@ -107,8 +120,9 @@ def test_unreadable_images_are_skipped_and_counted(run_dir, synthetic, tmp_path)
     first.write_bytes(b"not an image")
     second.write_bytes(second.read_bytes()[:40])
     loaded = checkpoint.load_ours(run_dir, "cpu")
-    result = zeroshot.evaluate(loaded.model, dataset=str(root), tokenizer=loaded.tokenizer,
-                               transform=loaded.transform, batch_size=8)
+    result = zeroshot.evaluate(
+        loaded.model, dataset=str(root), tokenizer=loaded.tokenizer, transform=loaded.transform, batch_size=8
+    )
     assert result["skipped"] == 2 and result["num_images"] == CLASSES * PER_CLASS - 2
     assert sorted(result["skipped_examples"]) == sorted([str(first), str(second)])
 
@@ -152,8 +166,18 @@ def test_checkpoint_of_another_model_size_gives_one_line_error(run_dir, syntheti
     with pytest.raises(EvalInputError, match="another model size than tiny-m"):
         checkpoint.load_ours(folder, "cpu")
     with pytest.raises(SystemExit):
-        zeroshot.main(["--open-clip-model", "tiny-m", "--checkpoint", str(folder / "model.safetensors"),
-                       "--dataset", str(synthetic[1]), "--device", "cpu"])
+        zeroshot.main(
+            [
+                "--open-clip-model",
+                "tiny-m",
+                "--checkpoint",
+                str(folder / "model.safetensors"),
+                "--dataset",
+                str(synthetic[1]),
+                "--device",
+                "cpu",
+            ]
+        )
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: checkpoint") and "another model size" in err and "\n" not in err
 
@@ -176,9 +200,16 @@ def test_imagenet21k_style_names_file_defines_all_classes(run_dir, synthetic, tm
         shutil.copytree(synthetic[1] / d, root / f"n{i:08d}")
     (tmp_path / "names.txt").write_text("\n".join(file_lines) + "\n")
     loaded = checkpoint.load_ours(run_dir, "cpu")
-    result = zeroshot.evaluate(loaded.model, dataset=str(root), tokenizer=loaded.tokenizer, transform=loaded.transform,
-                               classnames=str(tmp_path / "names.txt"), templates="simple", class_chunk=7,
-                               texts_per_batch=50)
+    result = zeroshot.evaluate(
+        loaded.model,
+        dataset=str(root),
+        tokenizer=loaded.tokenizer,
+        transform=loaded.transform,
+        classnames=str(tmp_path / "names.txt"),
+        templates="simple",
+        class_chunk=7,
+        texts_per_batch=50,
+    )
     assert result["num_classes"] == 30 and result["num_images"] == 3 * PER_CLASS
     assert result["num_templates"] == len(zero_shot_metadata.SIMPLE_IMAGENET_TEMPLATES)
     evalset = datasets.open_classification(root, loaded.transform, str(tmp_path / "names.txt"))
@@ -190,9 +221,22 @@ def test_run_directory_written_by_the_trainer(synthetic, tmp_path):
     from train.main import main as train_main
 
     run = tmp_path / "run"
-    assert train_main([str(REPO / "configs" / "tiny.yaml"), f"data.train_shards={synthetic[0]}", f"train.run_dir={run}",
-                       "train.max_steps=3", "train.save_every=3", "data.batch_size=16", "data.workers=0",
-                       "eval.dataset=null", "model.image_attention=linear_elu"]) == 0
+    assert (
+        train_main(
+            [
+                str(REPO / "configs" / "tiny.yaml"),
+                f"data.train_shards={synthetic[0]}",
+                f"train.run_dir={run}",
+                "train.max_steps=3",
+                "train.save_every=3",
+                "data.batch_size=16",
+                "data.workers=0",
+                "eval.dataset=null",
+                "model.image_attention=linear_elu",
+            ]
+        )
+        == 0
+    )
     result = zeroshot.main([str(run), "--dataset", str(synthetic[1]), "--workers", "0", "--device", "cpu"])
     meta = json.loads((run / "checkpoints" / "step_00000003" / "meta.json").read_text())
     assert result["checkpoint"] == str(run / "checkpoints" / "step_00000003")

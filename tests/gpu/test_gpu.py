@@ -4,6 +4,7 @@ Every registered attention on CUDA against its fp64 reference (fp32 and bf16, fu
 linear_affine_nodenom in bf16 at N = 65536, and train.main on the GPU: bf16, fp16 (gradient scaler)
 and FSDP over two GPUs under torchrun.
 """
+
 import copy
 
 import pytest
@@ -127,9 +128,16 @@ def finite_checkpoint(run_dir):
 @pytest.mark.parametrize("precision, attention", [("bf16", "softmax"), ("fp16", "softmax"), ("bf16", "linear_affine")])
 def test_train_main_on_the_gpu(tmp_path, synthetic, precision, attention):  # noqa: F811
     run_dir = tmp_path / "run"
-    path = tiny_config(tmp_path, synthetic, eval={"dataset": synthetic["eval"]},
-                       model={"image_attention": attention, "text_attention": attention})
-    assert run(path, "train.max_steps=3", f"train.run_dir={run_dir}", f"train.precision={precision}", "train.cpu=false") == 0
+    path = tiny_config(
+        tmp_path,
+        synthetic,
+        eval={"dataset": synthetic["eval"]},
+        model={"image_attention": attention, "text_attention": attention},
+    )
+    assert (
+        run(path, "train.max_steps=3", f"train.run_dir={run_dir}", f"train.precision={precision}", "train.cpu=false")
+        == 0
+    )
     steps = train_records(run_dir)
     assert [r["step"] for r in steps] == [1, 2, 3] and all(r["loss"] is not None for r in steps)
     folder = finite_checkpoint(run_dir)
@@ -145,8 +153,17 @@ def test_train_main_on_the_gpu(tmp_path, synthetic, precision, attention):  # no
 def test_fsdp_on_two_gpus(tmp_path, synthetic):  # noqa: F811
     run_dir = tmp_path / "run"
     path = tiny_config(tmp_path, synthetic, eval={"dataset": synthetic["eval"]})
-    proc = cli([str(path), f"train.run_dir={run_dir}", "train.distributed=fsdp", "train.precision=bf16",
-                "train.max_steps=3", "train.cpu=false"], launcher=TORCHRUN)
+    proc = cli(
+        [
+            str(path),
+            f"train.run_dir={run_dir}",
+            "train.distributed=fsdp",
+            "train.precision=bf16",
+            "train.max_steps=3",
+            "train.cpu=false",
+        ],
+        launcher=TORCHRUN,
+    )
     code, _, err = finish(proc, timeout=400)
     assert code == 0, err[-3000:]
     assert [r["step"] for r in train_records(run_dir)] == [1, 2, 3]

@@ -1,5 +1,6 @@
 """Every registered attention, tested the moment it registers: shapes, dtypes, gradients,
 causality, padding, fast path == naive reference (forward and backward, awkward lengths)."""
+
 import pytest
 import torch
 

@@ -1,4 +1,5 @@
 """The CLIP model on the tiny config: every attention pair, hybrids, options, errors, counts, loading."""
+
 import itertools
 import os
 
@@ -16,7 +17,6 @@ NAMES = sorted(ATTENTIONS)
 CAUSAL = [n for n in NAMES if ATTENTIONS[n].supports_causal]
 NOT_CAUSAL = [n for n in NAMES if not ATTENTIONS[n].supports_causal]
 PAIRS = list(itertools.product(NAMES, CAUSAL))
-
 
 
 CAPTIONS = ["a photo of a cat", "two dogs on grass in the sun", "x"]
@@ -64,7 +64,9 @@ def test_every_pair_forward_backward(image_attention, text_attention):
 
 @pytest.mark.parametrize("name", NOT_CAUSAL)
 def test_non_causal_attention_in_text_tower_fails_naming_the_tower(name):
-    one_line_error(lambda: create_model("tiny-s", text_attention=name), "text tower", f"attention {name!r} cannot be causal")
+    one_line_error(
+        lambda: create_model("tiny-s", text_attention=name), "text tower", f"attention {name!r} cannot be causal"
+    )
 
 
 @pytest.mark.parametrize("name", CAUSAL)
@@ -74,9 +76,13 @@ def test_text_ignores_padding_after_eot(name):
     text = models.tokenizer(model)(["a photo of a cat"])
     eot = text.argmax(-1).item()
     noisy = text.clone()
-    noisy[0, eot + 1:] = torch.randint(1, 1000, (text.shape[1] - eot - 1,))
+    noisy[0, eot + 1 :] = torch.randint(1, 1000, (text.shape[1] - eot - 1,))
     with torch.no_grad():
-        full, trimmed, changed = model.encode_text(text), model.encode_text(text[:, :eot + 1]), model.encode_text(noisy)
+        full, trimmed, changed = (
+            model.encode_text(text),
+            model.encode_text(text[:, : eot + 1]),
+            model.encode_text(noisy),
+        )
     torch.testing.assert_close(trimmed, full, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(changed, full, rtol=1e-5, atol=1e-5)
 
@@ -92,7 +98,9 @@ def test_hybrid_per_layer_lists(name):
 
 @pytest.mark.skipif("linformer" not in ATTENTIONS, reason="linformer is not registered")
 def test_options_per_attention_name_and_sequence_length_default():
-    model = create_model("tiny-s", image_attention=["softmax", "linformer"], image_attention_options={"linformer": {"length": 8}})
+    model = create_model(
+        "tiny-s", image_attention=["softmax", "linformer"], image_attention_options={"linformer": {"length": 8}}
+    )
     first, second = (b.attn for b in model.visual.transformer.resblocks)
     assert first.options == {} and second.proj_k.shape == (8, 17)  # max_length = 1 + (32 / 8)^2 image tokens
     flat = create_model("tiny-s", image_attention="linformer", image_attention_options={"length": 4, "max_length": 40})
@@ -100,12 +108,20 @@ def test_options_per_attention_name_and_sequence_length_default():
 
 
 def test_wrong_configs_fail_with_one_line_errors(tmp_path):
-    one_line_error(lambda: create_model("tiny-s", image_attention=["softmax"] * 3), "image tower", "3 names for 2 layers")
-    one_line_error(lambda: create_model("tiny-s", text_attention="nope"), "text tower", "unknown attention 'nope'", "softmax")
+    one_line_error(
+        lambda: create_model("tiny-s", image_attention=["softmax"] * 3), "image tower", "3 names for 2 layers"
+    )
+    one_line_error(
+        lambda: create_model("tiny-s", text_attention="nope"), "text tower", "unknown attention 'nope'", "softmax"
+    )
     one_line_error(lambda: create_model("no-such-size"), "unknown model size 'no-such-size'", "tiny-s", "ViT-B-16")
     one_line_error(lambda: create_model("RN50"), "ResNet")
     one_line_error(lambda: create_model("ViT-B-16-SigLIP"), "not implemented by models/")
-    one_line_error(lambda: create_model("tiny-s", image_attention_options={"bogus": 1}), "image tower", "'softmax' has no option(s) bogus")
+    one_line_error(
+        lambda: create_model("tiny-s", image_attention_options={"bogus": 1}),
+        "image tower",
+        "'softmax' has no option(s) bogus",
+    )
     one_line_error(lambda: create_model("tiny-s", attention="softmax"), "unknown option(s) attention")
     one_line_error(lambda: create_model("tiny-s", patch_dropout=1.0), "patch_dropout")
 
@@ -155,7 +171,7 @@ def test_linearise_from_softmax_checkpoint(name, tmp_path):
     save_file({k: v.contiguous() for k, v in softmax.state_dict().items()}, str(path))
     text = name if name in CAUSAL else "softmax"
     fresh = create_model("tiny-s", image_attention=name, text_attention=text)
-    loaded, missing, unexpected = models.load_pretrained(fresh, path)
+    loaded, missing, _unexpected = models.load_pretrained(fresh, path)
     sd, own = softmax.state_dict(), fresh.state_dict()
     for key in loaded:
         torch.testing.assert_close(own[key], sd[key], rtol=0, atol=0)
@@ -222,7 +238,9 @@ def test_torch_compile_matches_eager_forward_and_backward(tmp_path):
     assert set(exported) == set(model.state_dict())
 
 
-@pytest.mark.skipif(not os.environ.get("RUN_SLOW"), reason="inductor on CPU compiles C++ for ~90 s on 2 cores; RUN_SLOW=1 runs it")
+@pytest.mark.skipif(
+    not os.environ.get("RUN_SLOW"), reason="inductor on CPU compiles C++ for ~90 s on 2 cores; RUN_SLOW=1 runs it"
+)
 def test_torch_compile_inductor_matches_eager():
     model = create_model("tiny-s").eval()
     images, text = batch(model)

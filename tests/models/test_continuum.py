@@ -1,5 +1,6 @@
 """Continuum softmax: the closed form against a numerical integral of its definition, log phi2 at extreme
 arguments, the start token options, the causal boundary and query chunking."""
+
 import math
 
 import mpmath
@@ -55,13 +56,18 @@ def test_equals_numerical_integral_of_the_definition(mask_name, causal, start):
     q, k, v = random_qkv()
     mask = MASKS[mask_name]
     key_mask = None if mask is None else torch.tensor([mask])
-    start_kv = (torch.randn(H, D, dtype=torch.float64), torch.randn(H, D, dtype=torch.float64)) if start == "learn" else None
+    start_kv = (
+        (torch.randn(H, D, dtype=torch.float64), torch.randn(H, D, dtype=torch.float64)) if start == "learn" else None
+    )
     fast = continuum_softmax(q, k, v, causal=causal, key_mask=key_mask, start=start, start_kv=start_kv)
     ref = continuum_reference(q, k, v, causal=causal, key_mask=key_mask, start=start, start_kv=start_kv)
-    first = [i for i in range(N) if mask is None or mask[i]][0]
+    first = next(i for i in range(N) if mask is None or mask[i])
     for h in range(H):
-        k0, v0 = {"zero": (torch.zeros(D, dtype=torch.float64),) * 2, "copy": (k[0, h, first], v[0, h, first]),
-                  "learn": (start_kv[0][h], start_kv[1][h]) if start_kv else None}[start]
+        k0, v0 = {
+            "zero": (torch.zeros(D, dtype=torch.float64),) * 2,
+            "copy": (k[0, h, first], v[0, h, first]),
+            "learn": (start_kv[0][h], start_kv[1][h]) if start_kv else None,
+        }[start]
         expected = path_integral(q[0, h], k[0, h], v[0, h], k0, v0, causal, mask)
         torch.testing.assert_close(fast[0, h], expected, rtol=1e-8, atol=1e-8)
         torch.testing.assert_close(ref[0, h], expected, rtol=1e-8, atol=1e-8)
@@ -72,7 +78,25 @@ def mp_log_phi2(x):
     return mpmath.log(mpmath.mpf(1) / 2) if x == 0 else mpmath.log((mpmath.exp(x) - 1 - x) / x**2)
 
 
-POINTS = [0.0, 1e-8, -1e-8, 1e-3, -1e-3, 0.7, -0.7, 1.999, 2.0, 2.001, -1.999, -2.0, -2.001, 50.0, -50.0, 1000.0, -1000.0]
+POINTS = [
+    0.0,
+    1e-8,
+    -1e-8,
+    1e-3,
+    -1e-3,
+    0.7,
+    -0.7,
+    1.999,
+    2.0,
+    2.001,
+    -1.999,
+    -2.0,
+    -2.001,
+    50.0,
+    -50.0,
+    1000.0,
+    -1000.0,
+]
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-14), (torch.float32, 1e-6)])
@@ -90,7 +114,9 @@ def test_log_phi2_values_and_gradients_match_mpmath(dtype, tol):
 
 
 def test_log_phi2_backward_passes_gradcheck():
-    x = torch.tensor([-40.0, -3.0, -2.0, -1.0, 0.0, 0.3, 1.99, 2.01, 7.0, 60.0], dtype=torch.float64, requires_grad=True)
+    x = torch.tensor(
+        [-40.0, -3.0, -2.0, -1.0, 0.0, 0.3, 1.99, 2.01, 7.0, 60.0], dtype=torch.float64, requires_grad=True
+    )
     assert torch.autograd.gradcheck(log_phi2, (x,))
 
 
@@ -136,7 +162,9 @@ def test_learned_start_is_a_parameter_that_starts_as_zero():
 
 def test_start_options_are_checked():
     q, k, v = random_qkv()
-    with pytest.raises(ValueError, match="start='learn' uses the layer's learned start token; build it with build_attention"):
+    with pytest.raises(
+        ValueError, match="start='learn' uses the layer's learned start token; build it with build_attention"
+    ):
         attend("continuum_softmax", q, k, v, start="learn")
     with pytest.raises(ValueError, match="unknown start 'first'; pick one of zero, copy, learn"):
         build_attention("continuum_softmax", 16, H, start="first")

@@ -2,6 +2,7 @@
 affine_cpu.c): built where a compiler exists, the path taken on the CPU in fp32, they agree with the O(N^2)
 reference and with the PyTorch paths (tiled.py, NormalisedLinear) at every head size they support, and fall
 back cleanly when they cannot be built."""
+
 import pytest
 import torch
 
@@ -21,8 +22,10 @@ def test_kernel_is_built_wherever_a_compiler_exists():
 @pytest.fixture
 def kernel_only(monkeypatch):
     """Makes the PyTorch paths raise, so a passing test proves a kernel computed the result."""
+
     def refuse(*args, **kwargs):
         raise AssertionError("PyTorch path used where the C kernel should run")
+
     monkeypatch.setattr(tiled, "forward", refuse)
     monkeypatch.setattr(tiled, "backward", refuse)
     monkeypatch.setattr(linear, "scales", refuse)  # NormalisedLinear's first step
@@ -40,7 +43,7 @@ def test_kernel_equals_reference(kernel_only, name, d, b, h, n, threads):
     base = [torch.randn(b, h, n, d, dtype=torch.float64) for _ in range(3)]
     key_mask = torch.ones(b, n, dtype=torch.bool)
     if n > 2:
-        key_mask[-1, -(n // 3):] = False
+        key_mask[-1, -(n // 3) :] = False
     fast = [t.float().requires_grad_() for t in base]
     exact = [t.clone().requires_grad_() for t in base]
     out = attend(name, *fast, causal=False, key_mask=key_mask)
@@ -52,7 +55,7 @@ def test_kernel_equals_reference(kernel_only, name, d, b, h, n, threads):
     for name, a, r in zip("qkv", fast, exact):
         assert rel_err(a.grad, r.grad) <= 1e-5, f"grad of {name}"
     if n > 2:
-        assert (fast[1].grad[-1, :, -(n // 3):] == 0).all()  # a padded key gets no gradient
+        assert (fast[1].grad[-1, :, -(n // 3) :] == 0).all()  # a padded key gets no gradient
 
 
 def kernel_and_tiled(n, m, d, keep):
@@ -82,7 +85,7 @@ def test_affine_kernel_equals_pytorch_path_with_different_query_and_key_lengths(
     keep = (torch.rand(3, 517, 1) > 0.3).float() if masked else None
     results = []
     for kernel in (True, False):
-        monkeypatch.setattr(cpu_kernel, "usable", lambda *tensors: kernel)
+        monkeypatch.setattr(cpu_kernel, "usable", lambda *tensors, kernel=kernel: kernel)
         inputs = [t.clone().requires_grad_() for t in (q, k, v)]
         out = linear.NormalisedLinear.apply(*inputs, keep, True)
         out.backward(grad)

@@ -1,10 +1,10 @@
 """What the registry-wide tests cannot know about the linear family: Eq. 7 by hand, convexity,
 chunk sizes, bf16 at long lengths, the hand-written backward."""
+
 import pytest
 import torch
 
-from models.attention import attend, build_attention
-from models.attention import tiled
+from models.attention import attend, build_attention, tiled
 from models.attention.linear import AffineNoDenom, NormalisedLinear
 
 CAUSAL_LINEAR = ["linear_affine", "linear_affine_nodenom", "linear_elu"]
@@ -102,7 +102,6 @@ def test_padded_query_rows_stay_finite_when_no_key_is_real_yet():
     key_mask[:, :5] = False  # causal queries 0..4 see no real key at all
     for name in CAUSAL_LINEAR:
         assert torch.isfinite(attend(name, q, k, v, causal=True, key_mask=key_mask)).all(), name
-
 
 
 @pytest.mark.parametrize("masked", [False, True])

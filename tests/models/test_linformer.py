@@ -1,4 +1,5 @@
 """Linformer: the length limit, gradients of the token projections, padding anywhere, image-tower size."""
+
 import math
 
 import pytest
@@ -59,8 +60,15 @@ def test_works_as_image_tower_attention():
     from models.vit import VisionTransformer
 
     torch.manual_seed(0)
-    tower = VisionTransformer(image_size=224, patch_size=16, width=64, heads=4, output_dim=16,
-                              attentions=["linformer"], options=[{"length": 64, "max_length": 197}])
+    tower = VisionTransformer(
+        image_size=224,
+        patch_size=16,
+        width=64,
+        heads=4,
+        output_dim=16,
+        attentions=["linformer"],
+        options=[{"length": 64, "max_length": 197}],
+    )
     m = tower.transformer.resblocks[0].attn
     assert m.proj_k.shape == (64, 197)
     y = tower(torch.randn(2, 3, 224, 224))
@@ -72,7 +80,14 @@ def test_works_as_image_tower_attention():
     m64.load_state_dict(m.state_dict())
     out = m.attention(q.float(), k.float(), v.float(), None)
     torch.testing.assert_close(out.double(), m64.attention_reference(q, k, v, None), rtol=1e-5, atol=1e-5)
-    small = VisionTransformer(image_size=224, patch_size=16, width=64, heads=4, output_dim=16,
-                              attentions=["linformer"], options=[{"length": 64, "max_length": 196}])
+    small = VisionTransformer(
+        image_size=224,
+        patch_size=16,
+        width=64,
+        heads=4,
+        output_dim=16,
+        attentions=["linformer"],
+        options=[{"length": 64, "max_length": 196}],
+    )
     with pytest.raises(ValueError, match="197 tokens exceed max_length=196"):
         small(torch.randn(1, 3, 224, 224))

@@ -1,4 +1,5 @@
 """With softmax in both towers our CLIP is open_clip's: same keys, strict loading both ways, same outputs."""
+
 import open_clip
 import pytest
 import torch
@@ -57,7 +58,9 @@ def test_open_clip_checkpoint_file_initialises_a_linear_model(tmp_path):
     theirs = open_clip.create_model("tiny-s")
     path = tmp_path / "open_clip.pt"
     torch.save({"epoch": 1, "state_dict": {"module." + k: v for k, v in theirs.state_dict().items()}}, path)
-    model = models.build_clip(models.ModelConfig(name="tiny-s", image_attention=causal[0], text_attention=causal[0], pretrained=str(path)))
+    model = models.build_clip(
+        models.ModelConfig(name="tiny-s", image_attention=causal[0], text_attention=causal[0], pretrained=str(path))
+    )
     sd, own = theirs.state_dict(), model.state_dict()
     assert set(sd) <= set(own)  # a linear variant keeps every softmax weight (and may add its own)
     for key, value in sd.items():

@@ -1,4 +1,5 @@
 """scripts/bench_attention.py: the quick run writes its three files, and the aims check reads a frame right."""
+
 import pandas as pd
 
 from scripts.bench_attention import aims, main
@@ -16,10 +17,26 @@ def frame_with(nodenom_ratio_197, gemm_fraction):
     rows = []
     for n, softmax_ms in ((197, 1.0), (4096, 300.0), (65536, 7e4), (131072, 2.8e5)):
         ours = softmax_ms * (nodenom_ratio_197 if n == 197 else 1 / 1000)
-        rows += [dict(variant="softmax", N=n, time_ms=softmax_ms, ratio_to_softmax=1.0, gemm_fraction=None, peak_mb=None,
-                      extrapolated="O(N^2)" if n > 4096 else ""),
-                 dict(variant="linear_affine_nodenom", N=n, time_ms=ours, ratio_to_softmax=ours / softmax_ms,
-                      gemm_fraction=gemm_fraction, peak_mb=n / 100, extrapolated="")]
+        rows += [
+            dict(
+                variant="softmax",
+                N=n,
+                time_ms=softmax_ms,
+                ratio_to_softmax=1.0,
+                gemm_fraction=None,
+                peak_mb=None,
+                extrapolated="O(N^2)" if n > 4096 else "",
+            ),
+            dict(
+                variant="linear_affine_nodenom",
+                N=n,
+                time_ms=ours,
+                ratio_to_softmax=ours / softmax_ms,
+                gemm_fraction=gemm_fraction,
+                peak_mb=n / 100,
+                extrapolated="",
+            ),
+        ]
     return pd.DataFrame(rows).assign(mode="full", dtype="float32")
 
 

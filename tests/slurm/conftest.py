@@ -3,6 +3,7 @@
 The cluster fixture installs Debian's Slurm packages and starts 2 virtual nodes when it runs as root with
 apt-get; elsewhere it skips with the reason. Once started, a cluster that does not come up is a failure.
 """
+
 import os
 import shutil
 import socket
@@ -46,8 +47,13 @@ def slurm_cluster(tmp_path_factory):
     if not shutil.which("sbatch") and not shutil.which("apt-get"):
         pytest.skip("Slurm is not installed and apt-get is not available to install it")
     # 4 CPUs per virtual node, whatever the machine has, so the tests' jobs all start at once
-    env = {**os.environ, "SLURM_LOCAL_DIR": str(tmp_path_factory.mktemp("slurm")), "SLURM_LOCAL_NODES": "2",
-           "SLURM_LOCAL_CPUS": "4", "SLURM_LOCAL_PORT": str(free_base_port())}
+    env = {
+        **os.environ,
+        "SLURM_LOCAL_DIR": str(tmp_path_factory.mktemp("slurm")),
+        "SLURM_LOCAL_NODES": "2",
+        "SLURM_LOCAL_CPUS": "4",
+        "SLURM_LOCAL_PORT": str(free_base_port()),
+    }
     installed = run_setup("install", env, timeout=600)
     if installed.returncode != 0:
         pytest.skip(f"installing slurm-wlm/munge failed: {installed.stderr.strip()[-500:]}")

@@ -1,6 +1,7 @@
 """Jobs on a real one-host Slurm cluster of 2 virtual nodes (the slurm_cluster fixture of conftest.py).
 
 Each wait is bounded; a job that fails or hangs is cancelled and its .out file shown in the failure."""
+
 import contextlib
 import io
 import json
@@ -41,14 +42,17 @@ def wait_for(job_id: str, run_dir: Path, timeout: float, until=lambda info: info
             return info
         if time.monotonic() > deadline:
             subprocess.run(["scancel", job_id], timeout=30)
-            pytest.fail(f"job {job_id} still {info.get('JobState')} ({info.get('Reason')}) after {timeout:.0f}s; "
-                        f"its output:\n{job_output(job_id, run_dir)}")
+            pytest.fail(
+                f"job {job_id} still {info.get('JobState')} ({info.get('Reason')}) after {timeout:.0f}s; "
+                f"its output:\n{job_output(job_id, run_dir)}"
+            )
         time.sleep(0.3)
 
 
 def assert_completed(info: dict, job_id: str, run_dir: Path) -> None:
-    assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", \
+    assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", (
         f"job {job_id} ended {info['JobState']} exit {info['ExitCode']}; its output:\n{job_output(job_id, run_dir)}"
+    )
 
 
 def test_rendezvous_on_two_nodes(slurm_cluster, torchrun_stub, tmp_path, monkeypatch):
@@ -73,15 +77,40 @@ def test_rendezvous_on_two_nodes(slurm_cluster, torchrun_stub, tmp_path, monkeyp
 def shards(tmp_path_factory) -> str:
     """512 synthetic samples in 2 shards; returns the brace spec for data.train_shards."""
     out = tmp_path_factory.mktemp("synthetic")
-    subprocess.run([sys.executable, "-m", "data.synthetic", str(out), "--train-samples", "512", "--shard-size", "256",
-                    "--eval-per-class", "1"], cwd=REPO, check=True, capture_output=True, timeout=120)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "data.synthetic",
+            str(out),
+            "--train-samples",
+            "512",
+            "--shard-size",
+            "256",
+            "--eval-per-class",
+            "1",
+        ],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     return f"{out}/train/{{00000..00001}}.tar"
 
 
 # configs/tiny.yaml made small: batch 8, no periodic eval, a metrics line every step
 PREEMPT_STEPS = 40
-TINY = ["data.batch_size=8", "data.workers=0", "data.shuffle_buffer=64", "eval.dataset=null", "optim.warmup_steps=2",
-        "train.log_every=1", "train.progress=false", "train.save_every=1000", "train.keep_last=2"]
+TINY = [
+    "data.batch_size=8",
+    "data.workers=0",
+    "data.shuffle_buffer=64",
+    "eval.dataset=null",
+    "optim.warmup_steps=2",
+    "train.log_every=1",
+    "train.progress=false",
+    "train.save_every=1000",
+    "train.keep_last=2",
+]
 
 
 def submit_tiny(run_dir: Path, resources: list[str], overrides: list[str]) -> str:
@@ -89,8 +118,22 @@ def submit_tiny(run_dir: Path, resources: list[str], overrides: list[str]) -> st
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         # 2 shared cores are slow with more than one thread per process
-        main([str(REPO / "configs" / "tiny.yaml"), "--gpus-per-node", "0", "--partition", "debug", "--time", "10",
-              "--sbatch-arg=--export=ALL,OMP_NUM_THREADS=1", *resources, *TINY, *overrides, f"train.run_dir={run_dir}"])
+        main(
+            [
+                str(REPO / "configs" / "tiny.yaml"),
+                "--gpus-per-node",
+                "0",
+                "--partition",
+                "debug",
+                "--time",
+                "10",
+                "--sbatch-arg=--export=ALL,OMP_NUM_THREADS=1",
+                *resources,
+                *TINY,
+                *overrides,
+                f"train.run_dir={run_dir}",
+            ]
+        )
     assert f"run dir: {run_dir}" in out.getvalue()
     return re.search(r"submitted job (\d+)", out.getvalue()).group(1)
 
@@ -104,17 +147,38 @@ def tiny_jobs(slurm_cluster, shards, tmp_path_factory) -> dict[str, tuple[str, P
     """The jobs of the tests below, submitted together so they run side by side: name -> (job id, run dir or,
     for "eval", the folder of its results). "preempted" is long enough to be signalled by the first test."""
     jobs = {}
-    for name, resources, steps in [("preempted", ["--procs-per-node", "1"], PREEMPT_STEPS),
-                                   ("single", ["--procs-per-node", "1"], 4),
-                                   ("two-nodes", ["--nodes", "2", "--procs-per-node", "1"], 3)]:
+    for name, resources, steps in [
+        ("preempted", ["--procs-per-node", "1"], PREEMPT_STEPS),
+        ("single", ["--procs-per-node", "1"], 4),
+        ("two-nodes", ["--nodes", "2", "--procs-per-node", "1"], 3),
+    ]:
         run_dir = tmp_path_factory.mktemp(name) / "run"
-        jobs[name] = submit_tiny(run_dir, resources, [f"data.train_shards={shards}", f"train.max_steps={steps}"]), run_dir
+        jobs[name] = (
+            submit_tiny(run_dir, resources, [f"data.train_shards={shards}", f"train.max_steps={steps}"]),
+            run_dir,
+        )
     single_job, single_dir = jobs["single"]
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        main(["eval", str(single_dir), "--dataset", str(Path(shards).parent.parent / "eval"), "--gpus-per-node", "0",
-              "--partition", "debug", "--time", "10", f"--sbatch-arg=--dependency=afterok:{single_job}",
-              "--workers", "0", "--batch-size", "32"])
+        main(
+            [
+                "eval",
+                str(single_dir),
+                "--dataset",
+                str(Path(shards).parent.parent / "eval"),
+                "--gpus-per-node",
+                "0",
+                "--partition",
+                "debug",
+                "--time",
+                "10",
+                f"--sbatch-arg=--dependency=afterok:{single_job}",
+                "--workers",
+                "0",
+                "--batch-size",
+                "32",
+            ]
+        )
     jobs["eval"] = re.search(r"submitted job (\d+)", out.getvalue()).group(1), single_dir / "eval"
     return jobs
 
@@ -167,7 +231,10 @@ def test_two_nodes_train_as_one_world_of_two(tiny_jobs):
     finished(tiny_jobs, "two-nodes")
     checkpoint = latest_checkpoint(run_dir)
     # accelerate's save_state writes one random_states_<rank>.pkl per process: two files = two processes
-    assert sorted(p.name for p in checkpoint.rglob("random_states_*.pkl")) == ["random_states_0.pkl", "random_states_1.pkl"]
+    assert sorted(p.name for p in checkpoint.rglob("random_states_*.pkl")) == [
+        "random_states_0.pkl",
+        "random_states_1.pkl",
+    ]
     assert "2 node(s) x 1 process(es) = world size 2" in job_output(job_id, run_dir)
     steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3]

@@ -1,5 +1,6 @@
 """The submit command: run directory choice, --dry-run, submission, sweeps with their manifest, eval jobs.
 sbatch is a stand-in here (tests/slurm/conftest.py); test_cluster.py submits to a real Slurm."""
+
 import csv
 import json
 import math
@@ -37,8 +38,20 @@ def test_dry_run_prints_the_script_and_submits_nothing(config, tmp_path, monkeyp
 
 def test_submit_prints_job_id_and_run_dir(config, tmp_path, capsys, fake_sbatch):
     run_dir = tmp_path / "my-run"
-    main([str(config), "--gpus-per-node", "0", "--procs-per-node", "2", "--time", "10", "--partition", "debug",
-          f"train.run_dir={run_dir}"])
+    main(
+        [
+            str(config),
+            "--gpus-per-node",
+            "0",
+            "--procs-per-node",
+            "2",
+            "--time",
+            "10",
+            "--partition",
+            "debug",
+            f"train.run_dir={run_dir}",
+        ]
+    )
     assert capsys.readouterr().out.splitlines() == ["submitted job 1001", f"run dir: {run_dir}"]
     script = (run_dir / "train.sbatch").read_text()
     assert fake_sbatch.read_text().splitlines() == [f"sbatch --parsable {run_dir / 'train.sbatch'}"]
@@ -54,13 +67,16 @@ def test_run_dir_of_the_config_file_is_kept(tmp_path, monkeypatch, capsys):
     assert f"train.run_dir={tmp_path / 'runs' / 'fixed'})" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["--time", "10", "train.no_such_key=1"], "unknown config key train.no_such_key"),
-    (["--time", "1h"], "not a Slurm time"),
-    (["--time", "2", "--signal-seconds", "120"], "not below the time limit"),
-    (["--time", "10", "--gpus-per-node", "8", "--procs-per-node", "4"], "one process per GPU"),
-    (["--time", "10", "train.run_dir=/tmp/a b"], "holds whitespace"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--time", "10", "train.no_such_key=1"], "unknown config key train.no_such_key"),
+        (["--time", "1h"], "not a Slurm time"),
+        (["--time", "2", "--signal-seconds", "120"], "not below the time limit"),
+        (["--time", "10", "--gpus-per-node", "8", "--procs-per-node", "4"], "one process per GPU"),
+        (["--time", "10", "train.run_dir=/tmp/a b"], "holds whitespace"),
+    ],
+)
 def test_bad_input_is_one_line(config, argv, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main([str(config), *argv, "--dry-run"])
@@ -69,10 +85,27 @@ def test_bad_input_is_one_line(config, argv, message, capsys):
 
 def test_sweep_submits_the_grid_and_writes_the_manifest(config, tmp_path, capsys, fake_sbatch):
     sweep_dir = tmp_path / "sweep"
-    main(["sweep", str(config), "--sizes", "tiny-s,tiny-m", "--attentions", "softmax,linear_affine_nodenom",
-          "--samples", "1000,2000", "--time", "20", "--gpus-per-node", "0", "--sweep-dir", str(sweep_dir),
-          "optim.lr=0.001"])
-    rows = list(csv.DictReader(open(sweep_dir / "manifest.csv")))
+    main(
+        [
+            "sweep",
+            str(config),
+            "--sizes",
+            "tiny-s,tiny-m",
+            "--attentions",
+            "softmax,linear_affine_nodenom",
+            "--samples",
+            "1000,2000",
+            "--time",
+            "20",
+            "--gpus-per-node",
+            "0",
+            "--sweep-dir",
+            str(sweep_dir),
+            "optim.lr=0.001",
+        ]
+    )
+    with open(sweep_dir / "manifest.csv") as f:
+        rows = list(csv.DictReader(f))
     assert len(rows) == 8
     assert [r["job_id"] for r in rows] == [str(1001 + i) for i in range(8)]
     assert len({r["run_dir"] for r in rows}) == 8
@@ -93,11 +126,12 @@ def test_sweep_without_axes_is_refused(config):
 
 def test_sweep_file(config, tmp_path, capsys):
     spec = tmp_path / "grid.yaml"
-    spec.write_text(f"config: {config.name}\nsizes: [tiny-s]\nattentions: [softmax, linear_elu]\n"
-                    "overrides: [train.save_every=7]\n")
+    spec.write_text(
+        f"config: {config.name}\nsizes: [tiny-s]\nattentions: [softmax, linear_elu]\noverrides: [train.save_every=7]\n"
+    )
     main(["sweep", str(spec), "--time", "20", "--dry-run"])
     out = capsys.readouterr().out
-    rows = list(csv.DictReader(out[out.index("job_id,"):].splitlines()))
+    rows = list(csv.DictReader(out[out.index("job_id,") :].splitlines()))
     assert [r["attention"] for r in rows] == ["softmax", "linear_elu"]
     assert all("train.save_every=7" in r["overrides"] for r in rows)
     assert out.count("#!/bin/bash") == 2
@@ -115,8 +149,21 @@ def test_eval_job_lists_checkpoints_and_outputs(tmp_path, capsys, fake_sbatch):
     run = fake_run(tmp_path / "run", [10, 20])
     dataset = tmp_path / "synthetic" / "eval"
     dataset.mkdir(parents=True)
-    main(["eval", str(run / "checkpoints" / "step_00000010"), str(run), "--dataset", str(dataset),
-          "--time", "15", "--gpus-per-node", "0", "--batch-size", "16"])
+    main(
+        [
+            "eval",
+            str(run / "checkpoints" / "step_00000010"),
+            str(run),
+            "--dataset",
+            str(dataset),
+            "--time",
+            "15",
+            "--gpus-per-node",
+            "0",
+            "--batch-size",
+            "16",
+        ]
+    )
     out = capsys.readouterr().out.splitlines()
     expected = [run / "eval" / "zeroshot-step_00000010-eval.json", run / "eval" / "zeroshot-latest-eval.json"]
     assert out[0] == "submitted job 1001" and out[1] == "results: " + " ".join(map(str, expected))
@@ -134,5 +181,5 @@ def test_eval_refuses_what_is_not_a_checkpoint(tmp_path):
 
 def test_eval_refuses_a_missing_dataset(tmp_path):
     run = fake_run(tmp_path / "run", [10])
-    with pytest.raises(SystemExit, match="--dataset .* is not a folder"):
+    with pytest.raises(SystemExit, match=r"--dataset .* is not a folder"):
         main(["eval", str(run), "--dataset", str(tmp_path / "nope"), "--time", "5", "--dry-run"])

@@ -1,5 +1,6 @@
 """The sbatch templates: what they render to, and what the rendered bash does, run against stand-in
 scontrol/srun/torchrun/scancel (no Slurm needed)."""
+
 import os
 import re
 import signal
@@ -27,9 +28,19 @@ def sbatch_lines(script: str) -> list[str]:
 def test_four_nodes_of_eight_gpus_script():
     script = render_train(CONFIG, ["train.max_steps=100", f"train.run_dir={RUN}"], RUN, gpu_job())
     lines = sbatch_lines(script)
-    for expected in ["--nodes=4", "--ntasks-per-node=1", "--gres=gpu:8", "--partition=gpu", "--account=clip",
-                     "--time=2-00:00:00", "--requeue", "--open-mode=append", "--signal=B:USR1@120",
-                     f"--output={RUN}/slurm-%j.out", f"--chdir={Path.cwd()}"]:
+    for expected in [
+        "--nodes=4",
+        "--ntasks-per-node=1",
+        "--gres=gpu:8",
+        "--partition=gpu",
+        "--account=clip",
+        "--time=2-00:00:00",
+        "--requeue",
+        "--open-mode=append",
+        "--signal=B:USR1@120",
+        f"--output={RUN}/slurm-%j.out",
+        f"--chdir={Path.cwd()}",
+    ]:
         assert expected in lines, f"missing #SBATCH {expected} in {lines}"
     assert "WORLD_SIZE=32" in script.splitlines()
     launch = " ".join(script.split("torchrun ", 1)[1].split("\\\n"))
@@ -48,8 +59,14 @@ def test_cpu_mode_has_no_gres_line():
 
 
 def stub_env(stub_bin: Path, **extra) -> dict:
-    return {**os.environ, "STUB_LOG": str(stub_bin.parent / "calls.log"), "SLURM_JOB_ID": "123457",
-            "SLURM_JOB_NODELIST": "gpu-[001-004]", "SLURM_NNODES": "4", **extra}
+    return {
+        **os.environ,
+        "STUB_LOG": str(stub_bin.parent / "calls.log"),
+        "SLURM_JOB_ID": "123457",
+        "SLURM_JOB_NODELIST": "gpu-[001-004]",
+        "SLURM_NNODES": "4",
+        **extra,
+    }
 
 
 def write_script(tmp_path: Path, stub_bin: Path, overrides: list[str], res: Resources) -> Path:
@@ -82,7 +99,9 @@ def test_usr1_is_forwarded_then_the_job_requeued(tmp_path, stub_bin):
     """USR1 to the batch shell -> scancel --signal=USR1 on the job's steps -> the job requeues itself."""
     script = write_script(tmp_path, stub_bin, [], gpu_job(nodes=2))
     env = stub_env(stub_bin, SLURM_NNODES="2", STUB_SECONDS="20")
-    batch = subprocess.Popen(["bash", str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    batch = subprocess.Popen(
+        ["bash", str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     pids = stub_bin.parent / "calls.log.pids"
     deadline = time.monotonic() + 10
     while not (pids.exists() and len(pids.read_text().split()) == 2) and time.monotonic() < deadline:
@@ -108,15 +127,19 @@ def test_no_requeue_without_preemption(tmp_path, stub_bin, exit_code):
 
 
 def test_template_fields_leave_bash_alone():
-    assert SbatchTemplate("x={{name}} y=$HOME ${A:-b} $((1 + 2))").substitute(name="v") == "x=v y=$HOME ${A:-b} $((1 + 2))"
+    assert (
+        SbatchTemplate("x={{name}} y=$HOME ${A:-b} $((1 + 2))").substitute(name="v") == "x=v y=$HOME ${A:-b} $((1 + 2))"
+    )
     with pytest.raises(KeyError):
         SbatchTemplate("{{missing}}").substitute({})
     with pytest.raises(ValueError):
         SbatchTemplate("{{Bad Field}}").substitute({})
 
 
-@pytest.mark.parametrize("text,seconds", [("90", 5400), ("5:30", 330), ("01:00:00", 3600), ("1-12", 129600),
-                                           ("2-00:30", 174600), ("1-00:00:10", 86410)])
+@pytest.mark.parametrize(
+    "text,seconds",
+    [("90", 5400), ("5:30", 330), ("01:00:00", 3600), ("1-12", 129600), ("2-00:30", 174600), ("1-00:00:10", 86410)],
+)
 def test_time_limit_seconds(text, seconds):
     assert time_limit_seconds(text) == seconds
 

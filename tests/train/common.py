@@ -1,4 +1,5 @@
 """Helpers of the training tests: a tiny config on the session's synthetic data, in-process and CLI runs."""
+
 from __future__ import annotations
 
 import json
@@ -14,7 +15,14 @@ from safetensors.torch import load_file
 from train.main import main
 
 REPO = Path(__file__).resolve().parents[2]
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]  # two gloo processes
+TORCHRUN = [
+    sys.executable,
+    "-m",
+    "torch.distributed.run",
+    "--standalone",
+    "--nproc_per_node",
+    "2",
+]  # two gloo processes
 
 
 def tiny_config(tmp_path: Path, synthetic: dict, **sections) -> Path:
@@ -23,8 +31,15 @@ def tiny_config(tmp_path: Path, synthetic: dict, **sections) -> Path:
         "model": {"name": "tiny-s"},
         "data": {"train_shards": synthetic["train"], "batch_size": 16, "workers": 0, "shuffle_buffer": 64},
         "optim": {"lr": 1.0e-3, "warmup_steps": 2},
-        "train": {"run_dir": str(tmp_path / "run"), "max_steps": 4, "log_every": 1, "save_every": 0,
-                  "progress": False, "wandb": "disabled", "augment": False},
+        "train": {
+            "run_dir": str(tmp_path / "run"),
+            "max_steps": 4,
+            "log_every": 1,
+            "save_every": 0,
+            "progress": False,
+            "wandb": "disabled",
+            "augment": False,
+        },
         "eval": {"dataset": None},
     }
     for section, values in sections.items():
@@ -43,8 +58,16 @@ def cli(args: list[str], *, env: dict | None = None, launcher: list[str] | None 
     """`python -m train ARGS` (or under a launcher such as torchrun) in a subprocess, from the repo root."""
     full_env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", **(env or {})}
     command = (launcher or [sys.executable]) + ["-m", "train", *args]
-    return subprocess.Popen(command, cwd=REPO, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, **popen)
+    return subprocess.Popen(
+        command,
+        cwd=REPO,
+        env=full_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        **popen,
+    )
 
 
 def finish(proc: subprocess.Popen, timeout: float = 240) -> tuple[int, str, str]:

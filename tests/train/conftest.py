@@ -1,4 +1,5 @@
 """Fixtures of the training tests: one small synthetic data set per session, fresh accelerate state per test."""
+
 import pytest
 import torch
 from accelerate.state import AcceleratorState, GradientState

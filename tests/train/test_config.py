@@ -1,16 +1,25 @@
 """Config file + overrides -> typed Config; every mistake is one clear line before any work."""
+
 import pytest
 
+from tests.train.common import cli, finish, run, tiny_config
 from train.config import Config, ConfigError, OptimConfig, apply_override, build_config, load_config
 from train.main import preflight
-
-from .common import cli, finish, run, tiny_config
 
 
 def test_overrides_are_parsed_as_yaml_and_typed(tmp_path, synthetic):
     path = tiny_config(tmp_path, synthetic)
-    cfg = load_config([str(path), "train.max_steps=3", "optim.lr=1e-4", "train.deterministic=true",
-                       "model.image_attention=[softmax, linear_elu]", "optim.grad_clip_norm=1", "train.wandb_name=null"])
+    cfg = load_config(
+        [
+            str(path),
+            "train.max_steps=3",
+            "optim.lr=1e-4",
+            "train.deterministic=true",
+            "model.image_attention=[softmax, linear_elu]",
+            "optim.grad_clip_norm=1",
+            "train.wandb_name=null",
+        ]
+    )
     assert isinstance(cfg, Config)
     assert cfg.train.max_steps == 3 and cfg.train.deterministic is True and cfg.train.wandb_name is None
     assert cfg.optim.lr == 1e-4 and isinstance(cfg.optim.lr, float)
@@ -26,15 +35,18 @@ def test_nested_dict_override():
     assert build_config(raw).model.image_attention_options == {"max_length": 64}
 
 
-@pytest.mark.parametrize("raw, message", [
-    ({"train": {"max_step": 3}}, "unknown config key train.max_step; valid keys of 'train': run_dir, max_steps"),
-    ({"optim": {"lr": "fast"}}, "optim.lr must be float, got str 'fast'"),
-    ({"train": {"max_steps": 2.5}}, "train.max_steps must be int, got float 2.5"),
-    ({"train": {"deterministic": "yes"}}, "train.deterministic must be bool"),
-    ({"train": {"precision": "fp8"}}, "train.precision must be one of fp32, bf16, fp16"),
-    ({"modell": {}}, "unknown config section 'modell'; valid sections: model, data, optim, train, eval"),
-    ({"model": {"image_attention": 3}}, "model.image_attention must be str | list[str]"),
-])
+@pytest.mark.parametrize(
+    "raw, message",
+    [
+        ({"train": {"max_step": 3}}, "unknown config key train.max_step; valid keys of 'train': run_dir, max_steps"),
+        ({"optim": {"lr": "fast"}}, "optim.lr must be float, got str 'fast'"),
+        ({"train": {"max_steps": 2.5}}, "train.max_steps must be int, got float 2.5"),
+        ({"train": {"deterministic": "yes"}}, "train.deterministic must be bool"),
+        ({"train": {"precision": "fp8"}}, "train.precision must be one of fp32, bf16, fp16"),
+        ({"modell": {}}, "unknown config section 'modell'; valid sections: model, data, optim, train, eval"),
+        ({"model": {"image_attention": 3}}, "model.image_attention must be str | list[str]"),
+    ],
+)
 def test_bad_values_are_one_line_errors(raw, message):
     with pytest.raises(ConfigError) as e:
         build_config(raw)
@@ -43,7 +55,7 @@ def test_bad_values_are_one_line_errors(raw, message):
 
 def test_bad_override_syntax_and_missing_file(tmp_path, synthetic):
     path = tiny_config(tmp_path, synthetic)
-    with pytest.raises(ConfigError, match="must look like section.key=value"):
+    with pytest.raises(ConfigError, match=r"must look like section.key=value"):
         load_config([str(path), "max_steps=3"])
     with pytest.raises(ConfigError, match="does not exist"):
         load_config([str(tmp_path / "nope.yaml")])
@@ -51,10 +63,10 @@ def test_bad_override_syntax_and_missing_file(tmp_path, synthetic):
 
 def test_preflight_errors(tmp_path, synthetic):
     cfg = load_config([str(tiny_config(tmp_path, synthetic)), "data.batch_size=9"])
-    with pytest.raises(ConfigError, match="data.batch_size=9 is not a positive multiple of world_size=2"):
+    with pytest.raises(ConfigError, match=r"data.batch_size=9 is not a positive multiple of world_size=2"):
         preflight(cfg, world_size=2)
     cfg = load_config([str(tiny_config(tmp_path, synthetic)), "eval.dataset=/no/such/eval"])
-    with pytest.raises(ConfigError, match="eval.dataset=/no/such/eval does not exist"):
+    with pytest.raises(ConfigError, match=r"eval.dataset=/no/such/eval does not exist"):
         preflight(cfg, world_size=1)
 
 
@@ -69,7 +81,7 @@ def test_online_wandb_without_key_fails_at_once(tmp_path, synthetic, monkeypatch
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.setenv("NETRC", str(tmp_path / "no_netrc"))
     monkeypatch.setenv("HOME", str(tmp_path))
-    with pytest.raises(ConfigError, match="train.wandb=online needs WANDB_API_KEY"):
+    with pytest.raises(ConfigError, match=r"train.wandb=online needs WANDB_API_KEY"):
         run(tiny_config(tmp_path, synthetic), "train.wandb=online")
 
 
@@ -80,11 +92,11 @@ def test_cli_prints_one_line_and_exits_1(tmp_path, synthetic):
     assert "Traceback" not in err
 
 
-def test_defaults_match_the_issue():
+def test_defaults_are_open_clips_laion_recipe():
     optim = OptimConfig()
     assert (optim.lr, optim.betas, optim.eps, optim.weight_decay) == (5e-4, [0.9, 0.98], 1e-6, 0.2)
 
 
 def test_unknown_attention_is_a_config_error(tmp_path, synthetic):
-    with pytest.raises(ConfigError, match="model: image tower: unknown attention 'nope'; known attentions: .*softmax"):
+    with pytest.raises(ConfigError, match=r"model: image tower: unknown attention 'nope'; known attentions: .*softmax"):
         run(tiny_config(tmp_path, synthetic), "model.image_attention=nope")

@@ -1,7 +1,18 @@
 """Two gloo processes under torchrun against one process with the same global batch."""
+
 import pytest
 
-from .common import TORCHRUN, checkpoints, cli, finish, max_difference, run, tiny_config, train_records, weights
+from tests.train.common import (
+    TORCHRUN,
+    checkpoints,
+    cli,
+    finish,
+    max_difference,
+    run,
+    tiny_config,
+    train_records,
+    weights,
+)
 
 
 @pytest.mark.parametrize("accum_freq, loss", [(1, "clip"), (2, "clip"), (1, "siglip")])
@@ -11,10 +22,24 @@ def test_two_processes_equal_one_with_the_global_batch(tmp_path, synthetic, accu
     data.train_num_samples = one optimizer step, so every epoch is one step and both runs see the same
     samples each step (each rank reads its own contiguous half of the epoch)."""
     step_batch = 16
-    common = ["train.max_steps=3", "train.save_every=0", "optim.lr=1e-4", f"data.train_num_samples={step_batch}", f"train.loss={loss}"]
+    common = [
+        "train.max_steps=3",
+        "train.save_every=0",
+        "optim.lr=1e-4",
+        f"data.train_num_samples={step_batch}",
+        f"train.loss={loss}",
+    ]
     one, two = tmp_path / "one", tmp_path / "two"
-    proc = cli([str(tiny_config(tmp_path, synthetic)), f"train.run_dir={two}", f"data.batch_size={step_batch // accum_freq}",
-                f"train.accum_freq={accum_freq}", *common], launcher=TORCHRUN)
+    proc = cli(
+        [
+            str(tiny_config(tmp_path, synthetic)),
+            f"train.run_dir={two}",
+            f"data.batch_size={step_batch // accum_freq}",
+            f"train.accum_freq={accum_freq}",
+            *common,
+        ],
+        launcher=TORCHRUN,
+    )
     code, _, err = finish(proc)
     assert code == 0, err[-3000:]
     assert run(tiny_config(tmp_path, synthetic), f"train.run_dir={one}", f"data.batch_size={step_batch}", *common) == 0
@@ -24,4 +49,10 @@ def test_two_processes_equal_one_with_the_global_batch(tmp_path, synthetic, accu
     for a, b in zip(ones, twos):
         assert abs(a["loss"] - b["loss"]) < 1e-5 and abs(a["grad_norm"] - b["grad_norm"]) < 1e-4 * a["grad_norm"]
     assert max_difference(weights(checkpoints(one)[-1]), weights(checkpoints(two)[-1])) < 1e-5
-    assert sorted(p.name for p in checkpoints(two)[-1].iterdir()) == ["data_state_0.json", "data_state_1.json", "meta.json", "model.safetensors", "state"]
+    assert sorted(p.name for p in checkpoints(two)[-1].iterdir()) == [
+        "data_state_0.json",
+        "data_state_1.json",
+        "meta.json",
+        "model.safetensors",
+        "state",
+    ]

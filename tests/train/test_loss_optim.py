@@ -1,4 +1,5 @@
 """Losses against their definitions, gradient accumulation against one big batch, AdamW groups and the schedule."""
+
 import math
 
 import pytest
@@ -15,8 +16,10 @@ from train.optim import build_optimizer, clamp_logit_scale, lr_multiplier, param
 
 def features(n=6, d=8, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return (F.normalize(torch.randn(n, d, generator=g, dtype=torch.float64), dim=-1),
-            F.normalize(torch.randn(n, d, generator=g, dtype=torch.float64), dim=-1))
+    return (
+        F.normalize(torch.randn(n, d, generator=g, dtype=torch.float64), dim=-1),
+        F.normalize(torch.randn(n, d, generator=g, dtype=torch.float64), dim=-1),
+    )
 
 
 def test_clip_loss_is_symmetric_infonce():
@@ -74,11 +77,24 @@ def test_no_weight_decay_on_biases_norms_embeddings_and_logit_scale():
     kept = {names[id(p)] for p in no_decay["params"]}
     assert decay["weight_decay"] == 0.2 and no_decay["weight_decay"] == 0.0
     assert len(decayed) + len(kept) == len(names)
-    for name in ("logit_scale", "positional_embedding", "token_embedding.weight", "visual.class_embedding",
-                 "visual.positional_embedding", "ln_final.weight", "ln_final.bias", "visual.transformer.resblocks.0.attn.in_proj_bias"):
+    for name in (
+        "logit_scale",
+        "positional_embedding",
+        "token_embedding.weight",
+        "visual.class_embedding",
+        "visual.positional_embedding",
+        "ln_final.weight",
+        "ln_final.bias",
+        "visual.transformer.resblocks.0.attn.in_proj_bias",
+    ):
         assert name in kept, name
-    for name in ("visual.transformer.resblocks.0.attn.in_proj_weight", "transformer.resblocks.0.mlp.c_fc.weight",
-                 "text_projection", "visual.proj", "visual.conv1.weight"):
+    for name in (
+        "visual.transformer.resblocks.0.attn.in_proj_weight",
+        "transformer.resblocks.0.mlp.c_fc.weight",
+        "text_projection",
+        "visual.proj",
+        "visual.conv1.weight",
+    ):
         assert name in decayed, name
 
 
@@ -89,8 +105,11 @@ def test_warmup_then_cosine_and_logit_scale_clamp():
     assert lr_multiplier(60, **kw) == pytest.approx(0.5)
     assert lr_multiplier(110, **kw) == pytest.approx(0.0, abs=1e-12)
     model = build_clip(ModelConfig(name="tiny-s"))
-    optimizer, schedule = build_optimizer(model, OptimConfig(lr=1e-3, warmup_steps=10), max_steps=110)
-    assert optimizer.param_groups[0]["lr"] == pytest.approx(1e-4) and tuple(optimizer.param_groups[0]["betas"]) == (0.9, 0.98)
+    optimizer, _schedule = build_optimizer(model, OptimConfig(lr=1e-3, warmup_steps=10), max_steps=110)
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(1e-4) and tuple(optimizer.param_groups[0]["betas"]) == (
+        0.9,
+        0.98,
+    )
     with torch.no_grad():
         model.logit_scale.fill_(7.0)
     clamp_logit_scale(model)

@@ -1,4 +1,6 @@
-"""Pre-emption and crashes: SIGUSR1/SIGTERM -> checkpoint + exit 75; kill -9 anywhere, even inside a checkpoint write."""
+"""Pre-emption and crashes: SIGUSR1/SIGTERM -> checkpoint + exit 75; kill -9 anywhere, even inside a checkpoint
+write."""
+
 import os
 import random
 import signal
@@ -8,9 +10,9 @@ import time
 import pytest
 import torch
 
+from tests.train.common import TORCHRUN, checkpoints, cli, finish, run, tiny_config, train_records, weights
 from train.checkpoint import CRASH_HOOK, problem
 
-from .common import TORCHRUN, checkpoints, cli, finish, run, tiny_config, train_records, weights
 
 def wait_for_step(proc: subprocess.Popen, run_dir, step: int, timeout: float = 180) -> None:
     """Poll metrics.jsonl until it holds `step` (log_every=1)."""
@@ -81,4 +83,6 @@ def test_kill_9_and_crash_in_checkpoint_write_then_resume_equals_uninterrupted(t
     assert [r["step"] for r in train_records(tmp_path / "run")] == list(range(1, 9))
     final, expected = weights(checkpoints(tmp_path / "run")[-1]), weights(checkpoints(tmp_path / "ref" / "run")[-1])
     assert all(torch.equal(final[k], expected[k]) for k in expected)
-    assert [r["loss"] for r in train_records(tmp_path / "run")] == [r["loss"] for r in train_records(tmp_path / "ref" / "run")]
+    assert [r["loss"] for r in train_records(tmp_path / "run")] == [
+        r["loss"] for r in train_records(tmp_path / "ref" / "run")
+    ]

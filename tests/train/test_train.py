@@ -1,21 +1,24 @@
 """In-process runs of train.main.main on the synthetic shards: run directory, NaN handling, resume checks, variants."""
+
 import json
 import math
-from pathlib import Path
 
 import pytest
 import torch
 
 from models.attention import ATTENTIONS
+from tests.train.common import checkpoints, metrics, run, tiny_config, train_records, weights
 from train.config import ConfigError, load_config, to_dict
 from train.loop import TrainingError
 
-from .common import checkpoints, metrics, run, tiny_config, train_records, weights
-
 
 def test_smoke_run_directory(tmp_path, synthetic):
-    path = tiny_config(tmp_path, synthetic, train={"max_steps": 3, "save_every": 2, "keep_last": 1},
-                       eval={"dataset": synthetic["eval"], "every": 2})
+    path = tiny_config(
+        tmp_path,
+        synthetic,
+        train={"max_steps": 3, "save_every": 2, "keep_last": 1},
+        eval={"dataset": synthetic["eval"], "every": 2},
+    )
     assert run(path) == 0
     run_dir = tmp_path / "run"
     assert load_config([str(run_dir / "config.yaml")]) == load_config([str(path)])
@@ -26,20 +29,28 @@ def test_smoke_run_directory(tmp_path, synthetic):
         assert math.isfinite(r["loss"]) and r["lr"] > 0 and r["samples_per_s"] > 0 and r["data_wait_s"] >= 0
         assert 1 < r["logit_scale"] <= 100 and sum(r["skipped"].values()) == 0
     evals = [r for r in metrics(run_dir) if "zeroshot/top1" in r]
-    assert [r["step"] for r in evals] == [2, 3] and all(0 <= r["zeroshot/top1"] <= r["zeroshot/top5"] <= 1 for r in evals)
+    assert [r["step"] for r in evals] == [2, 3] and all(
+        0 <= r["zeroshot/top1"] <= r["zeroshot/top5"] <= 1 for r in evals
+    )
     assert [p.name for p in checkpoints(run_dir)] == ["step_00000003"]
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step_00000003"
     meta = json.loads((run_dir / "checkpoints" / "step_00000003" / "meta.json").read_text())
     assert meta["step"] == 3 and meta["samples_seen"] == 48 and meta["config"] == to_dict(load_config([str(path)]))
     from models import ModelConfig, build_clip
+
     rebuilt = build_clip(ModelConfig(**meta["config"]["model"]))
     rebuilt.load_state_dict(weights(run_dir / "checkpoints" / "step_00000003"))  # strict: our keys = the model's
 
 
 def test_nan_step_is_skipped(tmp_path, synthetic, capsys):
-    path = tiny_config(tmp_path, synthetic, train={"max_steps": 3, "save_every": 1, "keep_last": 3, "debug_nan_steps": [2]})
+    path = tiny_config(
+        tmp_path, synthetic, train={"max_steps": 3, "save_every": 1, "keep_last": 3, "debug_nan_steps": [2]}
+    )
     assert run(path) == 0
-    assert "warning: step 2: non-finite loss nan or gradient norm nan, optimizer step skipped (1 in a row)" in capsys.readouterr().err
+    assert (
+        "warning: step 2: non-finite loss nan or gradient norm nan, optimizer step skipped (1 in a row)"
+        in capsys.readouterr().err
+    )
     steps = train_records(tmp_path / "run")
     assert steps[1]["loss"] is None and steps[1]["bad_steps"] == 1 and math.isfinite(steps[2]["loss"])
     one, two, three = (weights(p) for p in checkpoints(tmp_path / "run"))
@@ -48,8 +59,11 @@ def test_nan_step_is_skipped(tmp_path, synthetic, capsys):
 
 
 def test_consecutive_nan_steps_stop_the_run(tmp_path, synthetic):
-    path = tiny_config(tmp_path, synthetic, train={"max_steps": 6, "save_every": 1, "keep_last": 9,
-                                                   "debug_nan_steps": [2, 3], "max_bad_steps": 2})
+    path = tiny_config(
+        tmp_path,
+        synthetic,
+        train={"max_steps": 6, "save_every": 1, "keep_last": 9, "debug_nan_steps": [2, 3], "max_bad_steps": 2},
+    )
     with pytest.raises(TrainingError, match="stopped at step 3: 2 consecutive steps with a non-finite"):
         run(path)
     saved = checkpoints(tmp_path / "run")
@@ -59,6 +73,7 @@ def test_consecutive_nan_steps_stop_the_run(tmp_path, synthetic):
 
 def test_nan_weights_are_never_saved(tmp_path, synthetic, monkeypatch):
     import train.loop
+
     original = train.loop.clamp_logit_scale
 
     def poison(model):  # the model goes NaN after step 2; the checkpoint of step 2 must be refused
@@ -105,7 +120,9 @@ def test_resume_skips_incomplete_and_corrupt_checkpoints(tmp_path, synthetic, mo
 def test_resume_refuses_a_checkpoint_of_another_model(tmp_path, synthetic):
     path = tiny_config(tmp_path, synthetic, train={"max_steps": 1})
     assert run(path) == 0
-    with pytest.raises(ConfigError, match=r"holds another model \(model.image_attention='softmax' there\); pick a new train.run_dir"):
+    with pytest.raises(
+        ConfigError, match=r"holds another model \(model.image_attention='softmax' there\); pick a new train.run_dir"
+    ):
         run(path, "train.max_steps=2", "model.image_attention=linear_elu")
     assert run(path, "train.max_steps=2", "model.image_attention=linear_elu", "train.resume=none") == 0
 
@@ -127,8 +144,13 @@ def attention_pairs():
 
 @pytest.mark.parametrize("image_attention, text_attention", attention_pairs())
 def test_every_attention_trains(tmp_path, synthetic, image_attention, text_attention):
-    path = tiny_config(tmp_path, synthetic, model={"image_attention": image_attention, "text_attention": text_attention},
-                       data={"batch_size": 8}, train={"max_steps": 2, "save_every": 1, "keep_last": 2})
+    path = tiny_config(
+        tmp_path,
+        synthetic,
+        model={"image_attention": image_attention, "text_attention": text_attention},
+        data={"batch_size": 8},
+        train={"max_steps": 2, "save_every": 1, "keep_last": 2},
+    )
     assert run(path) == 0
     assert all(math.isfinite(r["loss"]) and r["bad_steps"] == 0 for r in train_records(tmp_path / "run"))
     first, second = (weights(p) for p in checkpoints(tmp_path / "run"))
@@ -140,9 +162,15 @@ def test_every_attention_trains(tmp_path, synthetic, image_attention, text_atten
 @pytest.mark.parametrize("attention", ["softmax", "linear_affine_nodenom"])
 def test_tiny_clip_learns_zero_shot(tmp_path, synthetic, attention):
     """24 classes: chance is 4.2% top-1 and 21% top-5."""
-    path = tiny_config(tmp_path, synthetic, model={"image_attention": attention, "text_attention": attention},
-                       data={"batch_size": 64}, optim={"lr": 2.0e-3, "warmup_steps": 5, "weight_decay": 0.1},
-                       train={"max_steps": 30, "log_every": 10}, eval={"dataset": synthetic["eval"]})
+    path = tiny_config(
+        tmp_path,
+        synthetic,
+        model={"image_attention": attention, "text_attention": attention},
+        data={"batch_size": 64},
+        optim={"lr": 2.0e-3, "warmup_steps": 5, "weight_decay": 0.1},
+        train={"max_steps": 30, "log_every": 10},
+        eval={"dataset": synthetic["eval"]},
+    )
     assert run(path) == 0
     result = [r for r in metrics(tmp_path / "run") if "zeroshot/top1" in r][-1]
     assert result["step"] == 30 and result["zeroshot/num_images"] == 120
