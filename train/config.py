@@ -28,15 +28,18 @@ class ConfigError(ValueError):
 
 @dataclass
 class OptimConfig:
-    """AdamW with a linear warmup and a cosine (or constant) schedule, all counted in optimizer steps."""
+    """AdamW with a linear warmup and a cosine, constant or constant-then-cooldown schedule, in optimizer steps."""
 
     lr: float = 5e-4
     betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
     eps: float = 1e-6
     weight_decay: float = 0.2
     warmup_steps: int = 1000
-    schedule: str = "cosine"  # cosine | constant
-    min_lr_ratio: float = 0.0  # cosine ends at lr * min_lr_ratio
+    schedule: str = "cosine"  # cosine | constant | const-cooldown (constant, then a cooldown over the last steps)
+    min_lr_ratio: float = 0.0  # cosine and the cooldown end at lr * min_lr_ratio
+    cooldown_shape: str = "linear"  # const-cooldown: linear | cosine
+    cooldown_fraction: float = 0.2  # const-cooldown: the cooldown is this fraction of train.max_steps...
+    cooldown_steps: int | None = None  # ...or, when set, this many steps
     grad_clip_norm: float | None = None  # max global gradient norm; null = no clipping
 
 
@@ -60,6 +63,8 @@ class TrainConfig:
     save_every: int = 1000  # steps between checkpoints; one is always written at the end
     keep_last: int = 3  # complete checkpoints kept
     resume: str = "auto"  # auto (newest complete checkpoint in run_dir) | none | PATH to a checkpoint folder
+    branch_from: str | None = None  # a checkpoint folder of another run: a new run starts from it (train/branch.py)
+    keep_steps: list[int] = field(default_factory=list)  # checkpoints written at these steps and never pruned
     max_bad_steps: int = 10  # consecutive non-finite steps before the run stops
     debug_nan_steps: list[int] = field(default_factory=list)  # test hook: poison the loss at these steps
     wandb: str = "disabled"  # online | offline | disabled
@@ -91,7 +96,8 @@ class Config:
 
 SECTIONS = typing.get_type_hints(Config)  # section name -> dataclass
 CHOICES = {
-    ("optim", "schedule"): ("cosine", "constant"),
+    ("optim", "schedule"): ("cosine", "constant", "const-cooldown"),
+    ("optim", "cooldown_shape"): ("linear", "cosine"),
     ("train", "loss"): ("clip", "siglip"),
     ("train", "precision"): ("fp32", "bf16", "fp16"),
     ("train", "distributed"): ("ddp", "fsdp"),
