@@ -153,6 +153,19 @@ def test_sweep_file(config, tmp_path, capsys):
     assert out.count("#!/bin/bash") == 1 and "#SBATCH --array=0-1\n" in out
 
 
+def test_cooldown_sweep_file(config, tmp_path, capsys):
+    spec = tmp_path / "cooldowns.yaml"
+    spec.write_text(
+        f"config: {config.name}\nattentions: [softmax]\ncooldowns_at: [8, 16]\ncooldown_fraction: 0.25\n"
+        "overrides: [optim.warmup_steps=2]\n"
+    )
+    main(["sweep", str(spec), "--time", "20", "--dry-run"])
+    out = capsys.readouterr().out
+    rows = list(csv.DictReader(out[out.index("array,job_id,") :].splitlines()))
+    assert [r["array"] for r in rows] == ["constant-6", "constant-12", "cooldown-8", "cooldown-16"]
+    assert "#SBATCH --dependency=aftercorr:<job id of constant-12>" in out and out.count("#!/bin/bash") == 4
+
+
 def cooldown_sweep(config, sweep_dir, *extra):
     main(
         [
