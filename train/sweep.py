@@ -74,7 +74,7 @@ def sweep_points(sizes: list[str], attentions: list[str], samples: list[int], sa
     """The grid sizes x attentions x samples seen; each point has its name and its overrides for python -m train."""
     points = []
     for size, attention, seen in itertools.product(sizes or [None], attentions or [None], samples or [None]):
-        overrides, parts = [], []
+        overrides, parts, steps = [], [], ""
         if size is not None:
             overrides.append(f"model.name={size}")
             parts.append(size)
@@ -82,11 +82,12 @@ def sweep_points(sizes: list[str], attentions: list[str], samples: list[int], sa
             overrides += [f"model.image_attention={attention}", f"model.text_attention={attention}"]
             parts.append(attention)
         if seen is not None:
-            overrides.append(f"train.max_steps={math.ceil(seen / samples_per_step)}")
+            steps = math.ceil(seen / samples_per_step)
+            overrides.append(f"train.max_steps={steps}")
             parts.append(f"{seen}")
         name = "-".join(parts) or "run"
-        points.append({"size": size or "", "attention": attention or "", "samples": seen or "", "name": name})
-        points[-1]["overrides"] = overrides
+        points.append({"size": size or "", "attention": attention or "", "samples": seen or "", "max_steps": steps})
+        points[-1].update(name=name, overrides=overrides)
     return points
 
 
@@ -95,7 +96,7 @@ def plain_arrays(points: list[dict], overrides: list[str], sweep_dir: Path) -> l
     tasks = []
     for point in points:
         run_dir = sweep_dir / point["name"]
-        info = {key: point[key] for key in ("size", "attention", "samples")}
+        info = {key: point[key] for key in ("size", "attention", "samples", "max_steps")}
         tasks.append(Task(run_dir, [*overrides, *point["overrides"], f"train.run_dir={run_dir}"], info))
     return [Array("train", tasks)]
 
@@ -142,6 +143,7 @@ def cooldown_arrays(
             steps = ["optim.schedule=const-cooldown", f"optim.cooldown_steps={cooldown}", f"train.max_steps={end}"]
             steps += [f"train.branch_from={parent}", f"train.run_dir={run_dir}"]
             info = {"size": point["size"], "attention": point["attention"], "samples": end * samples_per_step}
+            info.update(max_steps=end)
             tasks.append(Task(run_dir, [*overrides, *point["overrides"], *steps], {**info, "branch_from": parent}))
         arrays.append(Array(f"cooldown-{end}", tasks, after=f"constant-{stop}"))
     return arrays

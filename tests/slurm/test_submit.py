@@ -129,6 +129,7 @@ def test_sweep_is_one_job_array_and_the_manifest_maps_its_tasks(config, tmp_path
         assert f"model.image_attention={row['attention']}" in overrides
         assert f"model.text_attention={row['attention']}" in overrides
         assert f"train.max_steps={math.ceil(int(row['samples']) / 32)}" in overrides
+        assert row["max_steps"] == str(math.ceil(int(row["samples"]) / 32))
         assert overrides[-1] == f"train.run_dir={row['run_dir']}"
         assert row["log"] == f"{sweep_dir}/logs/train-1001_{row['task_id']}.out"
         # the script's case entry for this task id runs exactly the manifest's overrides
@@ -212,6 +213,7 @@ def test_cooldown_sweep_chains_constant_arrays_and_branch_arrays(config, tmp_pat
         assert f"model.name={name}" in overrides and "optim.warmup_steps=5" in overrides
         if row["array"].startswith("constant"):
             stop = int(row["array"].split("-")[1])
+            assert row["max_steps"] == str(stop) and row["branch_from"] == ""
             assert overrides[-4:] == [
                 "optim.schedule=constant",
                 f"train.max_steps={stop}",
@@ -222,6 +224,7 @@ def test_cooldown_sweep_chains_constant_arrays_and_branch_arrays(config, tmp_pat
             end = int(row["array"].split("-")[1])
             parent = sweep_dir / f"{name}-constant" / "checkpoints" / f"step_{end * 3 // 4:08d}"
             assert row["branch_from"] == str(parent) and row["samples"] == str(end * 32)
+            assert row["max_steps"] == str(end)
             assert overrides[-5:] == [
                 "optim.schedule=const-cooldown",
                 f"optim.cooldown_steps={end // 4}",
