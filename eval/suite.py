@@ -51,7 +51,7 @@ class Entry:
     options: dict = field(default_factory=dict)  # classnames, templates, split, csv_* as given
 
 
-def detect_task(path: Path, split: str) -> str:
+def detect_task(path: Path) -> str:
     if path.is_file() and path.suffix in (".csv", ".tsv"):
         return "retrieval"
     kind = path / "dataset_type.txt"
@@ -70,8 +70,7 @@ def make_entry(name: str, spec, source: str) -> Entry:
     path, benchmark = Path(str(spec["path"])), benchmarks.lookup(str(name))
     if not path.exists():
         raise EvalInputError(f"{name}: {path} (from {source}) does not exist; fix the path")
-    split = str(spec.get("split", "test"))
-    task = spec.get("task") or (benchmark.task if benchmark else detect_task(path, split))
+    task = spec.get("task") or (benchmark.task if benchmark else detect_task(path))
     if task not in benchmarks.TASKS or (benchmark and task != benchmark.task):
         allowed = benchmark.task if benchmark else " or ".join(benchmarks.TASKS)
         raise EvalInputError(f"{name} in {source}: task {task!r} must be {allowed}")
@@ -106,6 +105,8 @@ def read_suite(suite: str | None, pairs: list[str]) -> list[Entry]:
 def output_folder(args: argparse.Namespace, loaded: checkpoint.LoadedModel) -> Path:
     """--out, else RUN/eval/<checkpoint folder name>/ for one of our checkpoints."""
     if args.out:
+        if Path(args.out).exists() and not Path(args.out).is_dir():
+            raise EvalInputError(f"--out {args.out} is a file; give a folder for the results")
         return Path(args.out)
     if args.open_clip_model:
         raise EvalInputError("--open-clip-model needs --out DIR for the results")

@@ -94,15 +94,30 @@ def bad_suite(kind: str, sets, tmp_path) -> tuple[list[str], str]:
         return [str(sets["run"]), "--dataset", good], "must be NAME=PATH"
     if kind == "empty":
         return [str(sets["run"])], "no data sets"
+    if kind == "out is a file":
+        (tmp_path / "file").write_text("")
+        return [str(sets["run"]), "--dataset", f"a={good}", "--out", str(tmp_path / "file")], "is a file"
     return ["--open-clip-model", "tiny-s", "--dataset", f"a={good}"], "needs --out"
 
 
 @pytest.mark.parametrize(
-    "kind", ["top key", "option", "name", "missing", "task", "layout", "pair", "empty", "open_clip without --out"]
+    "kind",
+    [
+        "top key",
+        "option",
+        "name",
+        "missing",
+        "task",
+        "layout",
+        "pair",
+        "empty",
+        "out is a file",
+        "open_clip without --out",
+    ],
 )
 def test_bad_suite_is_one_line_and_writes_nothing(kind, sets, tmp_path, capsys):
     args, words = bad_suite(kind, sets, tmp_path)
-    out = [] if words == "needs --out" else ["--out", str(tmp_path / "out")]
+    out = [] if "--out" in args or words == "needs --out" else ["--out", str(tmp_path / "out")]
     before = sorted(p.name for p in sets["run"].iterdir())
     with pytest.raises(SystemExit) as exit_:
         suite.main([*args, *CPU, *out])
