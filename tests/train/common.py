@@ -54,10 +54,12 @@ def run(config: Path, *overrides: str) -> int:
     return main([str(config), *overrides])
 
 
-def cli(args: list[str], *, env: dict | None = None, launcher: list[str] | None = None, **popen) -> subprocess.Popen:
-    """`python -m train ARGS` (or under a launcher such as torchrun) in a subprocess, from the repo root."""
+def cli(
+    args: list[str], *, env: dict | None = None, launcher: list[str] | None = None, module: str = "train", **popen
+) -> subprocess.Popen:
+    """`python -m MODULE ARGS` (or under a launcher such as torchrun) in a subprocess, from the repo root."""
     full_env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", **(env or {})}
-    command = (launcher or [sys.executable]) + ["-m", "train", *args]
+    command = (launcher or [sys.executable]) + ["-m", module, *args]
     return subprocess.Popen(
         command,
         cwd=REPO,
