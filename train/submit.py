@@ -30,8 +30,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
 REPO = Path(__file__).resolve().parents[1]
 TEMPLATES = REPO / "slurm"
 SWEEP_AXES = ("sizes", "attentions", "samples")
@@ -161,10 +159,21 @@ def load_checked(config: Path, overrides: list[str]):
         raise SubmitError(str(e)) from None
 
 
+def read_yaml(path: Path):
+    """The YAML of a config or sweep file; a file that is not YAML is a SubmitError naming it."""
+    from train.config import ConfigError
+    from train.config import read_yaml as read_config_yaml
+
+    try:
+        return read_config_yaml(path)
+    except ConfigError as e:
+        raise SubmitError(str(e)) from None
+
+
 def choose_run_dir(config: Path, overrides: list[str], stamp: str) -> tuple[Path, list[str]]:
     """(absolute run dir, overrides ending in `train.run_dir=<it>`), see the module docstring."""
     given = [o.partition("=")[2] for o in overrides if o.startswith("train.run_dir=")]
-    explicit = (yaml.safe_load(config.read_text()) or {}).get("train", {}) or {}
+    explicit = (read_yaml(config) or {}).get("train", {}) or {}
     run_dir = Path(given[-1] if given else explicit.get("run_dir") or f"runs/{config.stem}-{stamp}").absolute()
     if re.search(r"\s", str(run_dir)):
         raise SubmitError(
@@ -276,7 +285,7 @@ def sweep_points(sizes: list[str], attentions: list[str], samples: list[int], sa
 
 def read_sweep_file(path: Path, args: argparse.Namespace) -> Path:
     """A sweep YAML {config, sizes, attentions, samples, overrides}; flags given on the command line win."""
-    spec = yaml.safe_load(path.read_text()) or {}
+    spec = read_yaml(path) or {}
     unknown = sorted(set(spec) - {"config", "overrides", *SWEEP_AXES})
     if unknown or "config" not in spec:
         raise SubmitError(
@@ -313,8 +322,8 @@ def main_sweep(argv: list[str]) -> None:
     add_resource_arguments(parser)
     args = parser.parse_intermixed_args(argv)
     check_config_path(args.config)
-    data = yaml.safe_load(args.config.read_text()) or {}
-    config = read_sweep_file(args.config, args) if "config" in data else args.config
+    data = read_yaml(args.config) or {}
+    config = read_sweep_file(args.config, args) if isinstance(data, dict) and "config" in data else args.config
     check_config_path(config)
     if not (args.sizes or args.attentions or args.samples):
         raise SubmitError(
