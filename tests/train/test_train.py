@@ -190,3 +190,22 @@ def test_main_runs_again_in_the_same_process_with_other_settings(tmp_path, synth
     assert run(path, "train.precision=bf16", f"train.run_dir={tmp_path / 'a'}") == 0
     assert run(path, "train.precision=fp32", f"train.run_dir={tmp_path / 'b'}") == 0
     assert len(train_records(tmp_path / "a")) == len(train_records(tmp_path / "b")) == 1
+
+
+def test_bf16_reaches_the_forward_pass(tmp_path, synthetic, monkeypatch):
+    """train.precision=bf16 runs the model under bf16 autocast (its linear layers compute in bf16); fp32 does not."""
+    import train.main
+
+    real, dtypes = train.main.build_model, []
+
+    def build(*args):
+        model = real(*args)
+        linear = next(m for m in model.modules() if isinstance(m, torch.nn.Linear))
+        linear.register_forward_hook(lambda module, inputs, output: dtypes.append(output.dtype))
+        return model
+
+    monkeypatch.setattr(train.main, "build_model", build)
+    path = tiny_config(tmp_path, synthetic, train={"max_steps": 1})
+    assert run(path, "train.precision=bf16", f"train.run_dir={tmp_path / 'a'}") == 0
+    assert run(path, "train.precision=fp32", f"train.run_dir={tmp_path / 'b'}") == 0
+    assert dtypes == [torch.bfloat16, torch.float32]
