@@ -47,6 +47,7 @@ TMP_PREFIX = ".tmp_"
 # written under DDP and FSDP alike (FSDP stores the model and optimizer as sharded folders instead)
 REQUIRED = (META, MODEL, "data_state_0.json", "state/scheduler.bin")
 OPTIONAL = re.compile(r"^state/random_states_\d+\.pkl$")
+CHANGED = "differs from its SHA-256 in manifest.json (changed or corrupt)"
 
 
 class CheckpointError(ValueError):
@@ -115,6 +116,12 @@ def sha256(path: Path) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
+def hash_all(folder: Path, names: list[str]) -> dict[str, str]:
+    """SHA-256 of each named file; hashlib releases the GIL on large buffers, so a few threads hash side by side."""
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        return dict(zip(names, pool.map(lambda name: sha256(folder / name), names)))
+
+
 def files_of(folder: Path) -> list[str]:
     """Every file under `folder` but the manifest, as sorted POSIX paths relative to it."""
     return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST)
@@ -122,13 +129,10 @@ def files_of(folder: Path) -> list[str]:
 
 def write_manifest(folder: Path) -> dict:
     """Hash every file of a finished checkpoint folder into manifest.json (the last file written)."""
-    names = files_of(folder)
-    # hashlib releases the GIL on large buffers: a few threads hash the big files side by side
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        digests = list(pool.map(lambda name: sha256(folder / name), names))
+    digests = hash_all(folder, files_of(folder))
     manifest = {
         "format": 1,
-        "files": {n: {"size": (folder / n).stat().st_size, "sha256": d} for n, d in zip(names, digests)},
+        "files": {n: {"size": (folder / n).stat().st_size, "sha256": d} for n, d in digests.items()},
     }
     write_json(folder / MANIFEST, manifest)
     return manifest
@@ -226,11 +230,8 @@ def check(folder: Path) -> Check:
     if result.problem:
         return result
     bad = dict(result.optional)
-    for name, entry in manifest["files"].items():
-        if name not in bad and sha256(folder / name) != entry.get("sha256"):
-            bad[name] = "differs from its SHA-256 in manifest.json (changed or corrupt)"
-            if not OPTIONAL.match(name):
-                break
+    digests = hash_all(folder, [name for name in manifest["files"] if name not in bad])
+    bad.update({name: CHANGED for name, digest in digests.items() if digest != manifest["files"][name].get("sha256")})
     result = verdict(bad)
     return result if result.problem else Check(meta_problem(folder), result.optional)
 
@@ -247,9 +248,10 @@ def file_problem(folder: Path, name: str) -> str | None:
         return load_problem(path)
     if entry is None:
         return "is not listed in manifest.json"
-    if path.stat().st_size != entry.get("size") or sha256(path) != entry.get("sha256"):
-        return "differs from its SHA-256 in manifest.json (changed or corrupt)"
-    return None
+    size = path.stat().st_size
+    if size != entry.get("size"):
+        return f"has {size} bytes where manifest.json says {entry.get('size')} (truncated or replaced)"
+    return None if sha256(path) == entry.get("sha256") else CHANGED
 
 
 def check_by_loading(folder: Path) -> Check:

@@ -2,8 +2,6 @@
 written, no code from a file ever run; a run directory is read at the checkpoint resume would take."""
 
 import json
-import os
-import pickle
 
 import pytest
 import torch
@@ -11,15 +9,8 @@ from safetensors.torch import save_file
 
 from eval import zeroshot
 from models import ModelConfig, build_clip, layout
+from tests.hostile import code_pickle
 from tests.models.test_layout import fake_checkpoint
-
-
-class RunsCode:
-    def __init__(self, marker):
-        self.marker = str(marker)
-
-    def __reduce__(self):
-        return os.system, (f"touch {self.marker}",)
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +58,7 @@ def test_a_copy_of_just_meta_and_weights_is_enough(tmp_path, eval_set):
 
 def test_checkpoint_evil_pt_never_runs(tmp_path, eval_set, capsys):
     evil, marker = tmp_path / "evil.pt", tmp_path / "code-ran"
-    evil.write_bytes(pickle.dumps(RunsCode(marker)))
+    evil.write_bytes(code_pickle(marker))
     out = tmp_path / "result.json"
     argv = ["--open-clip-model", "tiny-s", "--checkpoint", str(evil), "--dataset", eval_set, "--out", str(out)]
     err = one_error_line(argv, capsys)

@@ -2,8 +2,6 @@
 checkpoint; and the readers built on it (pretrained weights from a file, a checkpoint folder or a run)."""
 
 import json
-import os
-import pickle
 
 import pytest
 import torch
@@ -12,6 +10,7 @@ from safetensors.torch import save_file
 import models
 from models import layout
 from models.layout import MANIFEST, CheckpointError
+from tests.hostile import code_pickle
 
 
 def fake_checkpoint(run_dir, step: int, finish: bool = True):
@@ -25,14 +24,6 @@ def fake_checkpoint(run_dir, step: int, finish: bool = True):
     torch.save({"last_epoch": step}, tmp / "state" / "scheduler.bin")
     torch.save({"torch_manual_seed": torch.get_rng_state()}, tmp / "state" / "random_states_0.pkl")
     return layout.finish(tmp) if finish else tmp
-
-
-class RunsCode:
-    def __init__(self, marker):
-        self.marker = str(marker)
-
-    def __reduce__(self):
-        return os.system, (f"touch {self.marker}",)
 
 
 def test_finish_writes_the_manifest_last_renames_and_points_latest(tmp_path):
@@ -84,7 +75,7 @@ def test_a_folder_without_manifest_is_checked_by_loading(tmp_path):
     folder = fake_checkpoint(tmp_path, 1)
     (folder / MANIFEST).unlink()
     assert layout.check(folder).problem is None
-    (folder / "state" / "random_states_0.pkl").write_bytes(pickle.dumps(RunsCode(tmp_path / "ran")))
+    (folder / "state" / "random_states_0.pkl").write_bytes(code_pickle(tmp_path / "ran"))
     result = layout.check(folder)
     assert result.problem is None and result.optional["state/random_states_0.pkl"].startswith(
         "does not load (UnpicklingError"
@@ -135,7 +126,7 @@ def test_read_state_dict_from_files_folders_and_runs(tmp_path):
     assert torch.equal(models.read_state_dict(tmp_path / "run")["w"], torch.full((3,), 2.0))
     assert torch.equal(models.read_state_dict(two / "model.safetensors")["w"], torch.full((3,), 2.0))
     evil = tmp_path / "evil.pt"
-    evil.write_bytes(pickle.dumps(RunsCode(tmp_path / "ran")))
+    evil.write_bytes(code_pickle(tmp_path / "ran"))
     with pytest.raises(CheckpointError) as caught:
         models.read_state_dict(evil)
     message = str(caught.value)

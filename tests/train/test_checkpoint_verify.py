@@ -2,13 +2,12 @@
 code, with and without the manifest); resume reports it in one line naming the file and falls back to the
 newest checkpoint that passes; a bad random-state file is a warning and the checkpoint is still used."""
 
-import os
-import pickle
 import shutil
 
 import pytest
 
 from models import layout
+from tests.hostile import code_pickle
 from tests.train.common import run, tiny_config, train_records
 from train.checkpoint import rng_not_restored
 
@@ -21,16 +20,6 @@ HARD_FILES = [
     "state/scheduler.bin",
 ]
 RNG = "state/random_states_0.pkl"
-
-
-class RunsCode:
-    """Unpickling this runs `touch MARKER`: what a file that executes code on load would do."""
-
-    def __init__(self, marker):
-        self.marker = str(marker)
-
-    def __reduce__(self):
-        return os.system, (f"touch {self.marker}",)
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +37,7 @@ def corrupt(path, kind: str, marker) -> None:
         data[len(data) // 2] ^= 0xFF
         path.write_bytes(bytes(data))
     else:
-        path.write_bytes(pickle.dumps(RunsCode(marker)))
+        path.write_bytes(code_pickle(marker))
 
 
 def resume_copy(three_steps, tmp_path, name: str, kind: str, manifest: bool = True):
