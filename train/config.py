@@ -60,7 +60,7 @@ class TrainConfig:
     log_every: int = 10
     save_every: int = 1000  # steps between checkpoints; one is always written at the end
     keep_last: int = 3  # complete checkpoints kept
-    resume: str = "auto"  # auto (newest complete checkpoint in run_dir) | none | PATH to a checkpoint folder
+    resume: str = "auto"  # auto (newest complete checkpoint in run_dir) | none | PATH or URL of a checkpoint folder
     max_bad_steps: int = 10  # consecutive non-finite steps before the run stops
     stage_dir: str | None = None  # local folder for a remote run_dir (s3://...); null: one under the temp dir
     wandb: str = "disabled"  # online | offline | disabled
