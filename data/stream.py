@@ -8,6 +8,7 @@ carries the worker's counts and its position, so the main process knows both exa
 """
 
 import contextlib
+import hashlib
 import io
 import itertools
 import logging
@@ -158,6 +159,14 @@ def decode(sample: dict, max_pixels: int) -> tuple[Image.Image, str]:
         raise BadSample("corrupt_image") from None
 
 
+def what_was_skipped(sample: dict) -> str:
+    """'sample KEY of URL', or for a tar that broke off 'the rest of URL (the error)'."""
+    if sample["__key__"] is None:
+        detail = sample.get("__detail__")
+        return f"the rest of {sample['__url__']}" + (f" ({detail})" if detail else "")
+    return f"sample {sample['__key__']} of {sample['__url__']}"
+
+
 @dataclass
 class StreamJob:
     """Everything one rank's workers need for one pass over an epoch (pickled into each worker)."""
@@ -215,16 +224,30 @@ class ShardStream(IterableDataset):
             try:
                 image, caption = decode(sample, self.job.max_pixels)
                 try:
-                    image = self.image_transform(image)
+                    image = self.transform(image, worker, position)
                 except Exception:
                     raise BadSample("transform_error") from None
             except BadSample as bad:
                 counts[bad.cause] += 1
                 level = logging.WARNING if counts[bad.cause] == 1 else logging.DEBUG
-                log.log(level, "data: skipped %s in %s (%s)", sample["__key__"], sample["__url__"], bad.cause)
+                log.log(level, "data: skipped %s (%s)", what_was_skipped(sample), bad.cause)
                 continue
             good_in_pass += 1
             yield image, caption, position
+
+    def transform(self, image: Image.Image, worker: int, position: dict | None) -> torch.Tensor:
+        """The image transform with torch's RNG seeded by the sample's place in the stream, so its random crops
+        are a function of that place: a resumed run (any number of workers) repeats them, and the global RNG
+        of the process is left as it was."""
+        job, generator = self.job, torch.default_generator
+        where = ":".join(str(v) for _, v in sorted((position or {}).items()))
+        key = f"{job.seed}:{job.epoch}:{job.rank}:{worker}:{job.start_batch if job.pieces is None else 0}:{where}"
+        saved = generator.get_state()
+        generator.manual_seed(int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest()) >> 1)
+        try:
+            return self.image_transform(image)
+        finally:
+            generator.set_state(saved)
 
     def raw_positions(self, worker: int):
         """(raw sample, position) for this worker; in epoch mode None marks the end of each pass over

@@ -27,6 +27,7 @@ the combined task leaves room between attention variants.
 import argparse
 import io
 import json
+import os
 import tarfile
 import time
 from pathlib import Path
@@ -196,6 +197,15 @@ def make_synthetic(
     return spec
 
 
+def check_out(out: Path) -> None:
+    """Refuse, before writing anything, an output path that is a file or lies in a folder we cannot write."""
+    existing = next(p for p in [out, *out.parents] if p.exists())
+    if not existing.is_dir():
+        raise ValueError(f"output {existing} is a file, not a folder; give a new or existing folder")
+    if not os.access(existing, os.W_OK):
+        raise ValueError(f"output folder {existing} is not writable; give a folder you can write to")
+
+
 def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(prog="python -m data.synthetic", description=__doc__.splitlines()[0])
     parser.add_argument("out")
@@ -206,9 +216,13 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--shard-size", type=int, default=1000)
     args = parser.parse_args(argv)
     start = time.perf_counter()
-    spec = make_synthetic(
-        args.out, args.train_samples, args.eval_per_class, args.seed, args.image_size, args.shard_size
-    )
+    try:
+        check_out(Path(args.out))
+        spec = make_synthetic(
+            args.out, args.train_samples, args.eval_per_class, args.seed, args.image_size, args.shard_size
+        )
+    except (ValueError, OSError) as e:
+        raise SystemExit(f"error: {e}") from None
     print(
         f"wrote {args.train_samples} train samples ({spec}) and {args.eval_per_class} eval images per "
         f"class to {args.out} in {time.perf_counter() - start:.1f}s"

@@ -1,9 +1,9 @@
 """Rebuild a model for evaluation from a run directory, one of our checkpoint folders, or an open_clip checkpoint.
 
 Our checkpoint folder (written by train/): `model.safetensors` (open_clip key names) and `meta.json`
-{"step", "samples_seen", "config": {"model": {...}, ...}}; a run directory points at its newest one through
-`RUN/checkpoints/latest`. The model is rebuilt from the config stored with the weights, so nothing else is needed.
-eval/ reads these files itself rather than importing train/ (dependency direction models, data <- eval <- train).
+{"step", "samples_seen", "config": {"model": {...}, ...}}; for a run directory the newest complete checkpoint is
+used, the same one `train.resume=auto` would pick (models/layout.py owns the layout and the verification). The
+model is rebuilt from the config stored with the weights, so nothing else is needed.
 """
 
 import argparse
@@ -21,6 +21,8 @@ from safetensors.torch import load_file
 
 from eval import metadata
 from eval.datasets import EvalInputError
+from models import layout
+from models.layout import CheckpointError
 
 
 @dataclass
@@ -34,30 +36,13 @@ class LoadedModel:
     model_cfg: object = None
 
 
-def is_checkpoint_folder(path: Path) -> bool:
-    return (path / "meta.json").is_file() and (path / "model.safetensors").is_file()
-
-
 def resolve_checkpoint_folder(path: Path) -> Path:
-    """A checkpoint folder itself, or the one a run directory's `checkpoints/latest` names (else its newest)."""
-    if is_checkpoint_folder(path):
-        return path
-    folder = path / "checkpoints"
-    if (folder / "latest").is_file():
-        latest = folder / (folder / "latest").read_text().strip()
-        if is_checkpoint_folder(latest):
-            return latest
-        raise EvalInputError(
-            f"{folder / 'latest'} names {latest.name}, which lacks meta.json or model.safetensors; "
-            "pass a complete checkpoint folder instead"
-        )
-    complete = sorted(p for p in folder.glob("step_*") if is_checkpoint_folder(p)) if folder.is_dir() else []
-    if not complete:
-        raise EvalInputError(
-            f"{path} is neither a checkpoint folder (meta.json + model.safetensors) nor a run "
-            "directory with checkpoints/; for an open_clip file pass --open-clip-model NAME"
-        )
-    return complete[-1]
+    """A checkpoint folder itself, or the newest complete one of a run directory; verified (models.layout)."""
+    try:
+        return layout.find_checkpoint(path)
+    except CheckpointError as e:
+        hint = "; for an open_clip file pass --open-clip-model NAME" if "is neither" in str(e) else ""
+        raise EvalInputError(f"{e}{hint}") from None
 
 
 def load_weights(model: torch.nn.Module, state: dict, source, model_name: str) -> None:
@@ -89,7 +74,7 @@ def load_ours(path: Path, device) -> LoadedModel:
     import models
 
     folder = resolve_checkpoint_folder(path)
-    meta = json.loads((folder / "meta.json").read_text())
+    meta = layout.read_meta(folder)
     try:
         # the weights come from model.safetensors, so no pretrained file named in the config is read again
         cfg = models.ModelConfig(**{**meta["config"]["model"], "pretrained": None})
@@ -132,7 +117,7 @@ def load_open_clip(name: str, checkpoint: str | None, device) -> LoadedModel:
 
     Importing models registers this project's tiny sizes (configs/models/*.json) with open_clip too.
     """
-    import models  # noqa: F401
+    import models
 
     if name not in open_clip.list_models():
         raise EvalInputError(f"unknown open_clip model {name!r}; see open_clip.list_models() or register a config")
@@ -142,7 +127,7 @@ def load_open_clip(name: str, checkpoint: str | None, device) -> LoadedModel:
     with weights_follow() if checkpoint else nullcontext():
         model, _, transform = open_clip.create_model_and_transforms(name)
     if checkpoint:
-        load_weights(model, open_clip.factory.load_state_dict(checkpoint), checkpoint, name)
+        load_weights(model, models.read_state_dict(checkpoint), checkpoint, name)
     info = {"checkpoint": checkpoint, "step": None, "samples_seen": None, "model": name}
     return LoadedModel(model.to(device).eval(), transform, open_clip.get_tokenizer(name), info)
 
@@ -180,7 +165,7 @@ def one_line_errors():
     """Report bad input as `error: ...` on one line and exit 2 instead of a traceback."""
     try:
         yield
-    except EvalInputError as e:
+    except (EvalInputError, CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
 

@@ -13,32 +13,48 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from models import layout
 from models.attention import Attention
+from models.layout import CheckpointError
 
 log = logging.getLogger(__name__)
 
 
 def read_state_dict(path: str | Path) -> dict[str, Tensor]:
-    """A plain state dict from a safetensors or torch file (weights_only=True).
+    """A plain state dict from a safetensors or torch file (weights_only=True), or from our checkpoint folder or
+    run directory (its newest complete checkpoint's model.safetensors, verified by models.layout).
 
     Accepts open_clip's checkpoints ({"state_dict": ...} or a bare dict, "module." prefixes from DDP,
     "_orig_mod." from torch.compile) and training checkpoints that hold the weights under "model".
+    A file that is missing or does not load is a CheckpointError naming it and the reason.
     """
     path = Path(path)
+    if path.is_dir():
+        path = layout.find_checkpoint(path) / layout.MODEL
     if not path.is_file():
-        raise FileNotFoundError(
-            f"pretrained checkpoint {str(path)!r} does not exist; give a .safetensors or torch file path"
-        )
-    if path.suffix == ".safetensors":
-        from safetensors.torch import load_file
-
-        sd = load_file(str(path), device="cpu")
-    else:
-        sd = torch.load(path, map_location="cpu", weights_only=True)
+        raise CheckpointError(f"checkpoint {str(path)!r} does not exist; give a .safetensors or torch file path")
+    try:
+        sd = load_weights_file(path)
+    except Exception as e:  # a damaged file, or a pickle that weights_only refuses to run
+        kind = "safetensors" if path.suffix == ".safetensors" else "torch (weights_only=True)"
+        raise CheckpointError(
+            f"checkpoint {path} does not load as a {kind} file ({layout.first_line(e)}); "
+            "give a safetensors file or a torch file of plain tensors"
+        ) from None
     for key in ("state_dict", "model"):
         if isinstance(sd, dict) and isinstance(sd.get(key), dict):
             sd = sd[key]
+    if not isinstance(sd, dict) or not all(isinstance(v, Tensor) for v in sd.values()):
+        raise CheckpointError(f"checkpoint {path} holds no state dict of tensors; give a model's weights file")
     return {k.removeprefix("module.").removeprefix("_orig_mod."): v for k, v in sd.items()}
+
+
+def load_weights_file(path: Path):
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        return load_file(str(path), device="cpu")
+    return torch.load(path, map_location="cpu", weights_only=True)
 
 
 def load_pretrained(model: nn.Module, source: str | Path | dict[str, Tensor]) -> tuple[list[str], list[str], list[str]]:

@@ -12,7 +12,9 @@ import dataclasses
 
 import torch
 from torch import nn
-from torch.utils.flop_counter import FlopCounterMode
+from torch.utils.flop_counter import FlopCounterMode, flop_registry
+
+aten = torch.ops.aten
 
 
 def count(params) -> int:
@@ -59,7 +61,13 @@ def gmacs_per_sample(model: nn.Module) -> dict:
 
 
 def flops(fn, *args) -> int:
-    counter = FlopCounterMode(display=False)
+    # torch counts baddbmm and addmm but not their in-place forms, which the linear attentions use to
+    # accumulate their D x D states: without these the state matmul of every layer goes uncounted
+    inplace = {
+        aten.baddbmm_: flop_registry[aten.baddbmm].__wrapped__,
+        aten.addmm_: flop_registry[aten.addmm].__wrapped__,
+    }
+    counter = FlopCounterMode(display=False, custom_mapping=inplace)
     with counter:
         fn(*args)
     return counter.get_total_flops()

@@ -3,6 +3,8 @@
 
 import sys
 
+from data.errors import DataError
+from models.layout import CheckpointError
 from train import main as entry
 from train.config import ConfigError
 from train.loop import TrainingError
@@ -12,6 +14,6 @@ if sys.argv[1:2] in (["-h"], ["--help"]):
     sys.exit(0)
 try:
     sys.exit(entry.main())
-except (ConfigError, TrainingError) as e:
+except (ConfigError, TrainingError, CheckpointError, DataError) as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(1)

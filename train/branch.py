@@ -19,15 +19,17 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from models.layout import CheckpointError
 from train.checkpoint import problem, read_meta, resolve
 from train.config import Config, ConfigError, OptimConfig, to_dict
 from train.optim import lr_multiplier, schedule_arguments
+from train.storage import RunStorage
 
 # what a branch may change in the optim section: how the schedule ends, nothing else
 SCHEDULE_KEYS = {"schedule", "cooldown_shape", "cooldown_fraction", "cooldown_steps", "min_lr_ratio"}
 
 
-def starting_point(cfg: Config) -> tuple[Path | None, bool]:
+def starting_point(cfg: Config, storage: RunStorage, accelerator=None) -> tuple[Path | None, bool]:
     """(the checkpoint folder to load or None, whether it is another run's branch point); raises ConfigError."""
     if cfg.train.branch_from and cfg.train.resume not in ("auto", "none"):
         raise ConfigError(
@@ -35,8 +37,8 @@ def starting_point(cfg: Config) -> tuple[Path | None, bool]:
             "to start from; keep one"
         )
     try:
-        own = resolve(cfg.train.resume, Path(cfg.train.run_dir))
-    except ValueError as e:
+        own = resolve(cfg.train.resume, storage, accelerator)
+    except CheckpointError as e:
         raise ConfigError(str(e)) from None
     if not cfg.train.branch_from or own is not None:
         return own, False

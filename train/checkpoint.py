@@ -1,77 +1,88 @@
-"""Checkpoints that are either complete or invisible, and resuming from the newest complete one.
+"""Saving training checkpoints and resuming from them; the layout and what "complete" means are models/layout.py's.
 
-Layout of RUN/checkpoints/:
+Save: every rank writes into `checkpoints/.tmp_step_X/` (accelerate's `save_state`, its data position), rank 0
+the model and meta.json; rank 0 then finishes the folder (manifest with every file's SHA-256, fsync, rename,
+`latest`), prunes old ones and, for a remote run directory, uploads it (train/storage.py). A crash or kill -9
+during the write leaves only a `.tmp_*` folder that resume ignores and the next save deletes.
 
-    step_00000100/
-        model.safetensors   the unwrapped, uncompiled CLIP state dict (open_clip key names)
-        meta.json           {"step", "samples_seen", "epoch", "config"}; written last
-        state/              accelerate's save_state: model, optimizer, scheduler, scaler, RNG of every rank
-        data_state_<rank>.json   the data-stream position of each rank
-    latest                  text file: the folder name of the newest complete checkpoint
-
-Everything is written into `.tmp_step_00000100/` and renamed at the end, so a crash or `kill -9` during
-the write leaves only a `.tmp_*` folder that resume ignores. Loading never unpickles code: the model is
-safetensors, and accelerate 1.15's `load_state` calls `torch.load(..., weights_only=True)`.
+Resume: rank 0 picks the checkpoint (`train.resume` auto | none | PATH | URL; auto = the newest that passes
+`models.layout.check`, each one skipped reported in one line that names the file) and tells the other ranks;
+every rank then loads it. Nothing runs code from a file: the model is safetensors, accelerate 1.15 loads the
+rest with `torch.load(weights_only=True)`, and the manifest check refuses a replaced file before that. A
+random-state file that is missing, bad or not applied is a warning: the run resumes with fresh random numbers.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import re
+import random
 import shutil
-import warnings
 from pathlib import Path
 
+import numpy as np
 import torch
 from accelerate import Accelerator
-from safetensors.torch import load_file, save_file
+from accelerate.utils import broadcast_object_list
+from safetensors.torch import save_file
 
+from models import layout
+from models.layout import META, MODEL, STATE, CheckpointError, is_url, read_meta  # noqa: F401 - read_meta: API
 from train.dist import sum_over_ranks
-
-STEP_DIR = re.compile(r"^step_(\d{8})$")
-# present under DDP and FSDP alike (FSDP stores the model and optimizer as sharded folders instead)
-REQUIRED = ("meta.json", "model.safetensors", "data_state_0.json", "state/scheduler.bin", "state/random_states_0.pkl")
-CRASH_HOOK = "CLIP_TRAIN_CRASH_IN_SAVE"  # test hook: os._exit inside the write of the checkpoint at this step
-
-
-def step_name(step: int) -> str:
-    return f"step_{step:08d}"
+from train.storage import RunStorage
 
 
 def save_checkpoint(
-    accelerator: Accelerator, model, run_dir: Path, meta: dict, data_state: dict, keep_last: int, keep_steps=()
+    accelerator: Accelerator,
+    model,
+    storage: RunStorage | Path,
+    meta: dict,
+    data_state: dict,
+    keep_last: int,
+    keep_steps=(),
 ) -> Path:
-    """Write a complete checkpoint for meta["step"] (call on every rank); returns its folder.
+    """Write a complete checkpoint for meta["step"] (call on every rank); returns its local folder.
     Checkpoints of `keep_steps` are never pruned (branch points of cooldown runs)."""
-    root = Path(run_dir) / "checkpoints"
-    final, tmp = root / step_name(meta["step"]), root / f".tmp_{step_name(meta['step'])}"
+    storage = storage if isinstance(storage, RunStorage) else RunStorage.of(str(storage))
+    tmp = layout.tmp_folder(storage.local, meta["step"])
+    name = layout.step_name(meta["step"])
     state_dict = unwrapped_state_dict(accelerator, model)  # collective under FSDP: the full dict lands on rank 0
     broken = accelerator.is_main_process and not all(
         torch.isfinite(t).all() for t in state_dict.values() if t.is_floating_point()
     )
     if sum_over_ranks(accelerator, {"broken": int(broken)})["broken"]:  # every rank raises, none waits forever
-        raise RuntimeError(f"refusing to write checkpoint {final.name}: the model holds NaN or Inf weights")
+        raise RuntimeError(f"refusing to write checkpoint {name}: the model holds NaN or Inf weights")
     if accelerator.is_main_process:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     accelerator.wait_for_everyone()
-    accelerator.save_state(str(tmp / "state"), safe_serialization=True)
-    write_json(tmp / f"data_state_{accelerator.process_index}.json", data_state)
+    accelerator.save_state(str(tmp / STATE), safe_serialization=True)
+    layout.write_json(tmp / layout.data_state_name(accelerator.process_index), data_state)
     if accelerator.is_main_process:
-        save_file(state_dict, str(tmp / "model.safetensors"))
-        if os.environ.get(CRASH_HOOK) == str(meta["step"]):
-            os._exit(9)
-        write_json(tmp / "meta.json", meta)
+        save_file(state_dict, str(tmp / MODEL))
+        layout.write_json(tmp / META, meta)
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        fsync_tree(tmp)  # the rename must not make visible files that a power loss could still lose
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
-        write_text_atomic(root / "latest", final.name)
-        prune(root, keep_last, keep_steps)
+        final = layout.finish(tmp)
+        # a remote run keeps its history remotely: the staging folder only needs the newest checkpoint
+        if storage.remote:
+            layout.prune(storage.local, 1, keep=final)
+        else:
+            layout.prune(storage.local, keep_last, keep=final, keep_steps=keep_steps)
+        upload(storage, final, keep_last, keep_steps)
     accelerator.wait_for_everyone()
-    return final
+    return tmp.with_name(name)
+
+
+def upload(storage: RunStorage, folder: Path, keep_last: int, keep_steps=()) -> None:
+    """Upload a finished checkpoint; a failure is a warning, not the end of the run (the next save retries)."""
+    try:
+        storage.upload_checkpoint(folder, keep_last, keep_steps)
+        storage.upload_run_files()
+    except Exception as e:  # network and credential errors of any fsspec back end
+        layout.warn(
+            f"upload of {folder.name} to {storage.remote} failed ({layout.first_line(e)}); it is complete in "
+            f"{folder}, and the next checkpoint is uploaded again"
+        )
 
 
 def unwrapped_state_dict(accelerator: Accelerator, model) -> dict[str, torch.Tensor]:
@@ -80,97 +91,103 @@ def unwrapped_state_dict(accelerator: Accelerator, model) -> dict[str, torch.Ten
     return {k.replace("_orig_mod.", ""): v.detach().cpu().contiguous() for k, v in (state or {}).items()}
 
 
-def write_json(path: Path, obj) -> None:
-    with open(path, "w") as f:
-        json.dump(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def fsync_tree(folder: Path) -> None:
-    for path in [*sorted(folder.rglob("*"), key=lambda p: len(p.parts), reverse=True), folder]:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(text + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def prune(root: Path, keep_last: int, keep_steps=()) -> None:
-    """Delete all but the newest `keep_last` complete checkpoints (not counting those of `keep_steps`, which stay),
-    and temporary folders left by crashes."""
-    kept = {step_name(step) for step in keep_steps}
-    steps = sorted(p for p in root.iterdir() if STEP_DIR.match(p.name) and p.name not in kept)
-    stale = [p for p in root.iterdir() if p.name.startswith(".tmp_step_")]
-    for old in steps[: max(0, len(steps) - keep_last)] + stale:
-        shutil.rmtree(old, ignore_errors=True)
-
-
-def problem(folder: Path) -> str | None:
-    """Why `folder` is not a loadable checkpoint, or None when it is complete and sound."""
-    missing = [name for name in REQUIRED if not (folder / name).is_file()]
-    if missing:
-        return f"missing {', '.join(missing)}"
-    try:
-        meta = json.loads((folder / "meta.json").read_text())
-        if not isinstance(meta.get("step"), int):
-            return "meta.json has no integer step"
-        weights = load_file(str(folder / "model.safetensors"))
-    except Exception as e:  # a truncated or garbled file raises many kinds of errors
-        return f"unreadable ({type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''})"
-    if not weights:
-        return "model.safetensors is empty"
-    return None
-
-
-def find_resume(run_dir: Path) -> Path | None:
-    """The newest complete checkpoint in RUN/checkpoints; incomplete or corrupt ones are reported and skipped."""
-    root = Path(run_dir) / "checkpoints"
-    if not root.is_dir():
-        return None
-    candidates = sorted((p for p in root.iterdir() if STEP_DIR.match(p.name)), reverse=True)
-    for folder in candidates:
-        reason = problem(folder)
-        if reason is None:
-            return folder
-        warnings.warn(f"skipping checkpoint {folder}: {reason}", stacklevel=2)
-    return None
-
-
-def resolve(resume: str, run_dir: Path) -> Path | None:
-    """train.resume (auto | none | PATH) -> the checkpoint folder to load, or None to start fresh."""
+def pick(resume: str, storage: RunStorage) -> Path | None:
+    """train.resume (auto | none | PATH | URL) -> the local checkpoint folder to load, or None to start fresh."""
     if resume == "none":
         return None
     if resume == "auto":
-        return find_resume(run_dir)
-    folder = Path(resume)
-    reason = problem(folder) if folder.is_dir() else "no such folder"
-    if reason:
-        raise ValueError(
-            f"train.resume={resume} is not a loadable checkpoint ({reason}); "
-            "point it at a step_* folder or use train.resume=auto"
+        found = storage.newest_complete()
+        return found[0] if found else None
+    folder, result = storage.fetch_url(resume) if is_url(resume) else (Path(resume), layout.check(Path(resume)))
+    if result.problem:
+        raise CheckpointError(
+            f"train.resume={resume} is not a loadable checkpoint ({result.problem}); "
+            "point it at a complete step_* folder or use train.resume=auto"
         )
     return folder
 
 
-def read_meta(folder: Path) -> dict:
-    return json.loads((Path(folder) / "meta.json").read_text())
+def resolve(resume: str, storage: RunStorage | Path, accelerator: Accelerator | None = None) -> Path | None:
+    """`pick` on rank 0 (it may hash and download gigabytes), shared with every rank; call on every rank.
+
+    A CheckpointError is raised on every rank alike, so none is left waiting.
+    """
+    storage = storage if isinstance(storage, RunStorage) else RunStorage.of(str(storage))
+    choice: list = [None]
+    if accelerator is None or accelerator.is_main_process:
+        try:
+            folder = pick(resume, storage)
+            choice = [None if folder is None else ("found", str(folder))]
+        except CheckpointError as e:
+            choice = [("error", str(e))]
+    if accelerator is not None and accelerator.num_processes > 1:
+        broadcast_object_list(choice, from_process=0)
+    if choice[0] is None:
+        return None
+    kind, text = choice[0]
+    if kind == "error":
+        raise CheckpointError(text)
+    return Path(text)
+
+
+def find_resume(run_dir: Path) -> Path | None:
+    """The newest complete checkpoint of a local run directory (each skipped one reported), or None."""
+    found = layout.newest_complete(Path(run_dir))
+    return found[0] if found else None
+
+
+def problem(folder: Path) -> str | None:
+    """Why `folder` is not a complete checkpoint, or None (models.layout.check)."""
+    return layout.check(folder).problem
 
 
 def load_checkpoint(accelerator: Accelerator, folder: Path) -> tuple[dict, dict]:
     """Restore model, optimizer, scheduler, scaler and RNG from `folder`; returns (meta, this rank's data state)."""
-    accelerator.load_state(str(folder / "state"))
-    meta = read_meta(folder)
+    rng_file = layout.rng_name(accelerator.process_index)
+    bad_rng = layout.file_problem(folder, rng_file)
+    before = rng_snapshot()
+    try:
+        accelerator.load_state(str(folder / STATE))
+    except Exception as e:  # e.g. an optimizer of another model: the files are sound, they do not fit
+        raise CheckpointError(
+            f"checkpoint {folder}: {STATE}/ does not load into this run ({layout.first_line(e)}); "
+            "resume another checkpoint with train.resume=PATH or start afresh with train.resume=none"
+        ) from None
+    if bad_rng is None:
+        bad_rng = rng_not_restored(folder / rng_file)
+    if bad_rng is not None:
+        rng_restore(before)
+        layout.warn(
+            f"random state not restored: {folder / rng_file} {bad_rng}; the run continues with fresh random "
+            "numbers, so random augmentations differ from an uninterrupted run"
+        )
+    meta = layout.read_meta(folder)
     # a rank that did not exist when the checkpoint was written continues from rank 0's position (approximately)
-    data_file = folder / f"data_state_{accelerator.process_index}.json"
-    data_state = json.loads((data_file if data_file.is_file() else folder / "data_state_0.json").read_text())
+    data_file = folder / layout.data_state_name(accelerator.process_index)
+    data_state = json.loads((data_file if data_file.is_file() else folder / layout.data_state_name(0)).read_text())
     return meta, data_state
+
+
+def rng_not_restored(path: Path) -> str | None:
+    """Why the torch random state now in use is not the one saved in `path` (accelerate only logs a failure)."""
+    if not path.is_file():
+        return "is missing (the checkpoint was written by fewer processes)"
+    try:
+        saved = layout.torch_load(path)["torch_manual_seed"]
+    except Exception as e:  # a damaged or foreign file
+        return f"does not load ({layout.first_line(e)})"
+    return None if torch.equal(torch.get_rng_state(), saved) else "was not applied"
+
+
+def rng_snapshot() -> tuple:
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    return random.getstate(), np.random.get_state(), torch.get_rng_state(), cuda  # noqa: NPY002
+
+
+def rng_restore(snapshot: tuple) -> None:
+    python, numpy_state, cpu, cuda = snapshot
+    random.setstate(python)
+    np.random.set_state(numpy_state)  # noqa: NPY002 - the global RNG accelerate restores
+    torch.set_rng_state(cpu)
+    if cuda is not None:
+        torch.cuda.set_rng_state_all(cuda)

@@ -11,6 +11,7 @@ are a one-line `ConfigError` that names the key and the fix.
 from __future__ import annotations
 
 import dataclasses
+import sys
 import types
 import typing
 from dataclasses import dataclass, field
@@ -45,7 +46,7 @@ class OptimConfig:
 
 @dataclass
 class TrainConfig:
-    """The loop, the hardware setup, logging, checkpoints and the test hooks."""
+    """The loop, the hardware setup, logging and checkpoints. run_dir: a path or an fsspec URL (train/storage.py)."""
 
     run_dir: str = "runs/default"
     max_steps: int = 1000
@@ -62,11 +63,11 @@ class TrainConfig:
     log_every: int = 10
     save_every: int = 1000  # steps between checkpoints; one is always written at the end
     keep_last: int = 3  # complete checkpoints kept
-    resume: str = "auto"  # auto (newest complete checkpoint in run_dir) | none | PATH to a checkpoint folder
+    resume: str = "auto"  # auto (newest complete checkpoint in run_dir) | none | PATH or URL of a checkpoint folder
     branch_from: str | None = None  # a checkpoint folder of another run: a new run starts from it (train/branch.py)
     keep_steps: list[int] = field(default_factory=list)  # checkpoints written at these steps and never pruned
     max_bad_steps: int = 10  # consecutive non-finite steps before the run stops
-    debug_nan_steps: list[int] = field(default_factory=list)  # test hook: poison the loss at these steps
+    stage_dir: str | None = None  # local folder for a remote run_dir (s3://...); null: one under the temp dir
     wandb: str = "disabled"  # online | offline | disabled
     wandb_project: str = "clip-attention"
     wandb_name: str | None = None
@@ -115,12 +116,29 @@ def load_config(argv: list[str]) -> Config:
     path = Path(argv[0])
     if not path.is_file():
         raise ConfigError(f"config file {str(path)!r} does not exist; pick one of configs/*.yaml")
-    raw = yaml.safe_load(path.read_text()) or {}
+    raw = read_yaml(path) or {}
     if not isinstance(raw, dict):
         raise ConfigError(f"{path} must hold a mapping of sections ({', '.join(SECTIONS)}), not a {type(raw).__name__}")
     for item in argv[1:]:
         apply_override(raw, item)
-    return build_config(raw)
+    cfg = build_config(raw)
+    warning = warmup_warning(cfg)
+    if warning:
+        print(warning, file=sys.stderr)
+    return cfg
+
+
+def read_yaml(path: Path):
+    """yaml.safe_load of a file; a file that is not UTF-8 YAML is a ConfigError naming it and the place."""
+    try:
+        return yaml.safe_load(Path(path).read_text())
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path} is not a text file (not UTF-8); give a YAML config file") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"{path} is not valid YAML{where}: {problem}; fix the file") from None
 
 
 def apply_override(raw: dict, item: str) -> None:
@@ -147,7 +165,64 @@ def build_config(raw: dict) -> Config:
     if unknown:
         raise ConfigError(f"unknown config section {unknown[0]!r}; valid sections: {', '.join(SECTIONS)}")
     sections = {name: build_section(name, SECTIONS[name], raw.get(name) or {}) for name in SECTIONS}
-    return Config(**sections)
+    cfg = Config(**sections)
+    check_ranges(cfg)
+    return cfg
+
+
+def at_least(low):
+    return lambda v: v >= low, f">= {low}"
+
+
+def above(low):
+    return lambda v: v > low, f"> {low}"
+
+
+# (section, key) -> (test, the allowed range in words); None values of optional keys are not tested
+RANGES = {
+    ("optim", "lr"): above(0),
+    ("optim", "betas"): (lambda v: len(v) == 2 and all(0 <= b < 1 for b in v), "two numbers in [0, 1)"),
+    ("optim", "eps"): above(0),
+    ("optim", "weight_decay"): at_least(0),
+    ("optim", "warmup_steps"): at_least(0),
+    ("optim", "min_lr_ratio"): (lambda v: 0 <= v <= 1, "in [0, 1]"),
+    ("optim", "grad_clip_norm"): above(0),
+    ("data", "batch_size"): above(0),
+    ("data", "workers"): at_least(0),
+    ("data", "shuffle_buffer"): at_least(1),
+    ("data", "max_image_pixels"): at_least(1),
+    ("data", "train_num_samples"): at_least(1),
+    ("data", "seed"): (lambda v: 0 <= v < 2**32, "in [0, 2**32)"),
+    ("model", "patch_dropout"): (lambda v: 0 <= v < 1, "in [0, 1)"),
+    ("train", "max_steps"): at_least(1),
+    ("train", "accum_freq"): at_least(1),
+    ("train", "keep_last"): at_least(1),
+    ("train", "max_bad_steps"): at_least(1),
+    ("train", "log_every"): at_least(0),
+    ("train", "save_every"): at_least(0),
+    ("train", "seed"): (lambda v: 0 <= v < 2**32, "in [0, 2**32)"),
+    ("eval", "every"): at_least(0),
+    ("eval", "batch_size"): above(0),
+    ("eval", "workers"): at_least(0),
+}
+
+
+def check_ranges(cfg: Config) -> None:
+    """Every number in its allowed range (RANGES); the first one outside is a one-line ConfigError."""
+    for (section, key), (test, allowed) in RANGES.items():
+        value = getattr(getattr(cfg, section), key)
+        if value is not None and not test(value):
+            raise ConfigError(f"{section}.{key}={value!r} is out of range: it must be {allowed}")
+
+
+def warmup_warning(cfg: Config) -> str | None:
+    """A warmup longer than the run is allowed (smoke runs of a real config do it) but said once."""
+    if cfg.optim.warmup_steps <= cfg.train.max_steps:
+        return None
+    return (
+        f"warning: optim.warmup_steps={cfg.optim.warmup_steps} is more than train.max_steps={cfg.train.max_steps}: "
+        "the learning rate never reaches optim.lr; make it <= train.max_steps for the full schedule"
+    )
 
 
 def build_section(name: str, cls: type, values: dict):

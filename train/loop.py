@@ -23,6 +23,7 @@ from train.config import TrainConfig
 from train.dist import StopFlag, agree, sum_over_ranks
 from train.log import RunLog
 from train.optim import clamp_logit_scale
+from train.storage import RunStorage
 
 PREEMPTED = 75  # exit code after a pre-emption checkpoint; the Slurm wrapper requeues on it
 
@@ -80,7 +81,6 @@ def compute_gradients(
     micro_batches: list,
     *,
     logit_bias: Tensor | None = None,
-    poison: bool = False,
 ) -> Tensor:
     """Backward of the contrastive loss over all micro-batches together; returns the loss (detached).
 
@@ -108,8 +108,6 @@ def compute_gradients(
                     [c[1] for c in cached[:j]] + [text_features] + [c[1] for c in cached[j + 1 :]]
                 )
             loss = loss_fn(image_features, text_features, scale, bias)
-            if poison:
-                loss = loss * float("nan")
             accelerator.backward(loss)
     return loss.detach()
 
@@ -163,11 +161,13 @@ class Trainer:
                         f"exiting with {PREEMPTED} to be requeued"
                     )
                     self.save()
+                    self.summarise("preempted")
                     return PREEMPTED
             if not self.checkpoint_due():
                 self.save()
             if self.evaluate is not None and not self.due(self.eval_every):
                 self.run_eval()
+            self.summarise("done")
             return 0
         finally:
             self.log.close()
@@ -190,9 +190,7 @@ class Trainer:
         data_wait = time.perf_counter() - start
         self.optimizer.zero_grad(set_to_none=True)
         bias = getattr(acc.unwrap_model(self.model), "logit_bias", None)
-        loss = compute_gradients(
-            acc, self.model, self.loss_fn, batches, logit_bias=bias, poison=p.step + 1 in cfg.debug_nan_steps
-        )
+        loss = compute_gradients(acc, self.model, self.loss_fn, batches, logit_bias=bias)
         loss, stop_now = agree(acc, loss, stop.requested)
         bad, grad_norm = not math.isfinite(loss), math.nan
         if not bad:
@@ -255,6 +253,21 @@ class Trainer:
             }
         )
 
+    def summarise(self, end: str) -> None:
+        """The end-of-run line of skipped samples by cause (all ranks, whole run): on stderr and last in
+        metrics.jsonl. Call on every rank."""
+        p = self.progress
+        skipped = sum_over_ranks(self.accelerator, self.stream.data.skipped())
+        total = sum(skipped.values())
+        causes = ", ".join(f"{cause} {n}" for cause, n in sorted(skipped.items()) if n)
+        self.message(
+            f"{end} at step {p.step} ({p.samples_seen} samples): skipped samples: "
+            + (f"{total} ({causes})" if total else "none")
+        )
+        self.log.log(
+            {"step": p.step, "samples_seen": p.samples_seen, "end": end, "skipped": skipped, "skipped_total": total}
+        )
+
     def run_eval(self) -> None:
         results = self.evaluate()
         if results:
@@ -273,10 +286,11 @@ class Trainer:
             "bad_steps": p.bad_steps,
             "config": self.config_dict,
         }
+        storage = RunStorage.of(self.cfg.run_dir, self.cfg.stage_dir)
         return save_checkpoint(
             self.accelerator,
             self.model,
-            Path(self.cfg.run_dir),
+            storage,
             meta,
             self.stream.state_dict(),
             self.cfg.keep_last,

@@ -12,6 +12,7 @@ Exit codes: 0 done, 75 pre-empted (SIGTERM/SIGUSR1: checkpoint written after the
 from __future__ import annotations
 
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -24,14 +25,16 @@ from data.errors import DataError
 from eval.sharding import Shard, random_state_kept
 from eval.zeroshot import evaluate
 from models import ModelConfig, build_clip, tokenizer, transforms
+from models.layout import CheckpointError, is_url, read_meta
 from train.branch import starting_point
-from train.checkpoint import load_checkpoint, read_meta
+from train.checkpoint import load_checkpoint
 from train.config import Config, ConfigError, dump, load_config, to_dict
 from train.dist import StopFlag, make_accelerator, world_size_from_env
 from train.log import RunLog, check_wandb, git_commit, trim_metrics
 from train.loop import DataStream, Progress, Trainer
 from train.loss import build_loss
 from train.optim import build_optimizer, check_schedule, follow_schedule
+from train.storage import RunStorage
 
 SIGLIP_INIT = {"logit_scale": math.log(10), "logit_bias": -10.0}  # Zhai et al. 2023, sec. 3.1
 
@@ -54,9 +57,10 @@ def fit(cfg: Config, stop: StopFlag) -> int:
     optimizer, schedule = build_optimizer(model, cfg.optim, cfg.train.max_steps)
     model, optimizer, schedule = accelerator.prepare(model, optimizer, schedule)
     stream, progress = DataStream(data, accelerator.device), Progress()
-    resume(cfg, accelerator, stream, progress)
+    storage = RunStorage.of(cfg.train.run_dir, cfg.train.stage_dir)
+    resume(cfg, accelerator, storage, stream, progress)
     follow_schedule(schedule.scheduler)
-    log = start_run_dir(cfg, accelerator, progress.step)
+    log = start_run_dir(cfg, accelerator, storage, progress.step)
     trainer = Trainer(
         accelerator,
         model,
@@ -73,6 +77,8 @@ def fit(cfg: Config, stop: StopFlag) -> int:
         progress=progress,
     )
     code = trainer.run(stop)
+    if accelerator.is_main_process:
+        storage.upload_run_files()  # the lines logged after the last checkpoint (final eval, skip summary)
     accelerator.end_training()
     return code
 
@@ -87,10 +93,27 @@ def preflight(cfg: Config, world_size: int) -> None:
         raise ConfigError(
             f"eval.dataset={cfg.eval.dataset} does not exist; point it at an ImageFolder tree or set eval.dataset=null"
         )
-    if cfg.train.max_steps < 1 or cfg.train.accum_freq < 1 or cfg.train.keep_last < 1 or cfg.train.max_bad_steps < 1:
-        raise ConfigError("train.max_steps, train.accum_freq, train.keep_last and train.max_bad_steps must be >= 1")
     check_schedule(cfg.optim, cfg.train.max_steps)
     check_wandb(cfg.train.wandb)
+    check_storage(cfg, world_size)
+
+
+def check_storage(cfg: Config, world_size: int) -> None:
+    """A remote train.run_dir must be reachable, and with several nodes its staging folder shared by all."""
+    if not is_url(cfg.train.run_dir):
+        return
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    if local_world != world_size and not cfg.train.stage_dir:
+        raise ConfigError(
+            f"train.run_dir={cfg.train.run_dir} is remote and this job spans several nodes: set train.stage_dir to "
+            "a folder every node sees (rank 0 uploads every rank's files from there)"
+        )
+    problem = RunStorage.of(cfg.train.run_dir, cfg.train.stage_dir).check_reachable()
+    if problem:
+        raise ConfigError(
+            f"train.run_dir={cfg.train.run_dir} cannot be used ({problem}); check the URL, its fsspec package "
+            "(s3fs for s3://) and the credentials"
+        )
 
 
 def build_data(data_cfg: DataConfig, model_cfg: ModelConfig, augment: bool, accelerator):
@@ -123,10 +146,12 @@ def build_model(model_cfg: ModelConfig, loss: str, compile: bool) -> nn.Module:
     return model
 
 
-def resume(cfg: Config, accelerator, stream: DataStream, progress: Progress) -> None:
+def resume(cfg: Config, accelerator, storage: RunStorage, stream: DataStream, progress: Progress) -> None:
     """Load the checkpoint train.resume names (auto: the newest complete one in the run directory), else the
     train.branch_from checkpoint of another run."""
-    folder, branching = starting_point(cfg)
+    if accelerator.is_main_process:
+        storage.pull_run_files()
+    folder, branching = starting_point(cfg, storage, accelerator)
     if folder is None:
         return
     saved = {k: v for k, v in read_meta(folder)["config"]["model"].items() if k != "pretrained"}
@@ -138,7 +163,10 @@ def resume(cfg: Config, accelerator, stream: DataStream, progress: Progress) -> 
         raise ConfigError(
             f"{folder} holds another model ({changed}); pick a new train.run_dir or set train.resume=none"
         )
-    meta, data_state = load_checkpoint(accelerator, folder)
+    try:
+        meta, data_state = load_checkpoint(accelerator, folder)
+    except CheckpointError as e:
+        raise ConfigError(str(e)) from None
     progress.step, progress.samples_seen, progress.bad_steps = (
         meta["step"],
         meta["samples_seen"],
@@ -150,14 +178,15 @@ def resume(cfg: Config, accelerator, stream: DataStream, progress: Progress) -> 
         print(f"{verb} from {folder} at step {progress.step} ({progress.samples_seen} samples seen)", file=sys.stderr)
 
 
-def start_run_dir(cfg: Config, accelerator, step: int) -> RunLog:
+def start_run_dir(cfg: Config, accelerator, storage: RunStorage, step: int) -> RunLog:
     """RUN/config.yaml, RUN/git_commit.txt, metrics.jsonl trimmed to the resumed step, and the run's log."""
-    run_dir = Path(cfg.train.run_dir)
+    run_dir = storage.local
     if accelerator.is_main_process:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(dump(cfg))
         (run_dir / "git_commit.txt").write_text(git_commit() + "\n")
         trim_metrics(run_dir / "metrics.jsonl", step)
+        storage.upload_run_files()
     accelerator.wait_for_everyone()
     return RunLog(
         run_dir,

@@ -28,8 +28,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
 REPO = Path(__file__).resolve().parents[1]
 TEMPLATES = REPO / "slurm"
 
@@ -171,10 +169,21 @@ def check_path(path: Path) -> Path:
     return path
 
 
+def read_yaml(path: Path):
+    """The YAML of a config or sweep file; a file that is not YAML is a SubmitError naming it."""
+    from train.config import ConfigError
+    from train.config import read_yaml as read_config_yaml
+
+    try:
+        return read_config_yaml(path)
+    except ConfigError as e:
+        raise SubmitError(str(e)) from None
+
+
 def choose_run_dir(config: Path, overrides: list[str], stamp: str) -> tuple[Path, list[str]]:
     """(absolute run dir, overrides ending in `train.run_dir=<it>`), see the module docstring."""
     given = [o.partition("=")[2] for o in overrides if o.startswith("train.run_dir=")]
-    explicit = (yaml.safe_load(config.read_text()) or {}).get("train", {}) or {}
+    explicit = (read_yaml(config) or {}).get("train", {}) or {}
     run_dir = Path(given[-1] if given else explicit.get("run_dir") or f"runs/{config.stem}-{stamp}").absolute()
     kept = [o for o in overrides if not o.startswith("train.run_dir=")]
     return check_path(run_dir), [*kept, f"train.run_dir={run_dir}"]

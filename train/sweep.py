@@ -32,8 +32,7 @@ import shlex
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import yaml
-
+from models import layout
 from train.submit import (
     Resources,
     SubmitError,
@@ -41,6 +40,7 @@ from train.submit import (
     check_config_path,
     check_path,
     load_checked,
+    read_yaml,
     render_job,
     resources_from,
     submit,
@@ -121,8 +121,6 @@ def cooldown_arrays(
     points: list[dict], overrides: list[str], sweep_dir: Path, plan: dict, samples_per_step: int
 ) -> list[Array]:
     """The constant runs as a chain of arrays ending at each branch step, then one branch array per run length."""
-    from train.checkpoint import step_name
-
     stops = sorted({stop for stop, _ in plan.values()})
     keep = f"train.keep_steps=[{','.join(map(str, stops))}]"
     arrays, previous = [], None
@@ -139,7 +137,7 @@ def cooldown_arrays(
         tasks = []
         for point in points:
             run_dir = sweep_dir / f"{point['name']}-cooldown{end}"
-            parent = sweep_dir / f"{point['name']}-constant" / "checkpoints" / step_name(stop)
+            parent = sweep_dir / f"{point['name']}-constant" / "checkpoints" / layout.step_name(stop)
             steps = ["optim.schedule=const-cooldown", f"optim.cooldown_steps={cooldown}", f"train.max_steps={end}"]
             steps += [f"train.branch_from={parent}", f"train.run_dir={run_dir}"]
             info = {"size": point["size"], "attention": point["attention"], "samples": end * samples_per_step}
@@ -218,7 +216,7 @@ def submit_all(arrays: list[Array], config: Path, res: Resources, sweep_dir: Pat
 def read_sweep_file(path: Path, args: argparse.Namespace) -> Path:
     """A sweep YAML {config, sizes, attentions, samples, cooldowns_at, cooldown_fraction, overrides}; flags given on
     the command line win."""
-    spec = yaml.safe_load(path.read_text()) or {}
+    spec = read_yaml(path) or {}
     unknown = sorted(set(spec) - {"config", "overrides", "cooldown_fraction", *AXES})
     if unknown or "config" not in spec:
         raise SubmitError(
@@ -275,8 +273,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
 def main_sweep(argv: list[str]) -> None:
     args = parse(argv)
     check_config_path(args.config)
-    data = yaml.safe_load(args.config.read_text()) or {}
-    config = read_sweep_file(args.config, args) if "config" in data else args.config
+    data = read_yaml(args.config) or {}
+    config = read_sweep_file(args.config, args) if isinstance(data, dict) and "config" in data else args.config
     check_config_path(config)
     if not any(getattr(args, axis) for axis in AXES):
         raise SubmitError(

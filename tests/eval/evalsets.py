@@ -17,6 +17,7 @@ from safetensors.torch import save_file
 import models
 from data import make_synthetic
 from eval import datasets
+from models import layout
 
 
 def synthetic_eval(out: Path, per_class: int = 3) -> Path:
@@ -69,18 +70,21 @@ def caption_pairs(root: Path, count: int = 9, per_shard: int = 4, broken: int | 
 
 
 def tiny_run(run: Path, step: int = 5, seed: int = 0) -> Path:
-    """RUN/checkpoints/step_<step>/{model.safetensors, meta.json} and checkpoints/latest, as the trainer writes
-    them, of a seeded random tiny-s."""
+    """RUN/checkpoints/step_<step>/ with the files a training checkpoint has (the weights of a seeded random tiny-s,
+    meta.json, a data state, scheduler and random states) and its manifest, finished as the trainer does."""
     torch.manual_seed(seed)
     cfg = models.ModelConfig(name="tiny-s")
-    folder = run / "checkpoints" / f"step_{step:08d}"
-    folder.mkdir(parents=True)
+    tmp = layout.tmp_folder(run, step)
+    (tmp / "state").mkdir(parents=True)
     save_file(
-        {k: v.contiguous() for k, v in models.build_clip(cfg).state_dict().items()}, str(folder / "model.safetensors")
+        {k: v.contiguous() for k, v in models.build_clip(cfg).state_dict().items()}, str(tmp / "model.safetensors")
     )
     meta = {"step": step, "samples_seen": step * 32, "config": {"model": vars(cfg), "data": {}}}
-    (folder / "meta.json").write_text(json.dumps(meta))
-    (run / "checkpoints" / "latest").write_text(folder.name + "\n")
+    (tmp / "meta.json").write_text(json.dumps(meta))
+    (tmp / layout.data_state_name(0)).write_text("{}")
+    torch.save({"last_epoch": step}, tmp / "state" / "scheduler.bin")
+    torch.save({"torch_manual_seed": torch.get_rng_state()}, tmp / layout.rng_name(0))
+    layout.finish(tmp)
     return run
 
 

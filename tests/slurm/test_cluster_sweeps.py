@@ -57,7 +57,8 @@ def manifest(sweep_dir: Path) -> list[dict]:
 
 
 def steps_and_lrs(run_dir: str) -> tuple[list[int], list[float]]:
-    records = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+    lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
+    records = [r for r in map(json.loads, lines) if "lr" in r]  # not the end-of-run summary
     return [r["step"] for r in records], [r["lr"] for r in records]
 
 

@@ -49,6 +49,26 @@ def tiny_config(tmp_path: Path, synthetic: dict, **sections) -> Path:
     return path
 
 
+def poison_steps(monkeypatch, steps: set[int]) -> None:
+    """Fault injection for in-process runs: the loss of these optimizer steps (1-based, one micro-batch a step)
+    is multiplied by NaN before the backward pass, so its gradients are NaN too."""
+    import train.main
+
+    real = train.main.build_loss
+
+    def build(name: str):
+        loss_fn, calls = real(name), [0]
+
+        def poisoned(*args):
+            calls[0] += 1
+            loss = loss_fn(*args)
+            return loss * float("nan") if calls[0] in steps else loss
+
+        return poisoned
+
+    monkeypatch.setattr(train.main, "build_loss", build)
+
+
 def run(config: Path, *overrides: str) -> int:
     """main() in this process."""
     return main([str(config), *overrides])

@@ -52,6 +52,7 @@ def test_two_processes_equal_one_with_the_global_batch(tmp_path, synthetic, accu
     assert sorted(p.name for p in checkpoints(two)[-1].iterdir()) == [
         "data_state_0.json",
         "data_state_1.json",
+        "manifest.json",
         "meta.json",
         "model.safetensors",
         "state",

@@ -1,17 +1,23 @@
-"""Pre-emption and crashes: SIGUSR1/SIGTERM -> checkpoint + exit 75; kill -9 anywhere, even inside a checkpoint
-write."""
+"""Pre-emption, crashes and resume: SIGUSR1/SIGTERM -> checkpoint + exit 75; kill -9 anywhere, even inside a
+checkpoint write; a resumed run equals the uninterrupted one from every checkpoint, on 2 processes, from
+train.resume=PATH, and with evaluation and random augmentation on."""
 
 import os
-import random
+import shutil
 import signal
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
 
+from models.layout import step_name
 from tests.train.common import TORCHRUN, checkpoints, cli, finish, run, tiny_config, train_records, weights
-from train.checkpoint import CRASH_HOOK, problem
+from train.checkpoint import problem
+
+DETERMINISTIC = {"max_steps": 8, "save_every": 1, "keep_last": 8, "deterministic": True}
 
 
 def wait_for_step(proc: subprocess.Popen, run_dir, step: int, timeout: float = 180) -> None:
@@ -24,6 +30,22 @@ def wait_for_step(proc: subprocess.Popen, run_dir, step: int, timeout: float = 1
         time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGKILL)
     raise AssertionError(f"step {step} not reached in {timeout} s")
+
+
+def crashed_copy(reference: Path, step: int, run_dir: Path) -> Path:
+    """The run directory a crash right after the checkpoint of `step` leaves: that checkpoint, metrics beyond it."""
+    (run_dir / "checkpoints").mkdir(parents=True)
+    shutil.copytree(reference / "checkpoints" / step_name(step), run_dir / "checkpoints" / step_name(step))
+    shutil.copy(reference / "metrics.jsonl", run_dir / "metrics.jsonl")
+    return run_dir
+
+
+def assert_same_run(run_dir: Path, reference: Path) -> None:
+    """Every step's loss and the final weights are bit for bit those of the reference run."""
+    losses = [(r["step"], r["loss"]) for r in train_records(run_dir)]
+    assert losses == [(r["step"], r["loss"]) for r in train_records(reference)]
+    final, expected = weights(checkpoints(run_dir)[-1]), weights(checkpoints(reference)[-1])
+    assert all(torch.equal(final[k], expected[k]) for k in expected)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGTERM], ids=["SIGUSR1", "SIGTERM"])
@@ -58,22 +80,40 @@ def test_all_ranks_stop_at_the_same_step(tmp_path, synthetic):
     assert (folder / "data_state_1.json").is_file() and (folder / "state" / "random_states_1.pkl").is_file()
 
 
+def test_resume_from_each_checkpoint_equals_uninterrupted(tmp_path, synthetic):
+    """Kill points inside and on the boundary of a shuffle block (64 samples = 4 steps of 16): a resume that
+    lost or repeated one sample would show in the losses of every point but those on a boundary."""
+    reference = tiny_config(tmp_path, synthetic, train=DETERMINISTIC)
+    assert run(reference) == 0
+    for step in (1, 2, 3, 5, 6):
+        resumed = crashed_copy(tmp_path / "run", step, tmp_path / f"resumed-{step}")
+        assert run(reference, f"train.run_dir={resumed}") == 0
+        assert_same_run(resumed, tmp_path / "run")
+
+
 def test_kill_9_and_crash_in_checkpoint_write_then_resume_equals_uninterrupted(tmp_path, synthetic):
-    settings = {"max_steps": 8, "save_every": 2, "keep_last": 2, "deterministic": True}
+    settings = {**DETERMINISTIC, "save_every": 2, "keep_last": 2}
     (tmp_path / "ref").mkdir()
     reference = tiny_config(tmp_path / "ref", synthetic, train=settings)
     assert run(reference) == 0
     path = tiny_config(tmp_path, synthetic, train=settings)
-    kill_at = random.randint(2, 5)
-    print(f"kill -9 after step {kill_at}")
 
     proc = cli([str(path)])
-    wait_for_step(proc, tmp_path / "run", kill_at)
+    wait_for_step(proc, tmp_path / "run", 3)
     os.kill(proc.pid, signal.SIGKILL)
     finish(proc)
     assert all(problem(p) is None for p in checkpoints(tmp_path / "run"))
 
-    code, _, err = finish(cli([str(path)], env={CRASH_HOOK: "6"}))  # dies inside the write of step 6
+    crash = subprocess.Popen(
+        [sys.executable, "-m", "tests.train.crash_in_save", "6", str(path)],
+        cwd=Path(__file__).resolve().parents[2],
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2]), "OMP_NUM_THREADS": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    code, _, err = finish(crash)  # dies inside the write of step 6, before its manifest
     assert code == 9, err[-2000:]
     assert (tmp_path / "run" / "checkpoints" / ".tmp_step_00000006").is_dir()
     assert [p.name for p in checkpoints(tmp_path / "run")][-1] == "step_00000004"
@@ -81,8 +121,62 @@ def test_kill_9_and_crash_in_checkpoint_write_then_resume_equals_uninterrupted(t
 
     assert run(path) == 0
     assert [r["step"] for r in train_records(tmp_path / "run")] == list(range(1, 9))
-    final, expected = weights(checkpoints(tmp_path / "run")[-1]), weights(checkpoints(tmp_path / "ref" / "run")[-1])
+    assert_same_run(tmp_path / "run", tmp_path / "ref" / "run")
+
+
+def test_two_process_resume_equals_uninterrupted(tmp_path, synthetic):
+    settings = {**DETERMINISTIC, "max_steps": 4, "save_every": 2, "keep_last": 2}
+    path = tiny_config(tmp_path, synthetic, train=settings)
+    code, _, err = finish(cli([str(path)], launcher=TORCHRUN))
+    assert code == 0, err[-3000:]
+    resumed = crashed_copy(tmp_path / "run", 2, tmp_path / "resumed")
+    code, _, err = finish(cli([str(path), f"train.run_dir={resumed}"], launcher=TORCHRUN))
+    assert code == 0, err[-3000:]
+    assert f"resumed from {resumed / 'checkpoints' / 'step_00000002'} at step 2" in err
+    assert_same_run(resumed, tmp_path / "run")
+
+
+def test_resume_from_a_given_checkpoint_path(tmp_path, synthetic, capsys):
+    path = tiny_config(tmp_path, synthetic, train={**DETERMINISTIC, "max_steps": 4})
+    assert run(path) == 0
+    given = tmp_path / "run" / "checkpoints" / "step_00000002"
+    other = tmp_path / "branch"
+    assert run(path, f"train.run_dir={other}", f"train.resume={given}") == 0
+    assert f"resumed from {given} at step 2" in capsys.readouterr().err
+    assert [r["step"] for r in train_records(other)] == [3, 4]
+    assert [r["loss"] for r in train_records(other)] == [r["loss"] for r in train_records(tmp_path / "run")][2:]
+    final, expected = weights(checkpoints(other)[-1]), weights(checkpoints(tmp_path / "run")[-1])
     assert all(torch.equal(final[k], expected[k]) for k in expected)
-    assert [r["loss"] for r in train_records(tmp_path / "run")] == [
-        r["loss"] for r in train_records(tmp_path / "ref" / "run")
-    ]
+
+
+def test_resume_with_evaluation_and_augmentation_equals_uninterrupted(tmp_path, synthetic, monkeypatch):
+    """The zero-shot evaluation every 2 steps leaves the training RNG as it found it, and the random crops are
+    a function of each sample's place in the stream: a resumed run repeats them."""
+    import train.main
+
+    real, states = train.main.make_evaluator, []
+
+    def make_evaluator(*args):
+        evaluate = real(*args)
+
+        def spied() -> dict:
+            before = torch.get_rng_state()
+            results = evaluate()
+            states.append(torch.equal(before, torch.get_rng_state()))
+            return results
+
+        return spied
+
+    monkeypatch.setattr(train.main, "make_evaluator", make_evaluator)
+    settings = {**DETERMINISTIC, "max_steps": 6, "augment": True}
+    evaluation = {"dataset": synthetic["eval"], "every": 2, "batch_size": 64}
+    path = tiny_config(tmp_path, synthetic, train=settings, eval=evaluation)
+    assert run(path) == 0
+    assert states == [True, True, True]
+    assert run(path, f"train.run_dir={tmp_path / 'plain'}", "train.augment=false") == 0
+    losses = [r["loss"] for r in train_records(tmp_path / "run")]
+    assert [r["loss"] for r in train_records(tmp_path / "plain")] != losses  # the crops are random indeed
+    for step in (3, 4):
+        resumed = crashed_copy(tmp_path / "run", step, tmp_path / f"resumed-{step}")
+        assert run(path, f"train.run_dir={resumed}") == 0
+        assert_same_run(resumed, tmp_path / "run")

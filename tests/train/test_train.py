@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from models.attention import ATTENTIONS
-from tests.train.common import checkpoints, metrics, run, tiny_config, train_records, weights
+from tests.train.common import checkpoints, metrics, poison_steps, run, tiny_config, train_records, weights
 from train.config import ConfigError, load_config, to_dict
 from train.loop import TrainingError
 
@@ -42,10 +42,9 @@ def test_smoke_run_directory(tmp_path, synthetic):
     rebuilt.load_state_dict(weights(run_dir / "checkpoints" / "step_00000003"))  # strict: our keys = the model's
 
 
-def test_nan_step_is_skipped(tmp_path, synthetic, capsys):
-    path = tiny_config(
-        tmp_path, synthetic, train={"max_steps": 3, "save_every": 1, "keep_last": 3, "debug_nan_steps": [2]}
-    )
+def test_nan_step_is_skipped(tmp_path, synthetic, capsys, monkeypatch):
+    poison_steps(monkeypatch, {2})
+    path = tiny_config(tmp_path, synthetic, train={"max_steps": 3, "save_every": 1, "keep_last": 3})
     assert run(path) == 0
     assert (
         "warning: step 2: non-finite loss nan or gradient norm nan, optimizer step skipped (1 in a row)"
@@ -58,12 +57,9 @@ def test_nan_step_is_skipped(tmp_path, synthetic, capsys):
     assert not all(torch.equal(two[k], three[k]) for k in two)
 
 
-def test_consecutive_nan_steps_stop_the_run(tmp_path, synthetic):
-    path = tiny_config(
-        tmp_path,
-        synthetic,
-        train={"max_steps": 6, "save_every": 1, "keep_last": 9, "debug_nan_steps": [2, 3], "max_bad_steps": 2},
-    )
+def test_consecutive_nan_steps_stop_the_run(tmp_path, synthetic, monkeypatch):
+    poison_steps(monkeypatch, {2, 3})
+    path = tiny_config(tmp_path, synthetic, train={"max_steps": 6, "save_every": 1, "keep_last": 9, "max_bad_steps": 2})
     with pytest.raises(TrainingError, match="stopped at step 3: 2 consecutive steps with a non-finite"):
         run(path)
     saved = checkpoints(tmp_path / "run")
@@ -107,11 +103,12 @@ def test_resume_skips_incomplete_and_corrupt_checkpoints(tmp_path, synthetic, mo
         return real_load(*args, **kwargs)
 
     monkeypatch.setattr(torch, "load", spy)
-    with pytest.warns(UserWarning) as caught:
-        assert run(path, "train.max_steps=4") == 0
-    reasons = " ".join(str(w.message) for w in caught)
-    assert "step_00000003: unreadable" in reasons and "step_00000002: missing meta.json" in reasons
-    assert f"resumed from {root / 'step_00000001'} at step 1" in capsys.readouterr().err
+    capsys.readouterr()
+    assert run(path, "train.max_steps=4") == 0
+    err = capsys.readouterr().err
+    assert f"warning: skipping checkpoint {root / 'step_00000003'}: model.safetensors has " in err
+    assert f"warning: skipping checkpoint {root / 'step_00000002'}: meta.json is missing\n" in err
+    assert f"resumed from {root / 'step_00000001'} at step 1" in err
     assert [r["step"] for r in train_records(tmp_path / "run")] == [1, 2, 3, 4]
     assert loads and all(w is True for w in loads)  # optimizer, scheduler and RNG states: no code from the file
     assert not (root / ".tmp_step_00000004").exists()
@@ -193,3 +190,22 @@ def test_main_runs_again_in_the_same_process_with_other_settings(tmp_path, synth
     assert run(path, "train.precision=bf16", f"train.run_dir={tmp_path / 'a'}") == 0
     assert run(path, "train.precision=fp32", f"train.run_dir={tmp_path / 'b'}") == 0
     assert len(train_records(tmp_path / "a")) == len(train_records(tmp_path / "b")) == 1
+
+
+def test_bf16_reaches_the_forward_pass(tmp_path, synthetic, monkeypatch):
+    """train.precision=bf16 runs the model under bf16 autocast (its linear layers compute in bf16); fp32 does not."""
+    import train.main
+
+    real, dtypes = train.main.build_model, []
+
+    def build(*args):
+        model = real(*args)
+        linear = next(m for m in model.modules() if isinstance(m, torch.nn.Linear))
+        linear.register_forward_hook(lambda module, inputs, output: dtypes.append(output.dtype))
+        return model
+
+    monkeypatch.setattr(train.main, "build_model", build)
+    path = tiny_config(tmp_path, synthetic, train={"max_steps": 1})
+    assert run(path, "train.precision=bf16", f"train.run_dir={tmp_path / 'a'}") == 0
+    assert run(path, "train.precision=fp32", f"train.run_dir={tmp_path / 'b'}") == 0
+    assert dtypes == [torch.bfloat16, torch.float32]

@@ -1,0 +1,342 @@
+"""The run directory and its checkpoints: the one module that knows their layout and what "complete" means.
+
+    RUN/                                 train.run_dir (a remote URL is staged locally first: train/storage.py)
+        config.yaml  git_commit.txt  metrics.jsonl  [wandb_id.txt]
+        checkpoints/
+            step_00000100/
+                model.safetensors        the CLIP state dict (open_clip key names): what eval and pretrained read
+                meta.json                {"step", "samples_seen", "epoch", "bad_steps", "config"}
+                data_state_<rank>.json   the data-stream position of each rank
+                state/                   accelerate's save_state: model, optimizer, scheduler, [scaler], RNG per rank
+                manifest.json            size and SHA-256 of every other file; written last
+            latest                       name of the newest step folder (for people: readers verify instead)
+
+Complete means: manifest.json lists at least REQUIRED, and every file it lists is there with its size and
+SHA-256. Every file that resume loads is covered, so a truncated, flipped or replaced file (a pickle that would
+run code included) is found before anything is loaded. The random-state files are the exception: a bad one
+only costs the exact replay of random augmentations, so it is reported (`Check.optional`) and the checkpoint
+still counts. Folders written before manifests existed are checked by loading each file instead (json,
+safetensors header, `torch.load(weights_only=True)`), which is slower and refuses the same replaced, truncated
+or garbled files (a flipped byte inside a tensor needs the manifest's SHA-256).
+
+Readers of the weights alone (eval, pretrained loading) given a checkpoint folder check just meta.json and
+model.safetensors (a copy of those two is enough); given a run directory they take the newest complete
+checkpoint, the one resume takes.
+
+Writers build a checkpoint in `checkpoints/.tmp_step_*/` and `finish` it: manifest, fsync, rename, `latest`.
+This module imports nothing else of the project (models/, eval/ and train/ all read checkpoints through it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import sys
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+CHECKPOINTS, LATEST, MANIFEST = "checkpoints", "latest", "manifest.json"
+META, MODEL, STATE = "meta.json", "model.safetensors", "state"
+STEP_DIR = re.compile(r"^step_(\d{8})$")
+TMP_PREFIX = ".tmp_"
+# written under DDP and FSDP alike (FSDP stores the model and optimizer as sharded folders instead)
+REQUIRED = (META, MODEL, "data_state_0.json", "state/scheduler.bin")
+OPTIONAL = re.compile(r"^state/random_states_\d+\.pkl$")
+CHANGED = "differs from its SHA-256 in manifest.json (changed or corrupt)"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint (or weights file) that cannot be used; the message names the file and the fix."""
+
+
+@dataclass
+class Check:
+    """The verdict on one checkpoint folder: `problem` (None = usable) and bad optional files by name."""
+
+    problem: str | None = None
+    optional: dict[str, str] = field(default_factory=dict)
+
+
+def warn(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr)
+
+
+def step_name(step: int) -> str:
+    return f"step_{step:08d}"
+
+
+def data_state_name(rank: int) -> str:
+    return f"data_state_{rank}.json"
+
+
+def rng_name(rank: int) -> str:
+    return f"{STATE}/random_states_{rank}.pkl"
+
+
+def is_url(path) -> bool:
+    """Whether a run directory is an fsspec URL (s3://, gs://, file://, ...) rather than a local path."""
+    return "://" in str(path)
+
+
+# ---- writing
+
+
+def write_json(path: Path, obj) -> None:
+    with open(path, "w") as f:
+        json.dump(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(text + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def fsync_tree(folder: Path) -> None:
+    for path in [*sorted(folder.rglob("*"), key=lambda p: len(p.parts), reverse=True), folder]:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def hash_all(folder: Path, names: list[str]) -> dict[str, str]:
+    """SHA-256 of each named file; hashlib releases the GIL on large buffers, so a few threads hash side by side."""
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        return dict(zip(names, pool.map(lambda name: sha256(folder / name), names)))
+
+
+def files_of(folder: Path) -> list[str]:
+    """Every file under `folder` but the manifest, as sorted POSIX paths relative to it."""
+    return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST)
+
+
+def write_manifest(folder: Path) -> dict:
+    """Hash every file of a finished checkpoint folder into manifest.json (the last file written)."""
+    digests = hash_all(folder, files_of(folder))
+    manifest = {
+        "format": 1,
+        "files": {n: {"size": (folder / n).stat().st_size, "sha256": d} for n, d in digests.items()},
+    }
+    write_json(folder / MANIFEST, manifest)
+    return manifest
+
+
+def tmp_folder(run_dir: Path, step: int) -> Path:
+    return Path(run_dir) / CHECKPOINTS / f"{TMP_PREFIX}{step_name(step)}"
+
+
+def finish(tmp: Path) -> Path:
+    """Make a fully written `.tmp_step_*` folder a checkpoint: manifest, fsync, rename, `latest`."""
+    write_manifest(tmp)
+    fsync_tree(tmp)  # the rename must not make visible files that a power loss could still lose
+    final = tmp.with_name(tmp.name.removeprefix(TMP_PREFIX))
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    write_text_atomic(final.parent / LATEST, final.name)
+    return final
+
+
+def prune(run_dir: Path, keep_last: int, keep: Path | None = None, keep_steps=()) -> list[Path]:
+    """Delete all but the newest `keep_last` step folders (always keeping `keep`, the one just written, and those of
+    `keep_steps`, not counted) and the temporary folders of interrupted writes. The manifest goes first, so a
+    deletion cut short leaves a folder that counts as incomplete."""
+    kept = {step_name(step) for step in keep_steps}
+    others = [p for p in step_folders(run_dir) if p.name not in kept and (keep is None or p.name != Path(keep).name)]
+    root = Path(run_dir) / CHECKPOINTS
+    stale = [p for p in root.iterdir() if p.name.startswith(TMP_PREFIX)] if root.is_dir() else []
+    just_written = keep is not None and Path(keep).name not in kept  # it counts as one of the newest keep_last
+    gone = others[keep_last - just_written :] + stale
+    for old in gone:
+        (old / MANIFEST).unlink(missing_ok=True)
+        shutil.rmtree(old, ignore_errors=True)
+    return gone
+
+
+# ---- reading and verifying
+
+
+def step_folders(run_dir: Path) -> list[Path]:
+    """The step_* folders of RUN/checkpoints, newest first (complete or not)."""
+    root = Path(run_dir) / CHECKPOINTS
+    return sorted((p for p in root.iterdir() if STEP_DIR.match(p.name)), reverse=True) if root.is_dir() else []
+
+
+def read_meta(folder: Path) -> dict:
+    return json.loads((Path(folder) / META).read_text())
+
+
+def meta_problem(folder: Path) -> str | None:
+    try:
+        meta = read_meta(folder)
+    except (OSError, ValueError) as e:
+        return f"{META} is not readable JSON ({first_line(e)})"
+    if not isinstance(meta, dict) or not all(isinstance(meta.get(k), int) for k in ("step", "samples_seen")):
+        return f"{META} lacks an integer step and samples_seen"
+    if not isinstance(meta.get("config"), dict) or not isinstance(meta["config"].get("model"), dict):
+        return f"{META} holds no config.model (not written by this project's trainer)"
+    return None
+
+
+def listed_problems(manifest, sizes: dict[str, int]) -> dict[str, str]:
+    """Problems visible without reading any file: manifest structure, missing files, sizes (also on remote
+    storage). `sizes` maps each file present to its size. Keys name the file (or the manifest)."""
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if not isinstance(files, dict) or not all(isinstance(e, dict) and "size" in e for e in files.values()):
+        return {MANIFEST: "is not a manifest written by this project"}
+    bad = {name: "is not listed in manifest.json" for name in REQUIRED if name not in files}
+    for name, entry in files.items():
+        if name not in sizes:
+            bad[name] = "is missing"
+        elif sizes[name] != entry["size"]:
+            bad[name] = f"has {sizes[name]} bytes where manifest.json says {entry['size']} (truncated or replaced)"
+    return bad
+
+
+def verdict(bad: dict[str, str]) -> Check:
+    """Split file problems into the one that makes the checkpoint unusable and those of optional files."""
+    hard = [name for name in bad if not OPTIONAL.match(name)]
+    problem = f"{hard[0]} {bad[hard[0]]}" if hard else None
+    return Check(problem, {name: reason for name, reason in bad.items() if OPTIONAL.match(name)})
+
+
+def check(folder: Path) -> Check:
+    """Verify a checkpoint folder (see the module docstring). Every problem names the file."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return Check("no such folder")
+    if not (folder / MANIFEST).is_file():
+        return check_by_loading(folder)
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())
+    except (OSError, ValueError) as e:
+        return Check(f"{MANIFEST} is not readable JSON ({first_line(e)})")
+    sizes = {name: (folder / name).stat().st_size for name in files_of(folder)}
+    result = verdict(listed_problems(manifest, sizes))
+    if result.problem:
+        return result
+    bad = dict(result.optional)
+    digests = hash_all(folder, [name for name in manifest["files"] if name not in bad])
+    bad.update({name: CHANGED for name, digest in digests.items() if digest != manifest["files"][name].get("sha256")})
+    result = verdict(bad)
+    return result if result.problem else Check(meta_problem(folder), result.optional)
+
+
+def file_problem(folder: Path, name: str) -> str | None:
+    """Why one file of a checkpoint is bad (missing, or not what manifest.json lists), or None; cheap for a
+    small file such as a random state. Without a manifest the file is loaded instead."""
+    path = Path(folder) / name
+    if not path.is_file():
+        return "is missing"
+    try:
+        entry = json.loads((Path(folder) / MANIFEST).read_text())["files"].get(name)
+    except (OSError, ValueError, KeyError, AttributeError):
+        return load_problem(path)
+    if entry is None:
+        return "is not listed in manifest.json"
+    size = path.stat().st_size
+    if size != entry.get("size"):
+        return f"has {size} bytes where manifest.json says {entry.get('size')} (truncated or replaced)"
+    return None if sha256(path) == entry.get("sha256") else CHANGED
+
+
+def check_by_loading(folder: Path) -> Check:
+    """The check of a folder without manifest.json (written before manifests): load every file once."""
+    bad = {name: "is missing" for name in (*REQUIRED, rng_name(0)) if not (folder / name).is_file()}
+    if not verdict(bad).problem:
+        for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+            reason = load_problem(path)
+            name = path.relative_to(folder).as_posix()
+            if reason:
+                bad[name] = reason
+                if not OPTIONAL.match(name):
+                    break
+    result = verdict(bad)
+    return result if result.problem else Check(meta_problem(folder), result.optional)
+
+
+def load_problem(path: Path) -> str | None:
+    """Why one file does not load safely, or None; torch files load with weights_only=True (no code runs)."""
+    try:
+        if path.suffix == ".json":
+            json.loads(path.read_text())
+        elif path.suffix == ".safetensors":
+            from safetensors import safe_open
+
+            # the header must parse and its tensors must cover the file exactly: truncation or garbage fails
+            with safe_open(str(path), "pt"):
+                pass
+        elif path.suffix in (".bin", ".pt", ".pth", ".pkl"):
+            torch_load(path)
+    except Exception as e:  # a damaged file raises many kinds of errors; each becomes one line
+        return f"does not load ({first_line(e)})"
+    return None
+
+
+def torch_load(path: Path):
+    """torch.load with weights_only=True, allowing the numpy types of accelerate's random-state files."""
+    from accelerate.utils import load
+
+    return load(str(path), map_location="cpu", weights_only=True)
+
+
+def first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0][:160]}" if text else type(error).__name__
+
+
+def newest_complete(run_dir: Path, report: Callable[[str], None] = warn) -> tuple[Path, Check] | None:
+    """The newest checkpoint of a run that passes `check`; every one skipped on the way is reported."""
+    for folder in step_folders(run_dir):
+        result = check(folder)
+        if result.problem is None:
+            return folder, result
+        report(f"skipping checkpoint {folder}: {result.problem}")
+    return None
+
+
+def weights_problem(folder: Path) -> str | None:
+    """Why a folder does not hold usable model weights and meta (meta.json + model.safetensors, checked against
+    the manifest when there is one, else loaded): what eval and pretrained loading read, and all they need."""
+    for name in (META, MODEL):
+        reason = file_problem(folder, name)
+        if reason:
+            return f"{name} {reason}"
+    return meta_problem(folder)
+
+
+def find_checkpoint(path: Path, report: Callable[[str], None] = warn) -> Path:
+    """The weights to read from `path`: a checkpoint folder itself (its meta.json and model.safetensors verified:
+    a copy of just those two is enough), or the newest complete checkpoint of a run directory (the one
+    train.resume=auto would pick)."""
+    path = Path(path)
+    if (path / META).is_file() or (path / MODEL).is_file():
+        problem = weights_problem(path)
+        if problem:
+            raise CheckpointError(f"checkpoint {path}: {problem}; pass another checkpoint folder")
+        return path
+    found = newest_complete(path, report)
+    if found is None:
+        what = (
+            "has no complete checkpoint (each one is named above with its problem)"
+            if step_folders(path)
+            else f"is neither a checkpoint folder ({META}, {MODEL}, ...) nor a run directory with checkpoints/step_*"
+        )
+        raise CheckpointError(f"{path} {what}; pass a run directory or checkpoint folder written by python -m train")
+    return found[0]

@@ -1,0 +1,78 @@
+"""Every number of the config in its allowed range, refused in one line that gives the range."""
+
+import pytest
+
+from train.config import RANGES, ConfigError, build_config, load_config
+
+
+@pytest.mark.parametrize(
+    "section, key, value, allowed",
+    [
+        ("optim", "lr", -0.001, "> 0"),
+        ("optim", "lr", 0.0, "> 0"),
+        ("optim", "betas", [0.9, 1.0], "two numbers in [0, 1)"),
+        ("optim", "betas", [-0.1, 0.98], "two numbers in [0, 1)"),
+        ("optim", "betas", [0.9], "two numbers in [0, 1)"),
+        ("optim", "eps", 0.0, "> 0"),
+        ("optim", "weight_decay", -0.1, ">= 0"),
+        ("optim", "warmup_steps", -1, ">= 0"),
+        ("optim", "min_lr_ratio", 1.5, "in [0, 1]"),
+        ("optim", "grad_clip_norm", 0.0, "> 0"),
+        ("data", "batch_size", 0, "> 0"),
+        ("data", "workers", -1, ">= 0"),
+        ("data", "shuffle_buffer", 0, ">= 1"),
+        ("data", "train_num_samples", 0, ">= 1"),
+        ("data", "seed", -3, "in [0, 2**32)"),
+        ("model", "patch_dropout", 1.0, "in [0, 1)"),
+        ("train", "max_steps", 0, ">= 1"),
+        ("train", "accum_freq", 0, ">= 1"),
+        ("train", "keep_last", 0, ">= 1"),
+        ("train", "max_bad_steps", 0, ">= 1"),
+        ("train", "save_every", -1, ">= 0"),
+        ("train", "seed", 2**32, "in [0, 2**32)"),
+        ("eval", "every", -2, ">= 0"),
+        ("eval", "batch_size", 0, "> 0"),
+        ("eval", "workers", -1, ">= 0"),
+    ],
+)
+def test_out_of_range_values_name_the_allowed_range(section, key, value, allowed):
+    raw = {section: {key: value}, "optim": {"warmup_steps": 0, **({key: value} if section == "optim" else {})}}
+    with pytest.raises(ConfigError) as caught:
+        build_config(raw)
+    assert str(caught.value) == f"{section}.{key}={value!r} is out of range: it must be {allowed}"
+
+
+def test_every_range_accepts_the_defaults_and_the_boundaries():
+    cfg = build_config(
+        {
+            "optim": {"betas": [0.0, 0.999], "weight_decay": 0, "warmup_steps": 5, "min_lr_ratio": 1, "eps": 1e-12},
+            "train": {"max_steps": 5, "save_every": 0, "seed": 2**32 - 1},
+            "data": {"workers": 0},
+            "eval": {"every": 0},
+        }
+    )
+    assert cfg.optim.warmup_steps == cfg.train.max_steps == 5
+    assert all(section in ("optim", "data", "model", "train", "eval") for section, _ in RANGES)
+
+
+def test_a_warmup_longer_than_the_run_is_one_warning_line(tmp_path, capsys):
+    path = tmp_path / "c.yaml"
+    path.write_text("optim:\n  warmup_steps: 20\ntrain:\n  max_steps: 10\n")
+    assert load_config([str(path)]).optim.warmup_steps == 20
+    assert capsys.readouterr().err == (
+        "warning: optim.warmup_steps=20 is more than train.max_steps=10: the learning rate never reaches optim.lr; "
+        "make it <= train.max_steps for the full schedule\n"
+    )
+    load_config([str(path), "train.max_steps=20"])
+    assert capsys.readouterr().err == ""
+
+
+def test_a_config_file_that_is_not_yaml_is_one_line(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("train:\n  max_steps: [1, 2\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config([str(path)])
+    assert str(caught.value).startswith(f"{path} is not valid YAML at line 3, column 1: ")
+    path.write_bytes(b"\xff\xfe\x00binary")
+    with pytest.raises(ConfigError, match=r"is not a text file \(not UTF-8\); give a YAML config file"):
+        load_config([str(path)])
