@@ -16,6 +16,8 @@ from torch import Tensor, nn
 from models.attention import Attention
 
 log = logging.getLogger(__name__)
+# open_clip holds these as 0-dim tensors; our CLIP holds them as [1] (FSDP cannot shard 0-dim parameters)
+OPEN_CLIP_SCALARS = ("logit_scale", "logit_bias")
 
 
 def read_state_dict(path: str | Path) -> dict[str, Tensor]:
@@ -50,6 +52,7 @@ def load_pretrained(model: nn.Module, source: str | Path | dict[str, Tensor]) ->
     """
     sd = read_state_dict(source) if isinstance(source, (str, Path)) else source
     own = model.state_dict()
+    sd = {k: v.reshape(1) if v.ndim == 0 and k in own and own[k].shape == (1,) else v for k, v in sd.items()}
     loaded = [k for k, v in sd.items() if k in own and own[k].shape == v.shape]
     missing = [k for k in own if k not in set(loaded)]
     unexpected = [k for k in sd if k not in set(loaded)]
@@ -89,7 +92,10 @@ def export_open_clip(model: nn.Module, path: str | Path) -> Path:
             "export a softmax model"
         )
     path = Path(path)
-    sd = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    sd = {
+        k: (v.reshape(()) if k in OPEN_CLIP_SCALARS else v).detach().cpu().contiguous()
+        for k, v in model.state_dict().items()
+    }
     if path.suffix == ".safetensors":
         from safetensors.torch import save_file
 

@@ -21,10 +21,10 @@ from torch import nn
 from data import DataConfig, build_train_data
 from data.errors import DataError
 from eval.zeroshot import evaluate
-from models import ModelConfig, build_clip, tokenizer, transforms
+from models import ModelConfig, build_clip, gmacs_per_sample, tokenizer, transforms
 from train.checkpoint import load_checkpoint, read_meta, resolve
 from train.config import Config, ConfigError, dump, load_config, to_dict
-from train.dist import StopFlag, make_accelerator, world_size_from_env
+from train.dist import StopFlag, make_accelerator, shard_model, world_size_from_env
 from train.log import RunLog, check_wandb, git_commit, trim_metrics
 from train.loop import DataStream, Progress, Trainer
 from train.loss import build_loss
@@ -48,7 +48,11 @@ def fit(cfg: Config, stop: StopFlag) -> int:
     accelerator = make_accelerator(cfg.train)
     data = build_data(cfg.data, cfg.model, cfg.train.augment, accelerator)
     model = build_model(cfg.model, cfg.train.loss, cfg.train.compile)
-    optimizer, schedule = build_optimizer(model, cfg.optim, cfg.train.max_steps)
+    gmacs = gmacs_per_sample(model)["gmacs"]
+    if accelerator.distributed_type.name == "FSDP":
+        model = shard_model(model, cfg.train, accelerator.device.type)
+    cuda = accelerator.device.type == "cuda"
+    optimizer, schedule = build_optimizer(model, cfg.optim, cfg.train.max_steps, fused=cuda)
     model, optimizer, schedule = accelerator.prepare(model, optimizer, schedule)
     stream, progress = DataStream(data, accelerator.device), Progress()
     resume(cfg, accelerator, stream, progress)
@@ -67,6 +71,7 @@ def fit(cfg: Config, stop: StopFlag) -> int:
         evaluate=make_evaluator(cfg, accelerator, model),
         eval_every=cfg.eval.every,
         progress=progress,
+        gmacs_per_sample=gmacs,
     )
     code = trainer.run(stop)
     accelerator.end_training()
@@ -112,7 +117,7 @@ def build_model(model_cfg: ModelConfig, loss: str, compile: bool) -> nn.Module:
     if loss == "siglip":
         with torch.no_grad():
             model.logit_scale.fill_(SIGLIP_INIT["logit_scale"])
-        model.logit_bias = nn.Parameter(torch.tensor(SIGLIP_INIT["logit_bias"]))
+        model.logit_bias = nn.Parameter(torch.full((1,), SIGLIP_INIT["logit_bias"]))  # [1]: see models.CLIP
     if compile:
         model.compile()  # in place: state-dict keys stay those of the plain model, so checkpoints move freely
     return model

@@ -98,9 +98,11 @@ def shards(tmp_path_factory) -> str:
     return f"{out}/train/{{00000..00001}}.tar"
 
 
-# configs/tiny.yaml made small: batch 8, no periodic eval, a metrics line every step
+# configs/tiny.yaml made small: batch 8, no periodic eval, a metrics line every step; on the CPU (--gpus-per-node 0)
+# also where the host has GPUs, so that the two "nodes" of this host never share cuda:0
 PREEMPT_STEPS = 40
 TINY = [
+    "train.cpu=true",
     "data.batch_size=8",
     "data.workers=0",
     "data.shuffle_buffer=64",
