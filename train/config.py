@@ -43,6 +43,7 @@ class OptimConfig:
     schedule: Literal["cosine", "constant"] = "cosine"
     min_lr_ratio: float = 0.0  # cosine ends at lr * min_lr_ratio
     grad_clip_norm: float | None = None  # max global gradient norm; null = no clipping
+    fused: bool | None = None  # AdamW as one fused kernel; null: on CUDA (torch's foreach elsewhere)
 
 
 @dataclass

@@ -52,7 +52,7 @@ def fit(cfg: Config, stop: StopFlag) -> int:
     if accelerator.distributed_type.name == "FSDP":
         model = shard_model(model, cfg.train, accelerator.device.type)
     cuda = accelerator.device.type == "cuda"
-    optimizer, schedule = build_optimizer(model, cfg.optim, cfg.train.max_steps, fused=cuda)
+    optimizer, schedule = build_optimizer(model, cfg.optim, cfg.train.max_steps, cuda=cuda)
     model, optimizer, schedule = accelerator.prepare(model, optimizer, schedule)
     stream, progress = DataStream(data, accelerator.device), Progress()
     resume(cfg, accelerator, stream, progress)

@@ -34,12 +34,14 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 
 
 def build_optimizer(
-    model: nn.Module, cfg: OptimConfig, max_steps: int, fused: bool = False
+    model: nn.Module, cfg: OptimConfig, max_steps: int, cuda: bool = False
 ) -> tuple[torch.optim.Optimizer, LambdaLR]:
     """AdamW over `model` and its LambdaLR schedule (stepped once per optimizer step).
 
-    fused: one kernel for the whole update (train.main asks for it on CUDA); else torch's default (foreach).
+    Fused (one kernel for the whole update, its step counts on the device: no host reads) when optim.fused is
+    true, or null and the model trains on CUDA; else torch's default (foreach).
     """
+    fused = cfg.fused if cfg.fused is not None else cuda
     optimizer = torch.optim.AdamW(
         param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, fused=fused or None
     )
