@@ -137,3 +137,17 @@ def test_literal_choices_are_checked(override, message):
     with pytest.raises(ConfigError) as e:
         load_config([str(REPO / "configs" / "tiny.yaml"), override])
     assert message in str(e.value)
+
+
+@pytest.mark.parametrize("name", PARAMS_M)
+def test_sizes_without_open_clip_are_open_clips(name, monkeypatch):
+    """configs/models/open_clip/*.json (read where open_clip is not installed) hold open_clip's configs."""
+    import open_clip
+
+    import models.config
+
+    theirs = open_clip.get_model_config(name)
+    monkeypatch.setattr(models.config, "open_clip", None)
+    assert size_config(name) == theirs
+    with pytest.raises(ValueError, match="unknown model size 'ViT-H-14'"):
+        size_config("ViT-H-14")
