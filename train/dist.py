@@ -25,7 +25,8 @@ from accelerate import (
     FullyShardedDataParallelPlugin,
     InitProcessGroupKwargs,
 )
-from accelerate.state import AcceleratorState, GradientState
+from accelerate.state import AcceleratorState, GradientState, PartialState
+from accelerate.utils import DistributedType
 from torch import nn
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -34,6 +35,7 @@ from train.config import ConfigError, TrainConfig
 PRECISION = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 PREEMPT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+FSDP_ON_CPU = "CLIP_TEST_FSDP_ON_CPU"  # test hook: accelerate's FSDP path on a gloo CPU mesh
 
 
 def world_size_from_env() -> int:
@@ -70,6 +72,8 @@ def make_accelerator(cfg: TrainConfig) -> Accelerator:
         # the schedule counts optimizer steps; by default accelerate would step it once per process
         step_scheduler_with_optimizer=False,
     )
+    if cfg.distributed == "fsdp" and accelerator.device.type == "cpu" and os.environ.get(FSDP_ON_CPU) == "1":
+        fsdp_on_cpu(fsdp)
     if cfg.distributed == "fsdp" and accelerator.distributed_type.name != "FSDP":
         raise ConfigError(
             "train.distributed=fsdp needs several GPU processes (accelerate shards only across GPUs), "
@@ -81,6 +85,14 @@ def make_accelerator(cfg: TrainConfig) -> Accelerator:
     return accelerator
 
 
+def fsdp_on_cpu(plugin: FullyShardedDataParallelPlugin) -> None:
+    """Test hook: accelerate treats FSDP as GPU-only; the tests run its FSDP path on a gloo CPU mesh by setting
+    the distributed type in both of its process-wide states (AcceleratorState() copies PartialState's)."""
+    PartialState._shared_state["distributed_type"] = DistributedType.FSDP
+    AcceleratorState._shared_state["distributed_type"] = DistributedType.FSDP
+    AcceleratorState._shared_state["fsdp_plugin"] = plugin
+
+
 def set_tf32(enabled: bool) -> None:
     """fp32 matmuls and convolutions on tensor cores in TF32 (10-bit mantissa, about 8x the fp32 rate on A100/H100)
     or in full fp32. Only called on GPUs: on the CPU "high" precision may let oneDNN use bf16 for fp32 matmuls."""
@@ -89,12 +101,12 @@ def set_tf32(enabled: bool) -> None:
 
 
 def fsdp_plugin(cfg: TrainConfig) -> FullyShardedDataParallelPlugin:
-    """accelerate's FSDP2 settings: sharded checkpoints (each rank writes its shards), the same wrapping and
-    mixed precision as `shard_model` (which shards the model before accelerate sees it)."""
+    """accelerate's FSDP2 settings: sharded checkpoints (each rank writes its shards), the mixed precision of
+    `shard_model`, and no wrapping of its own: `shard_model` has sharded the model before accelerate sees it
+    (its blocks are then of class FSDPBlock, which accelerate's wrap policy would look for as Block in vain)."""
     return FullyShardedDataParallelPlugin(
         fsdp_version=2,
-        auto_wrap_policy="transformer_based_wrap",
-        transformer_cls_names_to_wrap=list(cfg.fsdp_wrap),
+        auto_wrap_policy="no_wrap",
         state_dict_type="SHARDED_STATE_DICT",
         reshard_after_forward=True,
         mixed_precision_policy=fsdp_precision(cfg),
