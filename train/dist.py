@@ -94,8 +94,8 @@ def fsdp_on_cpu(plugin: FullyShardedDataParallelPlugin) -> None:
 
 
 def set_tf32(enabled: bool) -> None:
-    """fp32 matmuls and convolutions on tensor cores in TF32 (10-bit mantissa, about 8x the fp32 rate on A100/H100)
-    or in full fp32. Only called on GPUs: on the CPU "high" precision may let oneDNN use bf16 for fp32 matmuls."""
+    """CUDA's fp32 matmuls and convolutions on tensor cores in TF32 (10-bit mantissa, about 8x the fp32 rate on
+    A100/H100; the fp32 parts of a bf16 run too) or in full fp32."""
     torch.backends.cuda.matmul.allow_tf32 = enabled
     torch.backends.cudnn.allow_tf32 = enabled
 
