@@ -40,9 +40,10 @@ def step_name(step: int) -> str:
 
 
 def save_checkpoint(
-    accelerator: Accelerator, model, run_dir: Path, meta: dict, data_state: dict, keep_last: int
+    accelerator: Accelerator, model, run_dir: Path, meta: dict, data_state: dict, keep_last: int, keep_steps=()
 ) -> Path:
-    """Write a complete checkpoint for meta["step"] (call on every rank); returns its folder."""
+    """Write a complete checkpoint for meta["step"] (call on every rank); returns its folder.
+    Checkpoints of `keep_steps` are never pruned (branch points of cooldown runs)."""
     root = Path(run_dir) / "checkpoints"
     final, tmp = root / step_name(meta["step"]), root / f".tmp_{step_name(meta['step'])}"
     state_dict = unwrapped_state_dict(accelerator, model)  # collective under FSDP: the full dict lands on rank 0
@@ -68,7 +69,7 @@ def save_checkpoint(
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
         write_text_atomic(root / "latest", final.name)
-        prune(root, keep_last)
+        prune(root, keep_last, keep_steps)
     accelerator.wait_for_everyone()
     return final
 
@@ -104,9 +105,11 @@ def write_text_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def prune(root: Path, keep_last: int) -> None:
-    """Delete all but the newest `keep_last` complete checkpoints, and temporary folders left by crashes."""
-    steps = sorted(p for p in root.iterdir() if STEP_DIR.match(p.name))
+def prune(root: Path, keep_last: int, keep_steps=()) -> None:
+    """Delete all but the newest `keep_last` complete checkpoints (not counting those of `keep_steps`, which stay),
+    and temporary folders left by crashes."""
+    kept = {step_name(step) for step in keep_steps}
+    steps = sorted(p for p in root.iterdir() if STEP_DIR.match(p.name) and p.name not in kept)
     stale = [p for p in root.iterdir() if p.name.startswith(".tmp_step_")]
     for old in steps[: max(0, len(steps) - keep_last)] + stale:
         shutil.rmtree(old, ignore_errors=True)

@@ -33,15 +33,18 @@ class ConfigError(ValueError):
 
 @dataclass
 class OptimConfig:
-    """AdamW with a linear warmup and a cosine (or constant) schedule, all counted in optimizer steps."""
+    """AdamW with a linear warmup and a cosine, constant or constant-then-cooldown schedule, in optimizer steps."""
 
     lr: float = 5e-4
     betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
     eps: float = 1e-6
     weight_decay: float = 0.2
     warmup_steps: int = 1000
-    schedule: Literal["cosine", "constant"] = "cosine"
-    min_lr_ratio: float = 0.0  # cosine ends at lr * min_lr_ratio
+    schedule: Literal["cosine", "constant", "const-cooldown"] = "cosine"  # const-cooldown: constant, then a cooldown
+    min_lr_ratio: float = 0.0  # cosine and the cooldown end at lr * min_lr_ratio
+    cooldown_shape: Literal["linear", "cosine"] = "linear"  # const-cooldown's shape
+    cooldown_fraction: float = 0.2  # const-cooldown: the cooldown is this fraction of train.max_steps...
+    cooldown_steps: int | None = None  # ...or, when set, this many steps
     grad_clip_norm: float | None = None  # max global gradient norm; null = no clipping
     fused: bool | None = None  # AdamW as one fused kernel; null: on CUDA (torch's foreach elsewhere)
 
@@ -68,6 +71,8 @@ class TrainConfig:
     save_every: int = 1000  # steps between checkpoints; one is always written at the end
     keep_last: int = 3  # complete checkpoints kept
     resume: str = "auto"  # auto (newest complete checkpoint in run_dir) | none | PATH to a checkpoint folder
+    branch_from: str | None = None  # a checkpoint folder of another run: a new run starts from it (train/branch.py)
+    keep_steps: list[int] = field(default_factory=list)  # checkpoints written at these steps and never pruned
     max_bad_steps: int = 10  # consecutive non-finite steps before the run stops
     debug_nan_steps: list[int] = field(default_factory=list)  # test hook: poison the loss at these steps
     wandb: Literal["online", "offline", "disabled"] = "disabled"

@@ -169,7 +169,7 @@ class Trainer:
                     )
                     self.save()
                     return PREEMPTED
-            if not self.due(self.cfg.save_every):
+            if not self.checkpoint_due():
                 self.save()
             if self.evaluate is not None and not self.due(self.eval_every):
                 self.run_eval()
@@ -180,6 +180,10 @@ class Trainer:
     def due(self, every: int) -> bool:
         """Whether something done every `every` steps (0 = never) falls on the current step."""
         return every > 0 and self.progress.step % every == 0
+
+    def checkpoint_due(self) -> bool:
+        """Every train.save_every steps, and at each of train.keep_steps."""
+        return self.due(self.cfg.save_every) or self.progress.step in self.cfg.keep_steps
 
     def step(self, stop: StopFlag) -> bool:
         """One optimizer step with logging, eval and checkpoints; returns whether all ranks must stop now.
@@ -209,7 +213,7 @@ class Trainer:
         self.report(loss, lr, grad_norm, data_wait)
         if self.evaluate is not None and self.due(self.eval_every):
             self.run_eval()
-        if self.due(cfg.save_every) and not stop_now:
+        if self.checkpoint_due() and not stop_now:
             self.save()
         if self.due(self.eval_every) or self.due(cfg.save_every):
             self.throughput.restart(p.samples_seen)  # the speed figures are of training alone
@@ -280,7 +284,13 @@ class Trainer:
             "config": self.config_dict,
         }
         return save_checkpoint(
-            self.accelerator, self.model, Path(self.cfg.run_dir), meta, self.stream.state_dict(), self.cfg.keep_last
+            self.accelerator,
+            self.model,
+            Path(self.cfg.run_dir),
+            meta,
+            self.stream.state_dict(),
+            self.cfg.keep_last,
+            self.cfg.keep_steps,
         )
 
     def message(self, text: str) -> None:

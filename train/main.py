@@ -22,13 +22,14 @@ from data import DataConfig, build_train_data
 from data.errors import DataError
 from eval.zeroshot import evaluate
 from models import ModelConfig, build_clip, gmacs_per_sample, tokenizer, transforms
-from train.checkpoint import load_checkpoint, read_meta, resolve
+from train.branch import starting_point
+from train.checkpoint import load_checkpoint, read_meta
 from train.config import Config, ConfigError, dump, load_config, to_dict
 from train.dist import StopFlag, make_accelerator, shard_model, world_size_from_env
 from train.log import RunLog, check_wandb, git_commit, trim_metrics
 from train.loop import DataStream, Progress, Trainer
 from train.loss import build_loss
-from train.optim import build_optimizer
+from train.optim import build_optimizer, check_schedule, follow_schedule
 
 SIGLIP_INIT = {"logit_scale": math.log(10), "logit_bias": -10.0}  # Zhai et al. 2023, sec. 3.1
 
@@ -56,6 +57,7 @@ def fit(cfg: Config, stop: StopFlag) -> int:
     model, optimizer, schedule = accelerator.prepare(model, optimizer, schedule)
     stream, progress = DataStream(data, accelerator.device), Progress()
     resume(cfg, accelerator, stream, progress)
+    follow_schedule(schedule.scheduler)
     log = start_run_dir(cfg, accelerator, progress.step)
     trainer = Trainer(
         accelerator,
@@ -90,6 +92,7 @@ def preflight(cfg: Config, world_size: int) -> None:
         )
     if cfg.train.max_steps < 1 or cfg.train.accum_freq < 1 or cfg.train.keep_last < 1 or cfg.train.max_bad_steps < 1:
         raise ConfigError("train.max_steps, train.accum_freq, train.keep_last and train.max_bad_steps must be >= 1")
+    check_schedule(cfg.optim, cfg.train.max_steps)
     check_wandb(cfg.train.wandb)
 
 
@@ -124,11 +127,9 @@ def build_model(model_cfg: ModelConfig, loss: str, compile: bool) -> nn.Module:
 
 
 def resume(cfg: Config, accelerator, stream: DataStream, progress: Progress) -> None:
-    """Load the checkpoint train.resume names (auto: the newest complete one in the run directory)."""
-    try:
-        folder = resolve(cfg.train.resume, Path(cfg.train.run_dir))
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
+    """Load the checkpoint train.resume names (auto: the newest complete one in the run directory), else the
+    train.branch_from checkpoint of another run."""
+    folder, branching = starting_point(cfg)
     if folder is None:
         return
     saved = {k: v for k, v in read_meta(folder)["config"]["model"].items() if k != "pretrained"}
@@ -148,7 +149,8 @@ def resume(cfg: Config, accelerator, stream: DataStream, progress: Progress) -> 
     )
     stream.load_state_dict(data_state)
     if accelerator.is_main_process:
-        print(f"resumed from {folder} at step {progress.step} ({progress.samples_seen} samples seen)", file=sys.stderr)
+        verb = "branched" if branching else "resumed"
+        print(f"{verb} from {folder} at step {progress.step} ({progress.samples_seen} samples seen)", file=sys.stderr)
 
 
 def start_run_dir(cfg: Config, accelerator, step: int) -> RunLog:

@@ -1,4 +1,6 @@
-"""AdamW with CLIP's weight-decay exclusions and a warmup + cosine schedule (Loshchilov & Hutter 2017, 2019)."""
+"""AdamW with CLIP's weight-decay exclusions and a warmup + cosine schedule (Loshchilov & Hutter 2017, 2019), or
+warmup + constant + cooldown (open_clip's const-cooldown; Hägele et al. 2024, "Scaling Laws and Compute-Optimal
+Training Beyond Fixed Training Durations")."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import torch
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
-from train.config import OptimConfig
+from train.config import ConfigError, OptimConfig
 
 LOGIT_SCALE_MAX = math.log(100)
 # parameters named like this are embeddings (or the temperature/bias), never decayed
@@ -47,20 +49,76 @@ def build_optimizer(
     )
     # a partial, not a closure or object: LambdaLR then saves no state of it, so a resumed run follows the
     # schedule of its current config, and the state dict holds plain numbers (loadable with weights_only)
-    schedule = functools.partial(
-        lr_multiplier, warmup=cfg.warmup_steps, total=max_steps, kind=cfg.schedule, min_ratio=cfg.min_lr_ratio
-    )
+    schedule = functools.partial(lr_multiplier, **schedule_arguments(cfg, max_steps))
     return optimizer, LambdaLR(optimizer, schedule)
 
 
-def lr_multiplier(step: int, *, warmup: int, total: int, kind: str, min_ratio: float) -> float:
-    """Linear warmup from 1/warmup to 1, then cosine down to min_ratio at `total` (or constant)."""
+def schedule_arguments(cfg: OptimConfig, max_steps: int) -> dict:
+    """The keyword arguments of lr_multiplier for this optim section and run length."""
+    return {
+        "warmup": cfg.warmup_steps,
+        "total": max_steps,
+        "kind": cfg.schedule,
+        "min_ratio": cfg.min_lr_ratio,
+        "cooldown": cooldown_steps(cfg, max_steps),
+        "shape": cfg.cooldown_shape,
+    }
+
+
+def cooldown_steps(cfg: OptimConfig, max_steps: int) -> int:
+    """Length of the const-cooldown schedule's cooldown: optim.cooldown_steps, else cooldown_fraction x max_steps."""
+    if cfg.schedule != "const-cooldown":
+        return 0
+    return cfg.cooldown_steps if cfg.cooldown_steps is not None else round(cfg.cooldown_fraction * max_steps)
+
+
+def check_schedule(cfg: OptimConfig, max_steps: int) -> None:
+    """A const-cooldown schedule whose cooldown is empty or overlaps the warmup is a ConfigError."""
+    length = cooldown_steps(cfg, max_steps)
+    if cfg.schedule != "const-cooldown" or (length >= 1 and cfg.warmup_steps <= max_steps - length):
+        return
+    raise ConfigError(
+        f"optim.schedule=const-cooldown: a cooldown of {length} steps after optim.warmup_steps={cfg.warmup_steps} "
+        f"does not fit in train.max_steps={max_steps}; the cooldown needs 1 to max_steps - warmup_steps steps "
+        "(set optim.cooldown_steps or optim.cooldown_fraction)"
+    )
+
+
+def lr_multiplier(
+    step: int, *, warmup: int, total: int, kind: str, min_ratio: float, cooldown: int = 0, shape: str = "linear"
+) -> float:
+    """The learning rate of optimizer step `step` (0-based) over optim.lr.
+
+    Linear warmup from 1/warmup to 1; then `cosine` decays to min_ratio at `total`, `constant` stays at 1, and
+    `const-cooldown` stays at 1 until `total - cooldown`, then falls to min_ratio at `total` along a line or a
+    half cosine (`shape`). min_ratio is reached at step `total`, i.e. after the last step, as in open_clip.
+    """
     if step < warmup:
         return (step + 1) / warmup
     if kind == "constant":
         return 1.0
-    progress = min(1.0, (step - warmup) / max(1, total - warmup))
-    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+    if kind == "const-cooldown":
+        start = total - cooldown
+        if step < start:
+            return 1.0
+        return decay(min(1.0, (step - start) / max(1, cooldown)), shape, min_ratio)
+    return decay(min(1.0, (step - warmup) / max(1, total - warmup)), "cosine", min_ratio)
+
+
+def decay(progress: float, shape: str, min_ratio: float) -> float:
+    """From 1 at progress 0 to min_ratio at progress 1: linearly, or along half a cosine."""
+    fall = progress if shape == "linear" else 0.5 * (1 - math.cos(math.pi * progress))
+    return 1 - (1 - min_ratio) * fall
+
+
+def follow_schedule(scheduler: LambdaLR) -> None:
+    """Set each group's lr to the schedule's value at the scheduler's step. After a checkpoint is loaded, the next
+    step then uses the schedule of the current config (a branch's cooldown) instead of the lr saved with the
+    optimizer; on an unchanged schedule this changes nothing."""
+    lrs = [base * fn(scheduler.last_epoch) for base, fn in zip(scheduler.base_lrs, scheduler.lr_lambdas, strict=True)]
+    for group, lr in zip(scheduler.optimizer.param_groups, lrs, strict=True):
+        group["lr"] = lr
+    scheduler._last_lr = lrs  # what get_last_lr() reports (and the metrics log)
 
 
 @torch.no_grad()

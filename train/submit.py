@@ -3,8 +3,8 @@
     python -m train.submit CONFIG --nodes N --gpus-per-node G --partition P --time T [--account A] [key=value ...]
     python -m train.submit CONFIG --gpus-per-node 0 --procs-per-node 2 --time 10 --dry-run    # CPU, print only
     python -m train.submit sweep CONFIG --sizes tiny-s,tiny-m --attentions softmax,linear_elu --samples 1000,2000 \\
-        --time 30
-    python -m train.submit sweep SWEEP.yaml --time 30
+        --time 30                                           # one job array (train/sweep.py)
+    python -m train.submit sweep CONFIG --sizes tiny-s --cooldowns-at 1000,2000 --time 30    # cooldown branches
     python -m train.submit eval RUN_OR_CHECKPOINT... --dataset DIR --time 20
 
 A training job runs one Slurm task per node; each task starts torchrun for the processes of its node, with
@@ -17,10 +17,6 @@ job resumes there (train.resume=auto). The job runs in the current directory, li
 from __future__ import annotations
 
 import argparse
-import csv
-import io
-import itertools
-import math
 import re
 import shlex
 import string
@@ -34,7 +30,6 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 TEMPLATES = REPO / "slurm"
-SWEEP_AXES = ("sizes", "attentions", "samples")
 
 
 class SubmitError(ValueError):
@@ -151,14 +146,27 @@ def resources_from(args: argparse.Namespace) -> Resources:
     return res
 
 
-def load_checked(config: Path, overrides: list[str]):
-    """The validated training config (train.config.load_config), so a bad override fails before queueing."""
+def load_checked(config: Path, overrides: list[str], schedule: bool = False):
+    """The validated training config (train.config.load_config), so a bad override fails before queueing;
+    with `schedule`, its learning-rate schedule is checked too (train.optim.check_schedule)."""
     from train.config import ConfigError, load_config
 
     try:
-        return load_config([str(config), *overrides])
+        cfg = load_config([str(config), *overrides])
+        if schedule:
+            from train.optim import check_schedule
+
+            check_schedule(cfg.optim, cfg.train.max_steps)
+        return cfg
     except ConfigError as e:
         raise SubmitError(str(e)) from None
+
+
+def check_path(path: Path) -> Path:
+    """`path`, unless it holds whitespace, which an #SBATCH --output line cannot."""
+    if re.search(r"\s", str(path)):
+        raise SubmitError(f"{str(path)!r} holds whitespace, which #SBATCH --output cannot; pick another folder")
+    return path
 
 
 def choose_run_dir(config: Path, overrides: list[str], stamp: str) -> tuple[Path, list[str]]:
@@ -166,32 +174,33 @@ def choose_run_dir(config: Path, overrides: list[str], stamp: str) -> tuple[Path
     given = [o.partition("=")[2] for o in overrides if o.startswith("train.run_dir=")]
     explicit = (yaml.safe_load(config.read_text()) or {}).get("train", {}) or {}
     run_dir = Path(given[-1] if given else explicit.get("run_dir") or f"runs/{config.stem}-{stamp}").absolute()
-    if re.search(r"\s", str(run_dir)):
-        raise SubmitError(
-            f"run directory {str(run_dir)!r} holds whitespace, which #SBATCH --output cannot; "
-            "pick another train.run_dir"
-        )
     kept = [o for o in overrides if not o.startswith("train.run_dir=")]
-    return run_dir, [*kept, f"train.run_dir={run_dir}"]
+    return check_path(run_dir), [*kept, f"train.run_dir={run_dir}"]
 
 
 def render_train(config: Path, overrides: list[str], run_dir: Path, res: Resources, bin_dir: Path | None = None) -> str:
     """slurm/train.sbatch for `python -m train CONFIG overrides...` with the job's resources."""
+    args = f"TRAIN_ARGS=({shlex.join([str(config.absolute()), *overrides])})"
+    return render_job(f"clip-{run_dir.name}", run_dir / "slurm-%j.out", args, res, bin_dir)
+
+
+def render_job(job_name: str, output: Path, train_args: str, res: Resources, bin_dir: Path | None = None) -> str:
+    """slurm/train.sbatch with `train_args`, the bash that sets TRAIN_ARGS (one run, or one per array task)."""
     return render(
         "train.sbatch",
         {
-            "job_name": f"clip-{run_dir.name}",
+            "job_name": job_name,
             "nodes": res.nodes,
             "procs_per_node": res.procs_per_node,
             "world_size": res.world_size,
             "time": res.time,
             "workdir": Path.cwd(),
             "repo": REPO,
-            "run_dir": run_dir,
+            "output": output,
             "signal_seconds": res.signal_seconds,
             "sbatch_options": sbatch_options(res),
             "bin_dir": bin_dir or Path(sys.executable).parent,
-            "train_args": shlex.join([str(config.absolute()), *overrides]),
+            "train_args": train_args,
         },
     )
 
@@ -218,7 +227,7 @@ def submit_training(
     config: Path, overrides: list[str], res: Resources, dry_run: bool, stamp: str
 ) -> tuple[str | None, Path]:
     """Validate, render and submit one training job; returns (job id, run dir)."""
-    load_checked(config, overrides)
+    load_checked(config, overrides, schedule=True)
     run_dir, overrides = choose_run_dir(config, overrides, stamp)
     script = render_train(config, overrides, run_dir, res)
     job_id = submit(script, run_dir / "train.sbatch", dry_run)
@@ -246,116 +255,6 @@ def check_config_path(config: Path) -> None:
 
 def timestamp() -> str:
     return time.strftime("%Y%m%d-%H%M%S")
-
-
-def sweep_points(sizes: list[str], attentions: list[str], samples: list[int], samples_per_step: int) -> list[dict]:
-    """The grid sizes x attentions x samples seen; each point has its name and its overrides for python -m train."""
-    points = []
-    for size, attention, seen in itertools.product(sizes or [None], attentions or [None], samples or [None]):
-        overrides, parts = [], []
-        if size is not None:
-            overrides.append(f"model.name={size}")
-            parts.append(size)
-        if attention is not None:
-            overrides += [f"model.image_attention={attention}", f"model.text_attention={attention}"]
-            parts.append(attention)
-        if seen is not None:
-            overrides.append(f"train.max_steps={math.ceil(seen / samples_per_step)}")
-            parts.append(f"{seen}")
-        points.append(
-            {
-                "size": size or "",
-                "attention": attention or "",
-                "samples": seen or "",
-                "name": "-".join(parts) or "run",
-                "overrides": overrides,
-            }
-        )
-    return points
-
-
-def read_sweep_file(path: Path, args: argparse.Namespace) -> Path:
-    """A sweep YAML {config, sizes, attentions, samples, overrides}; flags given on the command line win."""
-    spec = yaml.safe_load(path.read_text()) or {}
-    unknown = sorted(set(spec) - {"config", "overrides", *SWEEP_AXES})
-    if unknown or "config" not in spec:
-        raise SubmitError(
-            f"sweep file {path} needs 'config' and may hold {', '.join(SWEEP_AXES)}, overrides; "
-            f"got {unknown or 'no config'}"
-        )
-    for axis in SWEEP_AXES:
-        if not getattr(args, axis) and spec.get(axis):
-            setattr(args, axis, [str(v) for v in spec[axis]])
-    args.overrides = [*(spec.get("overrides") or []), *args.overrides]
-    config = Path(spec["config"])
-    # relative to the current folder when it is there, else relative to the sweep file
-    return config if config.is_absolute() or config.exists() else path.parent / config
-
-
-def split(text: str) -> list[str]:
-    return [v for v in text.split(",") if v]
-
-
-def main_sweep(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(prog="python -m train.submit sweep", description="Submit a grid of training runs.")
-    parser.add_argument(
-        "config", type=Path, help="training config YAML, or a sweep YAML holding `config:` and the axes"
-    )
-    parser.add_argument("overrides", nargs="*", help="section.key=value overrides applied to every run")
-    parser.add_argument("--sizes", type=split, default=[], help="model.name values, e.g. tiny-s,tiny-m")
-    parser.add_argument(
-        "--attentions", type=split, default=[], help="attention of both towers, e.g. softmax,linear_elu"
-    )
-    parser.add_argument("--samples", type=split, default=[], help="samples seen per run, e.g. 1000,2000")
-    parser.add_argument(
-        "--sweep-dir", type=Path, help="where the runs and manifest.csv go (default runs/sweep-<stem>-<time>)"
-    )
-    add_resource_arguments(parser)
-    args = parser.parse_intermixed_args(argv)
-    check_config_path(args.config)
-    data = yaml.safe_load(args.config.read_text()) or {}
-    config = read_sweep_file(args.config, args) if "config" in data else args.config
-    check_config_path(config)
-    if not (args.sizes or args.attentions or args.samples):
-        raise SubmitError(
-            "a sweep needs at least one of --sizes, --attentions, --samples (or those keys in a sweep YAML)"
-        )
-    res, stamp = resources_from(args), timestamp()
-    base = load_checked(config, args.overrides)
-    try:
-        samples = [int(v) for v in args.samples]
-    except ValueError:
-        raise SubmitError(f"--samples {','.join(args.samples)} must be whole numbers, e.g. 1000,2000") from None
-    points = sweep_points(args.sizes, args.attentions, samples, base.data.batch_size * base.train.accum_freq)
-    sweep_dir = (args.sweep_dir or Path(f"runs/sweep-{config.stem}-{stamp}")).absolute()
-    rows = []
-    for point in points:
-        overrides = [*args.overrides, *point["overrides"], f"train.run_dir={sweep_dir / point['name']}"]
-        job_id, run_dir = submit_training(config, overrides, res, args.dry_run, stamp)
-        rows.append(
-            {
-                "job_id": job_id or "",
-                "run_dir": str(run_dir),
-                "size": point["size"],
-                "attention": point["attention"],
-                "samples": point["samples"],
-                "overrides": " ".join(overrides),
-            }
-        )
-    write_manifest(rows, None if args.dry_run else sweep_dir / "manifest.csv")
-
-
-def write_manifest(rows: list[dict], path: Path | None) -> None:
-    """manifest.csv (job_id, run_dir, size, attention, samples, overrides); printed instead when path is None."""
-    text = io.StringIO()
-    writer = csv.DictWriter(text, fieldnames=list(rows[0]), lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(rows)
-    if path is None:
-        print(text.getvalue(), end="")
-        return
-    path.write_text(text.getvalue())
-    print(f"manifest: {path}")
 
 
 def eval_output(target: Path, dataset: Path, out_dir: Path | None) -> Path:
@@ -419,6 +318,8 @@ def main_eval(argv: list[str]) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
+    from train.sweep import main_sweep  # the sweep builds on this module
+
     commands = {"sweep": main_sweep, "eval": main_eval}
     command = commands.get(argv[0]) if argv else None
     try:
@@ -428,4 +329,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    # through the module's importable name, so train.sweep raises the SubmitError that main() catches
+    from train.submit import main as submit_main
+
+    submit_main()

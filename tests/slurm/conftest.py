@@ -8,6 +8,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -107,10 +108,15 @@ STUBS = {
         echo "scancel $*" >>"$STUB_LOG"
         xargs -r kill -USR1 <"$STUB_LOG.pids"
         """,
-    # sbatch --parsable SCRIPT: job ids 1001, 1002, ... and a copy of each script it was given
+    # sbatch --parsable SCRIPT: job ids 1001, 1002, ... and a copy of each script it was given; the submission
+    # numbered STUB_SBATCH_FAIL_AT fails as a full queue does
     "sbatch": """
         echo "sbatch $*" >>"$STUB_LOG"
         id=$(( $(ls "$STUB_LOG".job-* 2>/dev/null | wc -l) + 1001 ))
+        if [ "$id" = "${STUB_SBATCH_FAIL_AT:-}" ]; then
+          echo "sbatch: error: Batch job submission failed: QOSMaxSubmitJobPerUserLimit" >&2
+          exit 1
+        fi
         cp "${@: -1}" "$STUB_LOG.job-$id"
         echo "$id;cluster"
         """,
@@ -136,3 +142,28 @@ def stub_bin(tmp_path):
 def torchrun_stub(tmp_path):
     """A folder holding only the stand-in torchrun, for jobs on the real cluster."""
     return write_stubs(tmp_path / "torchrun-bin", ["torchrun"])
+
+
+@pytest.fixture(scope="session")
+def shards(tmp_path_factory) -> str:
+    """512 synthetic samples in 2 shards; returns the brace spec for data.train_shards."""
+    out = tmp_path_factory.mktemp("synthetic")
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "data.synthetic",
+            str(out),
+            "--train-samples",
+            "512",
+            "--shard-size",
+            "256",
+            "--eval-per-class",
+            "1",
+        ],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    return f"{out}/train/{{00000..00001}}.tar"

@@ -2,57 +2,17 @@
 
 Each wait is bounded; a job that fails or hangs is cancelled and its .out file shown in the failure."""
 
-import contextlib
-import io
 import json
 import re
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from train.submit import Resources, main, render_train, submit
+from tests.slurm.jobs import CPU_JOB, REPO, TINY, assert_completed, job_output, submit_command, wait_for
+from train.submit import Resources, render_train, submit
 
-REPO = Path(__file__).resolve().parents[2]
-
-FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
-
-
-def job_info(job_id: str) -> dict:
-    out = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, timeout=30).stdout
-    return dict(token.split("=", 1) for token in out.split() if "=" in token)
-
-
-def job_output(job_id: str, folder: Path) -> str:
-    """The job's .out file: slurm-<id>.out of a training run, slurm-eval-<id>.out of an eval job."""
-    for path in (folder / f"slurm-{job_id}.out", folder / f"slurm-eval-{job_id}.out"):
-        if path.exists():
-            return path.read_text()
-    return f"(no slurm-{job_id}.out in {folder})"
-
-
-def wait_for(job_id: str, run_dir: Path, timeout: float, until=lambda info: info.get("JobState") in FINAL) -> dict:
-    """Poll the job until `until(info)`; on timeout cancel it and fail with its output."""
-    deadline = time.monotonic() + timeout
-    while True:
-        info = job_info(job_id)
-        if until(info):
-            return info
-        if time.monotonic() > deadline:
-            subprocess.run(["scancel", job_id], timeout=30)
-            pytest.fail(
-                f"job {job_id} still {info.get('JobState')} ({info.get('Reason')}) after {timeout:.0f}s; "
-                f"its output:\n{job_output(job_id, run_dir)}"
-            )
-        time.sleep(0.3)
-
-
-def assert_completed(info: dict, job_id: str, run_dir: Path) -> None:
-    assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", (
-        f"job {job_id} ended {info['JobState']} exit {info['ExitCode']}; its output:\n{job_output(job_id, run_dir)}"
-    )
+PREEMPT_STEPS = 40
 
 
 def test_rendezvous_on_two_nodes(slurm_cluster, torchrun_stub, tmp_path, monkeypatch):
@@ -73,71 +33,13 @@ def test_rendezvous_on_two_nodes(slurm_cluster, torchrun_stub, tmp_path, monkeyp
     assert f"world size 6, rendezvous 127.0.0.1:{port}" in job_output(job_id, run_dir)
 
 
-@pytest.fixture(scope="session")
-def shards(tmp_path_factory) -> str:
-    """512 synthetic samples in 2 shards; returns the brace spec for data.train_shards."""
-    out = tmp_path_factory.mktemp("synthetic")
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "data.synthetic",
-            str(out),
-            "--train-samples",
-            "512",
-            "--shard-size",
-            "256",
-            "--eval-per-class",
-            "1",
-        ],
-        cwd=REPO,
-        check=True,
-        capture_output=True,
-        timeout=120,
-    )
-    return f"{out}/train/{{00000..00001}}.tar"
-
-
-# configs/tiny.yaml made small: batch 8, no periodic eval, a metrics line every step; on the CPU (--gpus-per-node 0)
-# also where the host has GPUs, so that the two "nodes" of this host never share cuda:0
-PREEMPT_STEPS = 40
-TINY = [
-    "train.cpu=true",
-    "data.batch_size=8",
-    "data.workers=0",
-    "data.shuffle_buffer=64",
-    "eval.dataset=null",
-    "optim.warmup_steps=2",
-    "train.log_every=1",
-    "train.progress=false",
-    "train.save_every=1000",
-    "train.keep_last=2",
-]
-
-
 def submit_tiny(run_dir: Path, resources: list[str], overrides: list[str]) -> str:
     """python -m train.submit configs/tiny.yaml (CPU, partition debug) -> the job id it printed."""
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        # 2 shared cores are slow with more than one thread per process
-        main(
-            [
-                str(REPO / "configs" / "tiny.yaml"),
-                "--gpus-per-node",
-                "0",
-                "--partition",
-                "debug",
-                "--time",
-                "10",
-                "--sbatch-arg=--export=ALL,OMP_NUM_THREADS=1",
-                *resources,
-                *TINY,
-                *overrides,
-                f"train.run_dir={run_dir}",
-            ]
-        )
-    assert f"run dir: {run_dir}" in out.getvalue()
-    return re.search(r"submitted job (\d+)", out.getvalue()).group(1)
+    out = submit_command(
+        [str(REPO / "configs" / "tiny.yaml"), *CPU_JOB, *resources, *TINY, *overrides, f"train.run_dir={run_dir}"]
+    )
+    assert f"run dir: {run_dir}" in out
+    return re.search(r"submitted job (\d+)", out).group(1)
 
 
 def latest_checkpoint(run_dir: Path) -> Path:
@@ -160,28 +62,21 @@ def tiny_jobs(slurm_cluster, shards, tmp_path_factory) -> dict[str, tuple[str, P
             run_dir,
         )
     single_job, single_dir = jobs["single"]
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        main(
-            [
-                "eval",
-                str(single_dir),
-                "--dataset",
-                str(Path(shards).parent.parent / "eval"),
-                "--gpus-per-node",
-                "0",
-                "--partition",
-                "debug",
-                "--time",
-                "10",
-                f"--sbatch-arg=--dependency=afterok:{single_job}",
-                "--workers",
-                "0",
-                "--batch-size",
-                "32",
-            ]
-        )
-    jobs["eval"] = re.search(r"submitted job (\d+)", out.getvalue()).group(1), single_dir / "eval"
+    out = submit_command(
+        [
+            "eval",
+            str(single_dir),
+            "--dataset",
+            str(Path(shards).parent.parent / "eval"),
+            *CPU_JOB[:-1],
+            f"--sbatch-arg=--dependency=afterok:{single_job}",
+            "--workers",
+            "0",
+            "--batch-size",
+            "32",
+        ]
+    )
+    jobs["eval"] = re.search(r"submitted job (\d+)", out).group(1), single_dir / "eval"
     return jobs
 
 

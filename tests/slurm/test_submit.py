@@ -1,10 +1,12 @@
-"""The submit command: run directory choice, --dry-run, submission, sweeps with their manifest, eval jobs.
+"""The submit command: run directory choice, --dry-run, submission, sweeps (job arrays, cooldown branches) with
+their manifest, eval jobs.
 sbatch is a stand-in here (tests/slurm/conftest.py); test_cluster.py submits to a real Slurm."""
 
 import csv
 import json
 import math
 import os
+import shlex
 
 import pytest
 
@@ -83,7 +85,12 @@ def test_bad_input_is_one_line(config, argv, message, capsys):
     assert message in str(exit_info.value) and "\n" not in str(exit_info.value)
 
 
-def test_sweep_submits_the_grid_and_writes_the_manifest(config, tmp_path, capsys, fake_sbatch):
+def read_manifest(path):
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def test_sweep_is_one_job_array_and_the_manifest_maps_its_tasks(config, tmp_path, capsys, fake_sbatch):
     sweep_dir = tmp_path / "sweep"
     main(
         [
@@ -99,24 +106,34 @@ def test_sweep_submits_the_grid_and_writes_the_manifest(config, tmp_path, capsys
             "20",
             "--gpus-per-node",
             "0",
+            "--max-running",
+            "3",
             "--sweep-dir",
             str(sweep_dir),
             "optim.lr=0.001",
         ]
     )
-    with open(sweep_dir / "manifest.csv") as f:
-        rows = list(csv.DictReader(f))
-    assert len(rows) == 8
-    assert [r["job_id"] for r in rows] == [str(1001 + i) for i in range(8)]
+    assert capsys.readouterr().out.splitlines() == [
+        "submitted array job 1001 (8 tasks): train",
+        f"manifest: {sweep_dir / 'manifest.csv'}",
+    ]
+    assert fake_sbatch.read_text().splitlines() == [f"sbatch --parsable {sweep_dir / 'train.sbatch'}"]
+    rows = read_manifest(sweep_dir / "manifest.csv")
+    assert [(r["array"], r["job_id"], r["task_id"]) for r in rows] == [("train", "1001", str(i)) for i in range(8)]
     assert len({r["run_dir"] for r in rows}) == 8
+    script = (sweep_dir / "train.sbatch").read_text()
+    assert "#SBATCH --array=0-7%3" in script and f"#SBATCH --output={sweep_dir}/logs/train-%A_%a.out" in script
     for row in rows:
-        overrides = row["overrides"].split()
+        overrides = shlex.split(row["overrides"])
         assert "optim.lr=0.001" in overrides and f"model.name={row['size']}" in overrides
         assert f"model.image_attention={row['attention']}" in overrides
         assert f"model.text_attention={row['attention']}" in overrides
         assert f"train.max_steps={math.ceil(int(row['samples']) / 32)}" in overrides
-        assert f"train.run_dir={row['run_dir']}" in overrides
-        assert (tmp_path / "sweep" / row["run_dir"].rsplit("/", 1)[1] / "train.sbatch").is_file()
+        assert row["max_steps"] == str(math.ceil(int(row["samples"]) / 32))
+        assert overrides[-1] == f"train.run_dir={row['run_dir']}"
+        assert row["log"] == f"{sweep_dir}/logs/train-1001_{row['task_id']}.out"
+        # the script's case entry for this task id runs exactly the manifest's overrides
+        assert f"  {row['task_id']}) TRAIN_ARGS=({shlex.join([str(config), *overrides])}) ;;" in script
 
 
 def test_sweep_without_axes_is_refused(config):
@@ -131,10 +148,117 @@ def test_sweep_file(config, tmp_path, capsys):
     )
     main(["sweep", str(spec), "--time", "20", "--dry-run"])
     out = capsys.readouterr().out
-    rows = list(csv.DictReader(out[out.index("job_id,") :].splitlines()))
+    rows = list(csv.DictReader(out[out.index("array,job_id,") :].splitlines()))
     assert [r["attention"] for r in rows] == ["softmax", "linear_elu"]
     assert all("train.save_every=7" in r["overrides"] for r in rows)
-    assert out.count("#!/bin/bash") == 2
+    assert out.count("#!/bin/bash") == 1 and "#SBATCH --array=0-1\n" in out
+
+
+def test_cooldown_sweep_file(config, tmp_path, capsys):
+    spec = tmp_path / "cooldowns.yaml"
+    spec.write_text(
+        f"config: {config.name}\nattentions: [softmax]\ncooldowns_at: [8, 16]\ncooldown_fraction: 0.25\n"
+        "overrides: [optim.warmup_steps=2]\n"
+    )
+    main(["sweep", str(spec), "--time", "20", "--dry-run"])
+    out = capsys.readouterr().out
+    rows = list(csv.DictReader(out[out.index("array,job_id,") :].splitlines()))
+    assert [r["array"] for r in rows] == ["constant-6", "constant-12", "cooldown-8", "cooldown-16"]
+    assert "#SBATCH --dependency=aftercorr:<job id of constant-12>" in out and out.count("#!/bin/bash") == 4
+
+
+def cooldown_sweep(config, sweep_dir, *extra):
+    main(
+        [
+            "sweep",
+            str(config),
+            "--sizes",
+            "tiny-s,tiny-m",
+            "--cooldowns-at",
+            "100,200,400",
+            "--cooldown-fraction",
+            "0.25",
+            "--time",
+            "20",
+            "--gpus-per-node",
+            "0",
+            "--sweep-dir",
+            str(sweep_dir),
+            "optim.warmup_steps=5",
+            *extra,
+        ]
+    )
+
+
+def test_cooldown_sweep_chains_constant_arrays_and_branch_arrays(config, tmp_path, capsys, fake_sbatch):
+    """Run lengths 100, 200, 400 with a quarter cooldown branch at steps 75, 150, 300 of each constant run: arrays
+    constant-75 -> constant-150 -> constant-300 (each resuming the last), cooldown-T after constant-(0.75 T)."""
+    sweep_dir = tmp_path / "sweep"
+    cooldown_sweep(config, sweep_dir)
+    names = ["constant-75", "constant-150", "constant-300", "cooldown-100", "cooldown-200", "cooldown-400"]
+    out = capsys.readouterr().out.splitlines()
+    assert out[:-1] == [f"submitted array job {1001 + i} (2 tasks): {name}" for i, name in enumerate(names)]
+    after = {"constant-150": 1001, "constant-300": 1002, "cooldown-100": 1001, "cooldown-200": 1002}
+    for name in names:
+        script = (sweep_dir / f"{name}.sbatch").read_text()
+        expected = after.get(name, 1003 if name == "cooldown-400" else None)
+        dependencies = [line for line in script.splitlines() if line.startswith("#SBATCH --dependency")]
+        assert dependencies == ([f"#SBATCH --dependency=aftercorr:{expected}"] if expected else []), name
+        assert "#SBATCH --array=0-1\n" in script
+    rows = read_manifest(sweep_dir / "manifest.csv")
+    assert [(r["array"], r["task_id"]) for r in rows] == [(n, str(i)) for n in names for i in range(2)]
+    for row in rows:
+        overrides = shlex.split(row["overrides"])
+        name = f"tiny-{row['size'][-1]}"
+        assert f"model.name={name}" in overrides and "optim.warmup_steps=5" in overrides
+        if row["array"].startswith("constant"):
+            stop = int(row["array"].split("-")[1])
+            assert row["max_steps"] == str(stop) and row["branch_from"] == ""
+            assert overrides[-4:] == [
+                "optim.schedule=constant",
+                f"train.max_steps={stop}",
+                "train.keep_steps=[75,150,300]",
+                f"train.run_dir={sweep_dir / f'{name}-constant'}",
+            ]
+        else:
+            end = int(row["array"].split("-")[1])
+            parent = sweep_dir / f"{name}-constant" / "checkpoints" / f"step_{end * 3 // 4:08d}"
+            assert row["branch_from"] == str(parent) and row["samples"] == str(end * 32)
+            assert row["max_steps"] == str(end)
+            assert overrides[-5:] == [
+                "optim.schedule=const-cooldown",
+                f"optim.cooldown_steps={end // 4}",
+                f"train.max_steps={end}",
+                f"train.branch_from={parent}",
+                f"train.run_dir={sweep_dir / f'{name}-cooldown{end}'}",
+            ]
+
+
+@pytest.mark.parametrize(
+    "extra,message",
+    [
+        (["--samples", "1000"], "--samples and --cooldowns-at both set the run lengths; give one"),
+        (["--cooldown-fraction", "1.5"], "--cooldown-fraction 1.5 must lie between 0 and 1"),
+        (["--sbatch-arg=--dependency=afterok:5"], "this sweep sets --array and --dependency itself"),
+        (["optim.warmup_steps=80"], "array cooldown-100, task 0 (tiny-s-cooldown100): optim.schedule=const-cooldown"),
+        (["--cooldowns-at", "2"], "--cooldowns-at 2 with --cooldown-fraction 0.25 gives a cooldown of 0 steps"),
+    ],
+)
+def test_bad_cooldown_sweeps_are_one_line_and_submit_nothing(config, tmp_path, fake_sbatch, extra, message):
+    with pytest.raises(SystemExit) as exit_info:
+        cooldown_sweep(config, tmp_path / "sweep", *extra)
+    assert message in str(exit_info.value) and "\n" not in str(exit_info.value)
+    assert not fake_sbatch.exists() and not (tmp_path / "sweep").exists()
+
+
+def test_a_failed_submission_keeps_the_manifest_of_what_was_submitted(
+    config, tmp_path, capsys, fake_sbatch, monkeypatch
+):
+    monkeypatch.setenv("STUB_SBATCH_FAIL_AT", "1002")
+    with pytest.raises(SystemExit, match="QOSMaxSubmitJobPerUserLimit; submitted before it: constant-75 "):
+        cooldown_sweep(config, tmp_path / "sweep")
+    rows = read_manifest(tmp_path / "sweep" / "manifest.csv")
+    assert {(r["array"], r["job_id"]) for r in rows} == {("constant-75", "1001")} and len(rows) == 2
 
 
 def fake_run(root, steps):

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from train.submit import Resources, SbatchTemplate, SubmitError, render_train, time_limit_seconds
+from train.submit import Resources, SbatchTemplate, SubmitError, render_job, render_train, time_limit_seconds
+from train.sweep import Task, task_block
 
 CONFIG = Path("/configs/tiny.yaml")
 RUN = Path("/runs/big")
@@ -75,6 +76,20 @@ def write_script(tmp_path: Path, stub_bin: Path, overrides: list[str], res: Reso
     return path
 
 
+def array_script(tmp_path: Path, stub_bin: Path) -> Path:
+    """A 2-node job array of three runs, rendered as `python -m train.submit sweep` does."""
+    tasks = [
+        Task(Path(f"/runs/p{i}"), [f"model.name=tiny-{s}", f"train.run_dir=/runs/p{i}"], {})
+        for i, s in enumerate("sml")
+    ]
+    path = tmp_path / "array.sbatch"
+    res = gpu_job(nodes=2, sbatch_args=["--array=0-2"])
+    path.write_text(
+        render_job("clip-sweep", tmp_path / "logs" / "a-%A_%a.out", task_block(CONFIG, tasks), res, stub_bin)
+    )
+    return path
+
+
 def calls(stub_bin: Path) -> list[str]:
     return (stub_bin.parent / "calls.log").read_text().splitlines()
 
@@ -95,10 +110,18 @@ def test_four_node_environment(tmp_path, stub_bin):
     assert not any(c.startswith(("scancel", "scontrol requeue")) for c in calls(stub_bin))
 
 
-def test_usr1_is_forwarded_then_the_job_requeued(tmp_path, stub_bin):
-    """USR1 to the batch shell -> scancel --signal=USR1 on the job's steps -> the job requeues itself."""
-    script = write_script(tmp_path, stub_bin, [], gpu_job(nodes=2))
+@pytest.mark.parametrize("array", [False, True], ids=["job", "array-task"])
+def test_usr1_is_forwarded_then_the_job_requeued(tmp_path, stub_bin, array):
+    """USR1 to the batch shell -> scancel --signal=USR1 on the job's steps -> the job requeues itself. An array task
+    names itself ARRAYJOB_TASK, so the signal and the requeue concern that task only."""
     env = stub_env(stub_bin, SLURM_NNODES="2", STUB_SECONDS="20")
+    job = "123457"
+    if array:
+        # Slurm gives the array's last task the array's own job id, which also names the whole array
+        script, job = array_script(tmp_path, stub_bin), "123457_2"
+        env.update(SLURM_ARRAY_TASK_ID="2", SLURM_ARRAY_JOB_ID="123457")
+    else:
+        script = write_script(tmp_path, stub_bin, [], gpu_job(nodes=2))
     batch = subprocess.Popen(
         ["bash", str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
@@ -110,10 +133,10 @@ def test_usr1_is_forwarded_then_the_job_requeued(tmp_path, stub_bin):
     output, _ = batch.communicate(timeout=15)
     assert batch.returncode == 0, output
     log = calls(stub_bin)
-    assert "scancel --signal=USR1 123457" in log
+    assert f"scancel --signal=USR1 {job}" in log
     assert sum("got USR1" in c for c in log) == 2
-    assert log[-1] == "scontrol requeue 123457"
-    assert "requeueing job 123457" in output
+    assert log[-1] == f"scontrol requeue {job}"
+    assert f"requeueing job {job}" in output
 
 
 @pytest.mark.parametrize("exit_code", [0, 1])
@@ -147,3 +170,23 @@ def test_time_limit_seconds(text, seconds):
 def test_bad_time_limit_names_the_formats():
     with pytest.raises(SubmitError, match="HH:MM:SS"):
         time_limit_seconds("1h")
+
+
+def test_array_task_trains_its_own_run(tmp_path, stub_bin):
+    script = array_script(tmp_path, stub_bin)
+    assert "#SBATCH --array=0-2" in script.read_text()
+    env = stub_env(stub_bin, SLURM_NNODES="2", SLURM_ARRAY_TASK_ID="1", SLURM_ARRAY_JOB_ID="123450")
+    done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert "job 123450_1 start 0:" in done.stdout
+    launches = [c for c in calls(stub_bin) if c.startswith("torchrun")]
+    assert len(launches) == 2
+    assert all(f"-m train {CONFIG} model.name=tiny-m train.run_dir=/runs/p1 MASTER_ADDR" in line for line in launches)
+
+
+def test_array_task_without_a_run_fails_before_training(tmp_path, stub_bin):
+    script = array_script(tmp_path, stub_bin)
+    env = stub_env(stub_bin, SLURM_NNODES="2", SLURM_ARRAY_TASK_ID="3", SLURM_ARRAY_JOB_ID="123450")
+    done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 1 and "no run for array task '3' in this script" in done.stdout
+    assert not (stub_bin.parent / "calls.log").exists()

@@ -128,7 +128,7 @@ def test_base_merges_key_by_key_and_reports_cycles(tmp_path):
     "override, message",
     [
         ("train.distributed=zero", "train.distributed must be one of ddp, fsdp, got 'zero'"),
-        ("optim.schedule=linear", "optim.schedule must be one of cosine, constant, got 'linear'"),
+        ("optim.schedule=linear", "optim.schedule must be one of cosine, constant, const-cooldown, got 'linear'"),
         ("train.wandb=true", "train.wandb must be one of online, offline, disabled, got True"),
         ("train.tf32=maybe", "train.tf32 must be bool, got str 'maybe'"),
     ],

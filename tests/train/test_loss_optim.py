@@ -1,5 +1,6 @@
-"""Losses against their definitions, gradient accumulation against one big batch, AdamW groups and the schedule."""
+"""Losses against their definitions, gradient accumulation against one big batch, AdamW groups and the schedules."""
 
+import itertools
 import math
 
 import pytest
@@ -8,10 +9,18 @@ import torch.nn.functional as F
 from accelerate import Accelerator
 
 from models import ModelConfig, build_clip
-from train.config import OptimConfig
+from train.config import ConfigError, OptimConfig
 from train.loop import compute_gradients
 from train.loss import ClipLoss, SigLipLoss
-from train.optim import build_optimizer, clamp_logit_scale, lr_multiplier, param_groups
+from train.optim import (
+    build_optimizer,
+    check_schedule,
+    clamp_logit_scale,
+    cooldown_steps,
+    follow_schedule,
+    lr_multiplier,
+    param_groups,
+)
 
 
 def features(n=6, d=8, seed=0):
@@ -114,3 +123,66 @@ def test_warmup_then_cosine_and_logit_scale_clamp():
         model.logit_scale.fill_(7.0)
     clamp_logit_scale(model)
     assert model.logit_scale.item() == pytest.approx(math.log(100))
+
+
+@pytest.mark.parametrize("shape", ["linear", "cosine"])
+def test_const_cooldown_values_at_the_boundaries(shape):
+    """Warmup 10, constant to step 90, then 20 cooldown steps down to min_ratio 0.1 at step 110 (and after)."""
+    kw = dict(warmup=10, total=110, kind="const-cooldown", min_ratio=0.1, cooldown=20, shape=shape)
+    assert lr_multiplier(0, **kw) == pytest.approx(0.1) and lr_multiplier(9, **kw) == pytest.approx(1.0)
+    assert [lr_multiplier(s, **kw) for s in (10, 50, 89, 90)] == [1.0, 1.0, 1.0, 1.0]
+    quarter = 0.25 if shape == "linear" else 0.5 * (1 - math.cos(math.pi / 4))  # fraction of the fall at step 95
+    assert lr_multiplier(95, **kw) == pytest.approx(1 - 0.9 * quarter)
+    assert lr_multiplier(100, **kw) == pytest.approx(0.55)
+    assert lr_multiplier(110, **kw) == pytest.approx(0.1) and lr_multiplier(500, **kw) == pytest.approx(0.1)
+    values = [lr_multiplier(s, **kw) for s in range(90, 111)]
+    assert all(a > b for a, b in itertools.pairwise(values))
+    other = lr_multiplier(95, **{**kw, "shape": "cosine" if shape == "linear" else "linear"})
+    assert other != pytest.approx(lr_multiplier(95, **kw))
+
+
+def test_const_cooldown_length_from_fraction_or_steps_and_the_optimizer_follows_it():
+    model = build_clip(ModelConfig(name="tiny-s"))
+    cfg = OptimConfig(lr=1e-3, warmup_steps=2, schedule="const-cooldown", cooldown_fraction=0.25)
+    assert cooldown_steps(cfg, 40) == 10 and cooldown_steps(OptimConfig(cooldown_fraction=0.25), 40) == 0
+    assert cooldown_steps(OptimConfig(schedule="const-cooldown", cooldown_steps=7), 40) == 7
+    optimizer, schedule = build_optimizer(model, cfg, max_steps=40)
+    lrs = []
+    for _ in range(40):
+        lrs.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        schedule.step()
+    assert lrs[:2] == pytest.approx([5e-4, 1e-3]) and lrs[2:31] == pytest.approx([1e-3] * 29)
+    assert lrs[31] == pytest.approx(0.9e-3) and lrs[39] == pytest.approx(0.1e-3)
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.0, abs=1e-15)
+
+
+def test_a_loaded_schedule_follows_the_current_config():
+    """A constant run's optimizer/scheduler state loaded under a const-cooldown config: the next step uses the
+    cooldown's lr, not the one saved with the optimizer."""
+    model = build_clip(ModelConfig(name="tiny-s"))
+    optimizer, schedule = build_optimizer(model, OptimConfig(lr=1e-3, warmup_steps=2, schedule="constant"), 100)
+    for _ in range(8):
+        optimizer.step()
+        schedule.step()
+    cooled = OptimConfig(lr=1e-3, warmup_steps=2, schedule="const-cooldown", cooldown_steps=4)
+    optimizer2, schedule2 = build_optimizer(model, cooled, max_steps=10)
+    optimizer2.load_state_dict(optimizer.state_dict())
+    schedule2.load_state_dict(schedule.state_dict())
+    assert optimizer2.param_groups[0]["lr"] == pytest.approx(1e-3)
+    follow_schedule(schedule2)
+    assert optimizer2.param_groups[0]["lr"] == pytest.approx(0.5e-3) == schedule2.get_last_lr()[0]
+    assert optimizer2.param_groups[1]["lr"] == pytest.approx(0.5e-3)
+
+
+@pytest.mark.parametrize(
+    "changes,message",
+    [
+        ({"cooldown_fraction": 0.001}, "a cooldown of 0 steps"),
+        ({"cooldown_steps": 95}, "a cooldown of 95 steps after optim.warmup_steps=10 does not fit"),
+    ],
+)
+def test_a_cooldown_that_does_not_fit_is_refused(changes, message):
+    with pytest.raises(ConfigError, match=message):
+        check_schedule(OptimConfig(warmup_steps=10, schedule="const-cooldown", **changes), 100)
+    check_schedule(OptimConfig(warmup_steps=10, schedule="const-cooldown", cooldown_steps=90), 100)
