@@ -8,9 +8,10 @@ eval/ reads these files itself rather than importing train/ (dependency directio
 
 import argparse
 import json
+import logging
 import sys
 from collections.abc import Callable
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -108,6 +109,24 @@ def load_ours(path: Path, device) -> LoadedModel:
     return LoadedModel(model.to(device).eval(), transform, models.tokenizer(cfg.name), info, cfg)
 
 
+class RandomInitWarning(logging.Filter):
+    """Drops open_clip's "No pretrained weights loaded ... initialized randomly", for models whose weights follow."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Model initialized randomly" not in record.getMessage()
+
+
+@contextmanager
+def weights_follow():
+    """open_clip.create_model* without its random-init warning (it logs through the root logger)."""
+    quiet = RandomInitWarning()
+    logging.getLogger().addFilter(quiet)
+    try:
+        yield
+    finally:
+        logging.getLogger().removeFilter(quiet)
+
+
 def load_open_clip(name: str, checkpoint: str | None, device) -> LoadedModel:
     """An open_clip architecture by name, random init or with weights from a file (.safetensors, .pt, .bin).
 
@@ -117,10 +136,12 @@ def load_open_clip(name: str, checkpoint: str | None, device) -> LoadedModel:
 
     if name not in open_clip.list_models():
         raise EvalInputError(f"unknown open_clip model {name!r}; see open_clip.list_models() or register a config")
-    model, _, transform = open_clip.create_model_and_transforms(name)
+    if checkpoint and not Path(checkpoint).is_file():
+        raise EvalInputError(f"checkpoint file {checkpoint} does not exist")
+    # with a checkpoint the random init is overwritten below, so open_clip's warning would say the opposite
+    with weights_follow() if checkpoint else nullcontext():
+        model, _, transform = open_clip.create_model_and_transforms(name)
     if checkpoint:
-        if not Path(checkpoint).is_file():
-            raise EvalInputError(f"checkpoint file {checkpoint} does not exist")
         load_weights(model, open_clip.factory.load_state_dict(checkpoint), checkpoint, name)
     info = {"checkpoint": checkpoint, "step": None, "samples_seen": None, "model": name}
     return LoadedModel(model.to(device).eval(), transform, open_clip.get_tokenizer(name), info)

@@ -1,11 +1,14 @@
 """Readers for evaluation sets: ImageFolder trees, clip_benchmark webdatasets, image-caption CSVs.
 
 Classification sets yield `(image [3, H, W] | None, label, name)`; `None` marks an unreadable image, which
-`collate_skipping` drops and counts, so one bad file never stops an evaluation.
+`collate_skipping` drops and counts, so one bad file never stops an evaluation. `make_loader` reads one rank's
+slice of a set (eval.sharding).
 
 Class names and templates come from, in order: the caller (a list, a file, `imagenet1k`, `openai`, `simple`),
 then `classnames.txt` / `templates.txt` (or clip_benchmark's `zeroshot_classification_templates.txt`) inside the
 dataset folder or beside it, then ImageNet-1k's names when the folder holds exactly 1000 WordNet-id folders.
+Class folders map to labels by sorted name, or by their number when every folder is a number (ImageNet-V2's
+0 ... 999, which sorted as text would put '10' before '2').
 """
 
 import csv
@@ -20,8 +23,11 @@ import webdataset as wds
 from open_clip import zero_shot_metadata
 from PIL import Image
 
+from eval.sharding import Shard
+
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff")
 WNID = re.compile(r"^n\d{8}$")
+NUMBER = re.compile(r"^[0-9]+$")
 TEMPLATE_FILES = ("templates.txt", "zeroshot_classification_templates.txt")
 BUILTIN_TEMPLATES = {
     "openai": zero_shot_metadata.OPENAI_IMAGENET_TEMPLATES,
@@ -34,13 +40,20 @@ class EvalInputError(ValueError):
 
 
 @dataclass
-class ClassificationSet:
-    """A dataset of `(image, label, name)` plus what is known about its classes."""
+class ShardList:
+    """A webdataset read in shard order: its tar files and `decode(sample) -> tuple` for each sample."""
 
-    dataset: torch.utils.data.Dataset
+    urls: list[str]
+    decode: Callable
+
+
+@dataclass
+class ClassificationSet:
+    """A dataset of `(image, label, name)` (map-style, or a ShardList) plus what is known about its classes."""
+
+    dataset: torch.utils.data.Dataset | ShardList
     classnames: list[str]
     templates: list
-    num_shards: int = 0
     info: dict = field(default_factory=dict)
 
 
@@ -59,11 +72,12 @@ def class_folders(root: Path) -> list[str]:
 
 
 class ImageFolderSet(torch.utils.data.Dataset):
-    """ImageNet-style tree `ROOT/<class_dir>/<image>`; labels follow the sorted class folders."""
+    """ImageNet-style tree `ROOT/<class_dir>/<image>`; `labels` maps the class folders to read to their labels
+    (default: every folder, labelled in sorted order)."""
 
     def __init__(self, root: Path, transform: Callable, labels: dict[str, int] | None = None):
         self.root, self.transform = Path(root), transform
-        self.class_dirs = class_folders(self.root)
+        self.class_dirs = class_folders(self.root) if labels is None else sorted(labels)
         if not self.class_dirs:
             raise EvalInputError(f"{root} has no class folders; expected ImageFolder layout ROOT/<class>/<image>")
         labels = labels or {d: i for i, d in enumerate(self.class_dirs)}
@@ -83,6 +97,37 @@ class ImageFolderSet(torch.utils.data.Dataset):
     def __getitem__(self, i: int):
         path, label = self.samples[i]
         return load_image(path, self.transform), label, path
+
+
+def folder_labels(root: Path, class_dirs: list[str], num_names: int, source: str) -> dict[str, int]:
+    """Each class folder's label: its number when every folder is a number, else its place in sorted order.
+
+    Numbered folders must be exactly 0 ... num_names-1 (one per class name); a tree mixing numbered and named
+    folders, or whose numbers do not match the class names, is refused rather than paired by guesswork.
+    """
+    numbered = [d for d in class_dirs if NUMBER.match(d)]
+    if numbered and len(numbered) < len(class_dirs):
+        named = next(d for d in class_dirs if not NUMBER.match(d))
+        raise EvalInputError(
+            f"{root} mixes numbered class folders (e.g. {numbered[0]!r}) with named ones (e.g. {named!r}); "
+            "an ImageFolder tree uses one kind: move the other folders out"
+        )
+    if not numbered:
+        if num_names != len(class_dirs):
+            raise EvalInputError(
+                f"{num_names} class names from {source} but {len(class_dirs)} classes in {root}; "
+                "give one name per class folder, in sorted folder order"
+            )
+        return {d: i for i, d in enumerate(class_dirs)}
+    numbers = sorted(int(d) for d in numbered)
+    if numbers != list(range(num_names)):
+        raise EvalInputError(
+            f"the {len(numbered)} class folders of {root} are numbered {numbers[0]} ... {numbers[-1]}"
+            f"{' with repeats' if len(set(numbers)) < len(numbers) else ''}, but the {num_names} class names "
+            f"from {source} need exactly the folders 0 ... {num_names - 1}; give the class names of this tree "
+            "or fix its folders"
+        )
+    return {d: int(d) for d in numbered}
 
 
 def collate_skipping(batch):
@@ -143,12 +188,12 @@ def parse_names_file(path: Path) -> tuple[list[str], dict[str, int] | None]:
 
 
 def resolve_classnames(spec, root: Path, class_dirs: list[str] | None) -> tuple[list[str], dict[str, int] | None, str]:
-    """Class names, a folder -> label map when the names file is keyed by WordNet id, and their source.
+    """Class names, each class folder's label (None for a webdataset) and where the names came from.
 
-    A plain list must have one name per class folder (sorted folder order, as ImageNet's sorted wnids map to
-    open_clip's IMAGENET_CLASSNAMES). A wnid-keyed file defines the classifier's classes itself, so an
-    ImageNet-21K folder may hold images of only some of its 21,841 classes. `class_dirs` is None for a
-    webdataset, whose labels are checked against the names while reading.
+    A plain list names the classes in label order: one name per class folder, sorted folder order (as ImageNet's
+    sorted wnids map to open_clip's IMAGENET_CLASSNAMES) or the folders' numbers. A wnid-keyed file defines the
+    classifier's classes itself, so an ImageNet-21K folder may hold images of only some of its 21,841 classes.
+    `class_dirs` is None for a webdataset, whose labels are checked against the names while reading.
     """
     all_wnids = bool(class_dirs) and all(WNID.match(d) for d in class_dirs)
     if spec is None:
@@ -168,19 +213,17 @@ def resolve_classnames(spec, root: Path, class_dirs: list[str] | None) -> tuple[
         names, wnid_labels = parse_names_file(Path(spec))
     else:
         raise EvalInputError(f"class names {spec!r} is neither a file nor 'imagenet1k'")
-    if wnid_labels is not None:
-        missing = [d for d in class_dirs or [] if d not in wnid_labels]
-        if missing:
-            raise EvalInputError(
-                f"class folder {missing[0]} ({len(missing)} in all) is not in names file {spec}; "
-                "use the names file that matches this dataset"
-            )
-    elif class_dirs and len(names) != len(class_dirs):
+    if class_dirs is None:
+        return names, None, source
+    if wnid_labels is None:
+        return names, folder_labels(root, class_dirs, len(names), source), source
+    missing = [d for d in class_dirs if d not in wnid_labels]
+    if missing:
         raise EvalInputError(
-            f"{len(names)} class names from {source} but {len(class_dirs)} classes in {root}; "
-            "give one name per class folder, in sorted folder order"
+            f"class folder {missing[0]} ({len(missing)} in all) is not in names file {spec}; "
+            "use the names file that matches this dataset"
         )
-    return names, wnid_labels, source
+    return names, {d: wnid_labels[d] for d in class_dirs}, source
 
 
 def wds_shards(root: Path, split: str) -> list[str]:
@@ -196,13 +239,19 @@ def is_webdataset(root: Path, split: str = "test") -> bool:
     return root.is_dir() and bool(wds_shards(root, split))
 
 
-def wds_samples(shards: list[str], decode: Callable) -> wds.WebDataset:
-    """Shards in order, no shuffling; `decode(sample) -> tuple` builds the output of each sample."""
-    return wds.WebDataset(shards, shardshuffle=False, nodesplitter=wds.single_node_only, empty_check=False).map(decode)
-
-
 def image_bytes(sample: dict) -> bytes | None:
     return next((sample[k] for k in ("webp", "png", "jpg", "jpeg") if k in sample), None)
+
+
+def decode_labelled(transform: Callable) -> Callable:
+    """clip_benchmark classification sample {image, cls} -> (image | None, label (-1 without cls), key)."""
+
+    def decode(sample):
+        label = int(sample["cls"].decode()) if "cls" in sample else -1
+        raw = image_bytes(sample)
+        return (load_image(raw, transform) if raw is not None else None), label, sample["__key__"]
+
+    return decode
 
 
 def open_classification(
@@ -214,29 +263,14 @@ def open_classification(
         raise EvalInputError(f"dataset {root} is not a folder; pass an ImageFolder tree or a webdataset folder")
     templates, template_source = resolve_templates(templates, root)
     if is_webdataset(root, split):
-        shards = wds_shards(root, split)
         names, _, name_source = resolve_classnames(classnames, root, None)
-
-        def decode(sample):
-            label = int(sample["cls"].decode()) if "cls" in sample else -1
-            raw = image_bytes(sample)
-            image = load_image(raw, transform) if raw is not None else None
-            return image, label, sample["__key__"]
-
-        dataset = wds_samples(shards, decode)
-        return ClassificationSet(
-            dataset,
-            names,
-            templates,
-            len(shards),
-            {"format": "webdataset", "classnames": name_source, "templates": template_source},
-        )
-    class_dirs = class_folders(root)
-    names, labels, name_source = resolve_classnames(classnames, root, class_dirs)
-    dataset = ImageFolderSet(root, transform, labels)
-    return ClassificationSet(
-        dataset, names, templates, 0, {"format": "imagefolder", "classnames": name_source, "templates": template_source}
-    )
+        dataset = ShardList(wds_shards(root, split), decode_labelled(transform))
+        kind = "webdataset"
+    else:
+        names, labels, name_source = resolve_classnames(classnames, root, class_folders(root))
+        dataset, kind = ImageFolderSet(root, transform, labels), "imagefolder"
+    info = {"dataset": str(path), "format": kind, "classnames": name_source, "templates": template_source}
+    return ClassificationSet(dataset, names, templates, info)
 
 
 class CaptionCSVSet(torch.utils.data.Dataset):
@@ -282,17 +316,16 @@ def open_retrieval(
     img_key: str = "filepath",
     caption_key: str = "title",
     separator: str | None = None,
-):
+) -> CaptionCSVSet | ShardList:
     """Image-caption pairs yielding `(image | None, captions, name)` from a CSV/TSV or a webdataset folder.
 
     Webdataset samples hold one image and a `txt` with one caption a line (clip_benchmark's retrieval format).
     """
     root = Path(path)
     if root.is_file() and root.suffix in (".csv", ".tsv"):
-        return CaptionCSVSet(root, transform, img_key, caption_key, separator), 0
+        return CaptionCSVSet(root, transform, img_key, caption_key, separator)
     if not is_webdataset(root, split):
         raise EvalInputError(f"{root} is neither a .csv/.tsv file nor a folder of .tar shards")
-    shards = wds_shards(root, split)
 
     def decode(sample):
         captions = [c for c in sample.get("txt", b"").decode().splitlines() if c.strip()]
@@ -300,13 +333,25 @@ def open_retrieval(
         image = load_image(raw, transform) if raw is not None and captions else None
         return image, captions, sample["__key__"]
 
-    return wds_samples(shards, decode), len(shards)
+    return ShardList(wds_shards(root, split), decode)
 
 
-def make_loader(dataset, batch_size: int, workers: int = 0, num_shards: int = 0) -> torch.utils.data.DataLoader:
-    """A loader in dataset order; a webdataset gets at most one worker per shard (each worker reads whole shards)."""
-    if isinstance(dataset, torch.utils.data.IterableDataset):
-        workers = min(workers, max(num_shards, 1))
+def make_loader(dataset, batch_size: int, workers: int = 0, shard: Shard | None = None) -> torch.utils.data.DataLoader:
+    """A loader over this rank's slice of `dataset` (all of it for one process), in dataset order.
+
+    A webdataset gets at most one worker per shard it reads (each worker reads whole shards).
+    """
+    shard = shard or Shard()
+    if isinstance(dataset, ShardList):
+        urls, split_samples = shard.split_urls(dataset.urls)
+        workers = min(workers, len(urls))
+        stream = wds.WebDataset(urls, shardshuffle=False, nodesplitter=None, empty_check=False)
+        if split_samples:
+            # every rank reads the same stream (worker k of each rank the same shards) and keeps its share
+            stream = stream.compose(shard.every_nth)
+        dataset = stream.map(dataset.decode)
+    elif shard.distributed:
+        dataset = torch.utils.data.Subset(dataset, shard.index_range(len(dataset)))
     return torch.utils.data.DataLoader(
         dataset,
         batch_size=batch_size,

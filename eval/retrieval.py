@@ -6,6 +6,9 @@ several captions per image.
 
 text_to_image_R@k: the fraction of captions whose image is among the k images most similar to the caption.
 image_to_text_R@k: the fraction of images with at least one of their own captions among their k nearest captions.
+
+With `shard=Shard(rank, world_size)` each rank of a job embeds its slice of the pairs; the features are gathered
+in rank order and every rank scores the whole set (eval.sharding).
 """
 
 import argparse
@@ -17,6 +20,7 @@ from tqdm import tqdm
 
 from eval import checkpoint, datasets
 from eval.datasets import EvalInputError
+from eval.sharding import Shard, count_skipped, gather_objects, gather_rows
 
 
 def recall_at_k(
@@ -65,8 +69,26 @@ def embed_pairs(model, loader, tokenizer, device, progress: bool = False):
         texts_out.append(F.normalize(model.encode_text(tokenizer(flat).to(device)).float(), dim=-1).cpu())
         owner += [first + i for i, group in enumerate(captions) for _ in group]
     if not images_out:
-        raise EvalInputError(f"no readable image-caption pairs ({len(skipped)} unreadable); check the dataset path")
-    return torch.cat(images_out), torch.cat(texts_out), torch.as_tensor(owner), skipped
+        return None, None, torch.zeros(0, dtype=torch.long), skipped
+    return torch.cat(images_out), torch.cat(texts_out), torch.as_tensor(owner, dtype=torch.long), skipped
+
+
+def gather_pairs(image_features, text_features, owner, shard: Shard, device):
+    """The features of every rank in rank order, with each caption's image index shifted to the gathered order.
+
+    A rank without readable pairs contributes empty blocks of the others' width.
+    """
+    width = gather_objects(None if image_features is None else image_features.shape[1], shard)
+    width = next((w for w in width if w is not None), None)
+    if width is None:
+        return None, None, owner
+    empty = torch.zeros(0, width)
+    image_features = empty if image_features is None else image_features
+    text_features = empty if text_features is None else text_features
+    offsets = torch.tensor([0, *gather_objects(len(image_features), shard)]).cumsum(0)
+    owner = owner + offsets[shard.rank]
+    gathered = [gather_rows(t, shard, device) for t in (image_features, text_features, owner)]
+    return tuple(gathered)
 
 
 def evaluate(
@@ -75,39 +97,56 @@ def evaluate(
     dataset,
     tokenizer,
     transform,
-    batch_size: int = 64,
-    device=None,
-    workers: int = 0,
-    ks=(1, 5, 10),
     split: str = "test",
     csv_img_key: str = "filepath",
     csv_caption_key: str = "title",
     csv_separator: str | None = None,
-    amp: bool | None = None,
-    progress: bool = False,
+    **options,
 ) -> dict:
     """Recall@k both ways on a CSV/TSV of (image, caption) rows or a webdataset of images with `txt` captions.
 
-    Images that cannot be read are skipped with their captions and counted under `skipped`.
+    Images that cannot be read are skipped with their captions and counted under `skipped`. `options` go to
+    `evaluate_pairs`.
     """
-    pairs, num_shards = datasets.open_retrieval(dataset, transform, split, csv_img_key, csv_caption_key, csv_separator)
+    pairs = datasets.open_retrieval(dataset, transform, split, csv_img_key, csv_caption_key, csv_separator)
+    return {**evaluate_pairs(model, pairs, tokenizer, **options), "dataset": str(dataset)}
+
+
+def evaluate_pairs(
+    model,
+    pairs,
+    tokenizer,
+    *,
+    batch_size: int = 64,
+    device=None,
+    workers: int = 0,
+    ks=(1, 5, 10),
+    amp: bool | None = None,
+    progress: bool = False,
+    shard: Shard | None = None,
+) -> dict:
+    """Recall@k of an opened pair set (datasets.open_retrieval); with `shard`, every rank must call it."""
+    shard = shard or Shard()
     device = torch.device(device or next(model.parameters()).device)
     amp = device.type == "cuda" if amp is None else amp
-    loader = datasets.make_loader(pairs, batch_size, workers, num_shards)
+    loader = datasets.make_loader(pairs, batch_size, workers, shard)
     was_training, started = model.training, time.perf_counter()
     model.eval()
     try:
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
-            image_features, text_features, owner, skipped = embed_pairs(model, loader, tokenizer, device, progress)
+            embedded = embed_pairs(model, loader, tokenizer, device, progress)
     finally:
         model.train(was_training)
+    image_features, text_features, owner = gather_pairs(*embedded[:3], shard, device)
+    num_skipped, skipped = count_skipped(embedded[3], shard)
+    if image_features is None:
+        raise EvalInputError(f"no readable image-caption pairs ({num_skipped} unreadable); check the dataset path")
     return {
         **recall_at_k(image_features, text_features, owner, ks),
         "num_images": len(image_features),
         "num_captions": len(text_features),
-        "skipped": len(skipped),
-        "skipped_examples": skipped[:10],
-        "dataset": str(dataset),
+        "skipped": num_skipped,
+        "skipped_examples": skipped,
         "seconds": time.perf_counter() - started,
     }
 

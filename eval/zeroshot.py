@@ -5,6 +5,9 @@ most similar class.
     python -m eval.zeroshot RUN_OR_CHECKPOINT --dataset DIR [--classnames imagenet1k|FILE] [--templates openai|FILE]
     python -m eval.zeroshot --open-clip-model ViT-B-16 --checkpoint FILE --dataset DIR --out result.json
 
+`evaluate(..., shard=Shard(rank, world_size))` on every rank of a job scores each rank's slice of the images and
+sums the counts over the ranks (eval.sharding): every rank returns the result of the whole set.
+
 Memory stays bounded for ImageNet-21K (21,841 classes x 80 templates): the classifier is built a few classes at
 a time and images are scored against it in chunks of classes, keeping a running top-5.
 """
@@ -18,6 +21,7 @@ from tqdm import tqdm
 
 from eval import checkpoint, datasets
 from eval.datasets import EvalInputError
+from eval.sharding import Shard, count_skipped, sum_over_ranks
 
 
 @torch.no_grad()
@@ -74,6 +78,12 @@ class Tally:
         self.hit1 += torch.bincount(targets[top_ids[:, 0] == targets], minlength=n)
         self.hit5 += int((top_ids[:, :5] == targets[:, None]).any(dim=1).sum())
 
+    def sum_over_ranks(self, shard: Shard, device) -> None:
+        """Replace this rank's counts by the counts of all ranks (one all-reduce of [2C + 1] integers)."""
+        n = len(self.total)
+        counts = sum_over_ranks(torch.cat([self.total, self.hit1, torch.tensor([self.hit5])]), shard, device)
+        self.total, self.hit1, self.hit5 = counts[:n], counts[n : 2 * n], int(counts[-1])
+
     def result(self) -> dict:
         count = int(self.total.sum())
         present = self.total > 0
@@ -94,7 +104,6 @@ def check_labels(targets: torch.Tensor, num_classes: int) -> None:
         )
 
 
-@torch.no_grad()
 def evaluate(
     model,
     *,
@@ -103,28 +112,43 @@ def evaluate(
     transform,
     classnames=None,
     templates=None,
-    batch_size: int = 64,
-    device=None,
-    workers: int = 0,
     split: str = "test",
-    class_chunk: int = 4096,
-    texts_per_batch: int = 1024,
-    amp: bool | None = None,
-    progress: bool = False,
+    **options,
 ) -> dict:
     """Zero-shot top-1/top-5 (fractions) and mean per-class recall of `model` on an ImageFolder tree or a
     clip_benchmark webdataset. Unreadable images are skipped and counted under `skipped`.
 
     Returns top1, top5 (over min(5, num_classes) guesses), mean_per_class_recall (over classes with images),
     num_images, skipped, skipped_examples (first 10), num_classes, num_templates, dataset, format, classnames
-    and templates (their sources), seconds, images_per_s.
+    and templates (their sources), seconds, images_per_s. `options` go to `evaluate_set`.
+    """
+    evalset = datasets.open_classification(dataset, transform, classnames, templates, split)
+    return evaluate_set(model, evalset, tokenizer, **options)
+
+
+@torch.no_grad()
+def evaluate_set(
+    model,
+    evalset: datasets.ClassificationSet,
+    tokenizer,
+    *,
+    batch_size: int = 64,
+    device=None,
+    workers: int = 0,
+    class_chunk: int = 4096,
+    texts_per_batch: int = 1024,
+    amp: bool | None = None,
+    progress: bool = False,
+    shard: Shard | None = None,
+) -> dict:
+    """Zero-shot results of an opened set (see `evaluate`); with `shard`, every rank of the job must call it.
 
     amp: bf16 autocast (default: on for CUDA, off for CPU). The model's train/eval mode is restored after.
     """
-    evalset = datasets.open_classification(dataset, transform, classnames, templates, split)
+    shard = shard or Shard()
     device = torch.device(device or next(model.parameters()).device)
     amp = device.type == "cuda" if amp is None else amp
-    loader = datasets.make_loader(evalset.dataset, batch_size, workers, evalset.num_shards)
+    loader = datasets.make_loader(evalset.dataset, batch_size, workers, shard)
     was_training, started = model.training, time.perf_counter()
     model.eval()
     tally, skipped = Tally(len(evalset.classnames)), []
@@ -133,7 +157,7 @@ def evaluate(
             classifier = build_classifier(
                 model, tokenizer, evalset.classnames, evalset.templates, device, texts_per_batch, progress
             )
-            total = len(evalset.dataset) if hasattr(evalset.dataset, "__len__") else None
+            total = len(loader.dataset) if hasattr(loader.dataset, "__len__") else None
             for images, targets, bad in tqdm(
                 loader, desc="images", total=total and -(-total // batch_size), disable=not progress
             ):
@@ -146,17 +170,20 @@ def evaluate(
                 tally.add(topk_chunked(features, classifier, 5, class_chunk)[1], targets)
     finally:
         model.train(was_training)
+    tally.sum_over_ranks(shard, device)
+    num_skipped, skipped = count_skipped(skipped, shard)
     seconds = time.perf_counter() - started
     result = tally.result()
     if result["num_images"] == 0:
-        raise EvalInputError(f"no readable images in {dataset} ({len(skipped)} unreadable); check the dataset path")
+        raise EvalInputError(
+            f"no readable images in {evalset.info.get('dataset')} ({num_skipped} unreadable); check the dataset path"
+        )
     return {
         **result,
-        "skipped": len(skipped),
-        "skipped_examples": skipped[:10],
+        "skipped": num_skipped,
+        "skipped_examples": skipped,
         "num_classes": len(evalset.classnames),
         "num_templates": len(evalset.templates),
-        "dataset": str(dataset),
         "seconds": seconds,
         "images_per_s": result["num_images"] / seconds,
         **evalset.info,

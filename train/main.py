@@ -17,9 +17,11 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from data import DataConfig, build_train_data
 from data.errors import DataError
+from eval.sharding import Shard, random_state_kept
 from eval.zeroshot import evaluate
 from models import ModelConfig, build_clip, gmacs_per_sample, tokenizer, transforms
 from train.branch import starting_point
@@ -176,46 +178,54 @@ def start_run_dir(cfg: Config, accelerator, step: int) -> RunLog:
 
 
 def make_evaluator(cfg: Config, accelerator, model: nn.Module):
-    """A callable returning {"zeroshot/top1": ...} on rank 0 ({} on the others), or None without eval.dataset."""
+    """A callable returning {"zeroshot/top1": ...} on rank 0 ({} on the others), or None without eval.dataset.
+
+    Every rank scores its slice of the images and the counts are summed over the ranks (eval.sharding), which gives
+    the numbers of one process evaluating everything.
+    """
     if not cfg.eval.dataset:
         return None
     _, eval_transform = transforms(cfg.model)
     tok = tokenizer(cfg.model)
+    shard = Shard(accelerator.process_index, accelerator.num_processes)
 
     def run() -> dict:
         net = eval_model(accelerator, model, cfg.model)
-        results = {}
-        if accelerator.is_main_process:
-            was_training = net.training
-            net.eval()
-            # the eval must not move the training RNG, or a resumed run would diverge from an uninterrupted one
-            with torch.random.fork_rng(devices=[accelerator.device] if accelerator.device.type == "cuda" else []):
-                out = evaluate(
-                    net,
-                    dataset=cfg.eval.dataset,
-                    tokenizer=tok,
-                    transform=eval_transform,
-                    classnames=cfg.eval.classnames,
-                    templates=cfg.eval.templates,
-                    batch_size=cfg.eval.batch_size,
-                    device=accelerator.device,
-                    workers=cfg.eval.workers,
-                )
-            net.train(was_training)
-            results = {f"zeroshot/{k}": v for k, v in out.items() if isinstance(v, (int, float))}
-        accelerator.wait_for_everyone()
-        return results
+        was_training = net.training
+        net.eval()
+        # the eval must not move the training RNG, or a resumed run would diverge from an uninterrupted one
+        with random_state_kept(accelerator.device):
+            out = evaluate(
+                net,
+                dataset=cfg.eval.dataset,
+                tokenizer=tok,
+                transform=eval_transform,
+                classnames=cfg.eval.classnames,
+                templates=cfg.eval.templates,
+                batch_size=cfg.eval.batch_size,
+                device=accelerator.device,
+                workers=cfg.eval.workers,
+                shard=shard,
+            )
+        net.train(was_training)
+        if not accelerator.is_main_process:
+            return {}
+        return {f"zeroshot/{k}": v for k, v in out.items() if isinstance(v, (int, float))}
 
     return run
 
 
 def eval_model(accelerator, model: nn.Module, model_cfg: ModelConfig) -> nn.Module:
-    """The plain CLIP to evaluate on rank 0: the unwrapped model, or under FSDP a full copy gathered from the shards."""
+    """The plain CLIP each rank evaluates: the unwrapped model, or under FSDP a full copy gathered from the shards."""
     if accelerator.distributed_type.name != "FSDP":
         return accelerator.unwrap_model(model)
-    state = accelerator.get_state_dict(model)
-    if not accelerator.is_main_process:
-        return model
-    full = build_clip(model_cfg).to(accelerator.device)
+    return full_copy(model, model_cfg, accelerator.device)
+
+
+def full_copy(model: nn.Module, model_cfg: ModelConfig, device) -> nn.Module:
+    """A plain CLIP holding the full weights of a model sharded with fully_shard, on every rank (all must call it)."""
+    # without cpu_offload every rank receives the full tensors (with it, only rank 0 would)
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+    full = build_clip(model_cfg).to(device)
     full.load_state_dict({k: v for k, v in state.items() if k != "logit_bias"})
     return full

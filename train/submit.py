@@ -1,4 +1,5 @@
-"""Render the batch scripts of slurm/ and submit them with sbatch: training, scaling-law sweeps, zero-shot evaluation.
+"""Render the batch scripts of slurm/ and submit them with sbatch: training, scaling-law sweeps, zero-shot evaluation,
+the evaluation suite (train/submit_suite.py).
 
     python -m train.submit CONFIG --nodes N --gpus-per-node G --partition P --time T [--account A] [key=value ...]
     python -m train.submit CONFIG --gpus-per-node 0 --procs-per-node 2 --time 10 --dry-run    # CPU, print only
@@ -6,6 +7,7 @@
         --time 30                                           # one job array (train/sweep.py)
     python -m train.submit sweep CONFIG --sizes tiny-s --cooldowns-at 1000,2000 --time 30    # cooldown branches
     python -m train.submit eval RUN_OR_CHECKPOINT... --dataset DIR --time 20
+    python -m train.submit suite RUN_OR_CHECKPOINT... --suite configs/eval_suite.yaml --gpus-per-node 8 --time 60
 
 A training job runs one Slurm task per node; each task starts torchrun for the processes of its node, with
 the rendezvous taken from Slurm's variables (slurm/train.sbatch). `--dry-run` prints the scripts instead of
@@ -257,19 +259,23 @@ def timestamp() -> str:
     return time.strftime("%Y%m%d-%H%M%S")
 
 
+def run_of(target: Path) -> tuple[Path, str]:
+    """(run directory, checkpoint name or 'latest') of a checkpoint folder or a run directory."""
+    if (target / "meta.json").is_file() and target.parent.name == "checkpoints":
+        return target.parent.parent, target.name
+    if (target / "checkpoints").is_dir() or (target / "train.sbatch").is_file():
+        # a submitted run may have no checkpoint yet: with --sbatch-arg=--dependency=afterok:JOB it will
+        return target, "latest"
+    raise SubmitError(
+        f"{target} is neither a checkpoint folder (with meta.json) nor a run directory "
+        "(with checkpoints/ or train.sbatch)"
+    )
+
+
 def eval_output(target: Path, dataset: Path, out_dir: Path | None) -> Path:
     """Where the result JSON of one checkpoint goes: RUN/eval/zeroshot-<checkpoint>-<dataset>.json by default,
     which is where `python -m eval.scaling RUN` looks for eval results."""
-    if (target / "meta.json").is_file() and target.parent.name == "checkpoints":
-        run, name = target.parent.parent, target.name
-    elif (target / "checkpoints").is_dir() or (target / "train.sbatch").is_file():
-        # a submitted run may have no checkpoint yet: with --sbatch-arg=--dependency=afterok:JOB it will
-        run, name = target, "latest"
-    else:
-        raise SubmitError(
-            f"{target} is neither a checkpoint folder (with meta.json) nor a run directory "
-            "(with checkpoints/ or train.sbatch)"
-        )
+    run, name = run_of(target)
     return (out_dir or run / "eval") / f"zeroshot-{name}-{dataset.name}.json"
 
 
@@ -318,9 +324,11 @@ def main_eval(argv: list[str]) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
-    from train.sweep import main_sweep  # the sweep builds on this module
+    # the sweep and the suite build on this module
+    from train.submit_suite import main_suite
+    from train.sweep import main_sweep
 
-    commands = {"sweep": main_sweep, "eval": main_eval}
+    commands = {"sweep": main_sweep, "eval": main_eval, "suite": main_suite}
     command = commands.get(argv[0]) if argv else None
     try:
         command(argv[1:]) if command else main_train(argv)

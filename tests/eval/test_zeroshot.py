@@ -2,19 +2,24 @@
 checkpoint kinds, and the one-line messages for bad input."""
 
 import json
+import logging
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 from clip_benchmark.webdataset_builder import convert_dataset, path_to_bytes
 from open_clip import zero_shot_metadata
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 import models
 from data import DataConfig, build_train_data, make_synthetic
 from eval import checkpoint, datasets, zeroshot
 from eval.datasets import EvalInputError
+from tests.eval import evalsets
 
 STEPS, PER_CLASS, CLASSES = 25, 3, 24
 REPO = Path(__file__).resolve().parents[2]
@@ -185,7 +190,8 @@ def test_checkpoint_of_another_model_size_gives_one_line_error(run_dir, syntheti
 def test_imagenet_wnid_folders_take_open_clip_names_in_sorted_order(tmp_path):
     wnids = sorted(f"n{i:08d}" for i in range(1000))
     names, labels, source = datasets.resolve_classnames(None, tmp_path, wnids)
-    assert names == list(zero_shot_metadata.IMAGENET_CLASSNAMES) and labels is None and source == "imagenet1k"
+    assert names == list(zero_shot_metadata.IMAGENET_CLASSNAMES) and source == "imagenet1k"
+    assert labels == {w: i for i, w in enumerate(wnids)}
     templates, source = datasets.resolve_templates("openai", tmp_path)
     assert len(templates) == 80 and datasets.fill_template(templates[0], "tench") == "a bad photo of a tench."
 
@@ -243,3 +249,24 @@ def test_run_directory_written_by_the_trainer(synthetic, tmp_path):
     assert result["step"] == 3 and result["samples_seen"] == meta["samples_seen"] > 0
     assert result["image_attention"] == "linear_elu" and result["text_attention"] == "softmax"
     assert result["num_images"] == CLASSES * PER_CLASS
+
+
+def test_open_clip_checkpoint_loads_without_the_random_init_warning(synthetic, tmp_path, caplog):
+    """open_clip says "No pretrained weights loaded ... initialized randomly" when it builds the model; with
+    --checkpoint the weights follow, so that line must not appear, and the weights must be the file's."""
+    weights_file = evalsets.tiny_checkpoint(tmp_path / "tiny-s.safetensors", seed=3)
+    with caplog.at_level(logging.WARNING):
+        loaded = checkpoint.load_open_clip("tiny-s", str(weights_file), "cpu")
+    assert "initialized randomly" not in caplog.text
+    own = loaded.model.state_dict()
+    assert all(torch.equal(own[k], v) for k, v in load_file(str(weights_file)).items())
+    with caplog.at_level(logging.WARNING):
+        checkpoint.load_open_clip("tiny-s", None, "cpu")
+    assert "initialized randomly" in caplog.text, "without weights the warning is true and must stay"
+    command = [sys.executable, "-m", "eval.zeroshot", "--open-clip-model", "tiny-s", "--checkpoint", str(weights_file)]
+    command += ["--dataset", str(synthetic[1]), "--workers", "0", "--device", "cpu"]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "No pretrained weights" not in done.stderr and "initialized randomly" not in done.stderr
+    assert json.loads(done.stdout)["checkpoint"] == str(weights_file)

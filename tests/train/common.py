@@ -57,11 +57,13 @@ def run(config: Path, *overrides: str) -> int:
     return main([str(config), *overrides])
 
 
-def cli(args: list[str], *, env: dict | None = None, launcher: list[str] | None = None, **kwargs) -> subprocess.Popen:
-    """`python -m train ARGS` (or under a launcher such as torchrun) in a subprocess, from the repo root.
+def cli(
+    args: list[str], *, env: dict | None = None, launcher: list[str] | None = None, module: str = "train", **kwargs
+) -> subprocess.Popen:
+    """`python -m MODULE ARGS` (or under a launcher such as torchrun) in a subprocess, from the repo root.
 
     On the CPU unless ARGS say train.cpu=false (see `popen`)."""
-    command = (launcher or [sys.executable]) + ["-m", "train", *args]
+    command = (launcher or [sys.executable]) + ["-m", module, *args]
     return popen(command, env=env, gpu="train.cpu=false" in args, **kwargs)
 
 
