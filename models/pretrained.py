@@ -43,6 +43,15 @@ def read_state_dict(path: str | Path) -> dict[str, Tensor]:
     return {k.removeprefix("module.").removeprefix("_orig_mod."): v for k, v in sd.items()}
 
 
+def match_scalars(state: dict[str, Tensor], own: dict[str, Tensor]) -> dict[str, Tensor]:
+    """`state` with every one-element tensor reshaped to the shape `own` has under the same key: open_clip's
+    0-dim logit scale (and bias) and our [1] ones load into each other."""
+    return {
+        k: v.reshape(own[k].shape) if k in own and v.numel() == own[k].numel() == 1 and v.shape != own[k].shape else v
+        for k, v in state.items()
+    }
+
+
 def load_pretrained(model: nn.Module, source: str | Path | dict[str, Tensor]) -> tuple[list[str], list[str], list[str]]:
     """Copy every weight of `source` whose name and shape match `model`'s.
 
@@ -52,7 +61,7 @@ def load_pretrained(model: nn.Module, source: str | Path | dict[str, Tensor]) ->
     """
     sd = read_state_dict(source) if isinstance(source, (str, Path)) else source
     own = model.state_dict()
-    sd = {k: v.reshape(1) if v.ndim == 0 and k in own and own[k].shape == (1,) else v for k, v in sd.items()}
+    sd = match_scalars(sd, own)
     loaded = [k for k, v in sd.items() if k in own and own[k].shape == v.shape]
     missing = [k for k in own if k not in set(loaded)]
     unexpected = [k for k in sd if k not in set(loaded)]

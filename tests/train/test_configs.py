@@ -7,15 +7,18 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+import yaml
 from torch.distributed.tensor import DTensor
 
 from models import ModelConfig, build_clip, summary
 from models.config import size_config
 from tests.train.common import REPO
-from train.config import ConfigError, TrainConfig, load_config, read_config_file
+from train.config import SECTIONS, ConfigError, TrainConfig, load_config, read_config_file
 from train.dist import shard_model
 
-RUN_CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
+SHIPPED = sorted((REPO / "configs").glob("*.yaml"))
+# training configs (sections of train.config, or a base); the others are eval.suite's (one key, datasets)
+RUN_CONFIGS = [p for p in SHIPPED if set(yaml.safe_load(p.read_text())) <= {*SECTIONS, "base"}]
 MODEL_CONFIGS = sorted((REPO / "configs" / "models").glob("*.json"))
 # open_clip's parameter counts (millions, as README.md gives them)
 PARAMS_M = {"ViT-S-16": 62.26, "ViT-B-16": 149.62, "ViT-L-16": 427.74}
@@ -36,6 +39,15 @@ def tower_macs(tokens: int, width: int, layers: int) -> float:
 def meta_model(name: str):
     with torch.device("meta"):
         return build_clip(ModelConfig(name=name))
+
+
+def test_every_shipped_yaml_is_a_training_or_suite_config():
+    suites = [p for p in SHIPPED if p not in RUN_CONFIGS]
+    assert len(RUN_CONFIGS) >= 5
+    for path in suites:  # eval.suite checks the paths when it runs; here the shape
+        raw = yaml.safe_load(path.read_text())
+        assert set(raw) == {"datasets"}, f"{path.name} is neither a training config nor an evaluation suite"
+        assert all(isinstance(v, str) or "path" in v for v in raw["datasets"].values())
 
 
 @pytest.mark.parametrize("path", RUN_CONFIGS, ids=lambda p: p.name)
