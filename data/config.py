@@ -14,7 +14,8 @@ class DataConfig:
     train_num_samples: int | None = None  # samples per epoch; None: sum of sizes.json/_info.json
     resampled: bool = False  # shards drawn with replacement, endless (else: epochs)
     batch_size: int = 64  # global; each rank gets batch_size // world_size
-    workers: int = 2  # DataLoader worker processes per rank
+    workers: int = 2  # DataLoader worker processes per rank; they live for a whole epoch
+    prefetch_factor: int = 2  # batches each worker keeps ready ahead of the loop
     shuffle_buffer: int = 1000  # samples per shuffled block inside a worker
     seed: int = 0
     max_image_pixels: int = 89_478_485  # larger images are skipped (PIL's decompression-bomb limit)
@@ -38,5 +39,7 @@ class DataConfig:
             raise DataError(
                 f"data.train_num_samples={self.train_num_samples} must be >= 1 (or null to read sizes.json)"
             )
-        if self.workers < 0 or self.shuffle_buffer < 1 or self.max_image_pixels < 1:
-            raise DataError("data.workers must be >= 0, data.shuffle_buffer and data.max_image_pixels >= 1")
+        if self.workers < 0 or self.shuffle_buffer < 1 or self.max_image_pixels < 1 or self.prefetch_factor < 1:
+            raise DataError(
+                "data.workers must be >= 0, data.shuffle_buffer, data.max_image_pixels and data.prefetch_factor >= 1"
+            )

@@ -164,7 +164,11 @@ class TrainData:
         """Yield the rest of the epoch's batches, keeping position and skip counts up to date."""
         dataset = ShardStream(self._job(), self.image_transform, self.tokenizer)
         loader = DataLoader(
-            dataset, batch_size=None, num_workers=self.cfg.workers, pin_memory=torch.cuda.is_available()
+            dataset,
+            batch_size=None,
+            num_workers=self.cfg.workers,
+            pin_memory=torch.cuda.is_available(),  # pinned batches: the copy to the GPU does not block the loop
+            prefetch_factor=self.cfg.prefetch_factor if self.cfg.workers else None,
         )
         self._live_counts = {}
         try:

@@ -47,7 +47,10 @@ def resolve_checkpoint_folder(path: Path) -> Path:
 
 def load_weights(model: torch.nn.Module, state: dict, source, model_name: str) -> None:
     """Load a state dict strictly, turning a size or key mismatch into one line that names the cause."""
+    from models.pretrained import match_scalars
+
     own = model.state_dict()
+    state = match_scalars(state, own)  # our [1] logit scale into open_clip's 0-dim one, and back
     differ = [
         (k, tuple(v.shape), tuple(own[k].shape)) for k, v in state.items() if k in own and v.shape != own[k].shape
     ]

@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import math
 
-import open_clip
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -24,7 +23,11 @@ class CLIP(TextTower):
     """Image tower `visual`, text tower (inherited, at the top level as in open_clip), learnable logit scale.
 
     forward(image [B, 3, H, W], text [B, L] ids) -> (image_features [B, E], text_features [B, E],
-    logit_scale exp'd []); features are L2-normalised, as open_clip's CLIP returns them.
+    logit_scale exp'd [1]); features are L2-normalised, as open_clip's CLIP returns them.
+
+    Scalar parameters (the logit scale, SigLIP's logit bias) are held as shape [1], not 0-dim as in open_clip:
+    torch's fully_shard (FSDP2) refuses 0-dim parameters. Loading converts open_clip's 0-dim tensors (same
+    keys); `export_open_clip` writes them back 0-dim.
     """
 
     def __init__(self, *, embed_dim: int, visual: VisionTransformer, text: dict, config: ModelConfig | None = None):
@@ -32,7 +35,8 @@ class CLIP(TextTower):
         self.visual = visual
         self.embed_dim = embed_dim
         self.config = config
-        self.logit_scale = nn.Parameter(torch.tensor(math.log(1 / 0.07)))
+        self.logit_scale = nn.Parameter(torch.full((1,), math.log(1 / 0.07)))
+        self.register_load_state_dict_pre_hook(scalars_as_vectors)
 
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         self.visual.transformer.grad_checkpointing = enable
@@ -54,6 +58,14 @@ class CLIP(TextTower):
         image_features = self.encode_image(image, normalize=True) if image is not None else None
         text_features = self.encode_text(text, normalize=True) if text is not None else None
         return image_features, text_features, self.logit_scale.exp()
+
+
+def scalars_as_vectors(module: nn.Module, state_dict: dict, prefix: str, *args) -> None:
+    """Load hook: a 0-dim tensor (open_clip's logit_scale / logit_bias) for a [1] parameter becomes [1]."""
+    for name, param in module.named_parameters(recurse=False):
+        value = state_dict.get(prefix + name)
+        if value is not None and value.ndim == 0 and tuple(param.shape) == (1,):
+            state_dict[prefix + name] = value.reshape(1)
 
 
 def tower_heads(name: str, tower: str, width: int, heads: int | None = None, head_width: int | None = None) -> int:
@@ -135,6 +147,9 @@ def image_size(model_or_cfg: CLIP | ModelConfig | str) -> int:
 
 def transforms(model_or_cfg: CLIP | ModelConfig | str):
     """(train_transform, eval_transform): open_clip's image transforms at the model's image size, OpenAI mean/std."""
+    # imported here: training on synthetic batches (scripts/gpu_train_check.py) needs no open_clip
+    import open_clip
+
     size = image_size(model_or_cfg)
     return open_clip.image_transform(size, is_train=True), open_clip.image_transform(size, is_train=False)
 
@@ -145,4 +160,6 @@ def tokenizer(model_or_cfg: CLIP | ModelConfig | str):
         model_or_cfg = model_or_cfg.config
     name = model_or_cfg.name if isinstance(model_or_cfg, ModelConfig) else model_or_cfg
     size_config(name)
+    import open_clip
+
     return open_clip.get_tokenizer(name)

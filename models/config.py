@@ -2,21 +2,29 @@
 
 Sizes are data: `ViT-S-16`, `ViT-B-16`, `ViT-L-16` ... come from open_clip's own model configs, the tiny
 ones from configs/models/*.json in the same format. That folder is registered with open_clip on import,
-so `open_clip.get_tokenizer("tiny-s")` and `open_clip.create_model("tiny-s")` know them too.
+so `open_clip.get_tokenizer("tiny-s")` and `open_clip.create_model("tiny-s")` know them too. Where open_clip
+is not installed (a GPU machine running scripts/gpu_train_check.py on synthetic batches), sizes come from
+configs/models/*.json and configs/models/open_clip/*.json, copies of open_clip's ViT-S/B/L-16 (a test checks
+that they equal open_clip's).
 """
 
 from __future__ import annotations
 
 import inspect
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import open_clip
 
 from models.attention import get_attention
 
 TINY_CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs" / "models"
-open_clip.add_model_config(TINY_CONFIG_DIR)
+OPEN_CLIP_COPIES = TINY_CONFIG_DIR / "open_clip"  # ViT-S/B/L-16 as open_clip has them, used without open_clip
+try:
+    import open_clip
+except ImportError:
+    open_clip = None
+else:
+    open_clip.add_model_config(TINY_CONFIG_DIR)
 
 # The open_clip config keys this CLIP reads; any other key must hold open_clip's default value.
 READ = {
@@ -91,7 +99,7 @@ def tiny_model_names() -> list[str]:
 
 def size_config(name: str) -> dict:
     """open_clip's model config dict for `name` (embed_dim, vision_cfg, text_cfg), checked for what we build."""
-    cfg = open_clip.get_model_config(name)
+    cfg = open_clip.get_model_config(name) if open_clip is not None else local_size_config(name)
     if cfg is None:
         raise ValueError(
             f"unknown model size {name!r}; use one of {', '.join(tiny_model_names())} "
@@ -101,6 +109,14 @@ def size_config(name: str) -> dict:
     check_supported(name, "vision_cfg", cfg["vision_cfg"])
     check_supported(name, "text_cfg", cfg["text_cfg"])
     return cfg
+
+
+def local_size_config(name: str) -> dict | None:
+    """A size from the JSON files of configs/models/ (or its open_clip/ copies), when open_clip is not installed."""
+    for folder in (TINY_CONFIG_DIR, OPEN_CLIP_COPIES):
+        if (folder / f"{name}.json").is_file():
+            return json.loads((folder / f"{name}.json").read_text())
+    return None
 
 
 def check_supported(name: str, section: str, cfg: dict) -> None:

@@ -18,6 +18,8 @@ from models.attention import Attention
 from models.layout import CheckpointError
 
 log = logging.getLogger(__name__)
+# open_clip holds these as 0-dim tensors; our CLIP holds them as [1] (FSDP cannot shard 0-dim parameters)
+OPEN_CLIP_SCALARS = ("logit_scale", "logit_bias")
 
 
 def read_state_dict(path: str | Path) -> dict[str, Tensor]:
@@ -57,6 +59,15 @@ def load_weights_file(path: Path):
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
+def match_scalars(state: dict[str, Tensor], own: dict[str, Tensor]) -> dict[str, Tensor]:
+    """`state` with every one-element tensor reshaped to the shape `own` has under the same key: open_clip's
+    0-dim logit scale (and bias) and our [1] ones load into each other."""
+    return {
+        k: v.reshape(own[k].shape) if k in own and v.numel() == own[k].numel() == 1 and v.shape != own[k].shape else v
+        for k, v in state.items()
+    }
+
+
 def load_pretrained(model: nn.Module, source: str | Path | dict[str, Tensor]) -> tuple[list[str], list[str], list[str]]:
     """Copy every weight of `source` whose name and shape match `model`'s.
 
@@ -66,6 +77,7 @@ def load_pretrained(model: nn.Module, source: str | Path | dict[str, Tensor]) ->
     """
     sd = read_state_dict(source) if isinstance(source, (str, Path)) else source
     own = model.state_dict()
+    sd = match_scalars(sd, own)
     loaded = [k for k, v in sd.items() if k in own and own[k].shape == v.shape]
     missing = [k for k in own if k not in set(loaded)]
     unexpected = [k for k in sd if k not in set(loaded)]
@@ -105,7 +117,10 @@ def export_open_clip(model: nn.Module, path: str | Path) -> Path:
             "export a softmax model"
         )
     path = Path(path)
-    sd = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    sd = {
+        k: (v.reshape(()) if k in OPEN_CLIP_SCALARS else v).detach().cpu().contiguous()
+        for k, v in model.state_dict().items()
+    }
     if path.suffix == ".safetensors":
         from safetensors.torch import save_file
 

@@ -4,8 +4,12 @@
 
 The file has the sections model (models.ModelConfig), data (data.DataConfig), optim, train and eval;
 anything left out keeps the dataclass default. Override values are parsed with `yaml.safe_load`, so
-`3`, `1e-4`, `true`, `null` and `[a, b]` mean what they say. Unknown keys and values of the wrong type
-are a one-line `ConfigError` that names the key and the fix.
+`3`, `1e-4`, `true`, `null` and `[a, b]` mean what they say. Unknown keys, values of the wrong type and
+values outside a field's `Literal` choices are a one-line `ConfigError` that names the key and the fix.
+
+A file may start from another: `base: laion400m_base.yaml` (a path relative to the file) loads that file
+first and merges this one over it, section by section and key by key (a value given here replaces the
+base's, lists included); a base may have its own base.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import yaml
 
@@ -36,12 +41,13 @@ class OptimConfig:
     eps: float = 1e-6
     weight_decay: float = 0.2
     warmup_steps: int = 1000
-    schedule: str = "cosine"  # cosine | constant | const-cooldown (constant, then a cooldown over the last steps)
+    schedule: Literal["cosine", "constant", "const-cooldown"] = "cosine"  # const-cooldown: constant, then a cooldown
     min_lr_ratio: float = 0.0  # cosine and the cooldown end at lr * min_lr_ratio
-    cooldown_shape: str = "linear"  # const-cooldown: linear | cosine
+    cooldown_shape: Literal["linear", "cosine"] = "linear"  # const-cooldown's shape
     cooldown_fraction: float = 0.2  # const-cooldown: the cooldown is this fraction of train.max_steps...
     cooldown_steps: int | None = None  # ...or, when set, this many steps
     grad_clip_norm: float | None = None  # max global gradient norm; null = no clipping
+    fused: bool | None = None  # AdamW as one fused kernel; null: on CUDA (torch's foreach elsewhere)
 
 
 @dataclass
@@ -51,10 +57,12 @@ class TrainConfig:
     run_dir: str = "runs/default"
     max_steps: int = 1000
     accum_freq: int = 1  # micro-batches of data.batch_size per optimizer step (one contrastive loss over all)
-    loss: str = "clip"  # clip (symmetric InfoNCE) | siglip (sigmoid)
-    precision: str = "fp32"  # fp32 | bf16 | fp16 (fp16 uses a gradient scaler; GPU only)
-    distributed: str = "ddp"  # ddp | fsdp (full sharding of the transformer blocks)
+    loss: Literal["clip", "siglip"] = "clip"  # symmetric InfoNCE | sigmoid
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"  # fp16 uses a gradient scaler; GPU only
+    distributed: Literal["ddp", "fsdp"] = "ddp"  # fsdp: full sharding, one unit per transformer block
     fsdp_wrap: list[str] = field(default_factory=lambda: ["Block"])  # block classes to shard
+    fsdp_reduce_fp32: bool = True  # fsdp: reduce-scatter gradients in fp32 (else in the precision's dtype)
+    tf32: bool = True  # on GPUs: fp32 matmuls/convolutions in TF32 (the fp32 parts under bf16 too); false: full fp32
     augment: bool = True  # open_clip's random-crop train transform; false: the eval transform (deterministic)
     cpu: bool = False  # train on the CPU even when a GPU is visible
     compile: bool = False  # torch.compile the model
@@ -68,7 +76,7 @@ class TrainConfig:
     keep_steps: list[int] = field(default_factory=list)  # checkpoints written at these steps and never pruned
     max_bad_steps: int = 10  # consecutive non-finite steps before the run stops
     stage_dir: str | None = None  # local folder for a remote run_dir (s3://...); null: one under the temp dir
-    wandb: str = "disabled"  # online | offline | disabled
+    wandb: Literal["online", "offline", "disabled"] = "disabled"
     wandb_project: str = "clip-attention"
     wandb_name: str | None = None
     progress: bool = True  # tqdm bar on rank 0
@@ -96,14 +104,6 @@ class Config:
 
 
 SECTIONS = typing.get_type_hints(Config)  # section name -> dataclass
-CHOICES = {
-    ("optim", "schedule"): ("cosine", "constant", "const-cooldown"),
-    ("optim", "cooldown_shape"): ("linear", "cosine"),
-    ("train", "loss"): ("clip", "siglip"),
-    ("train", "precision"): ("fp32", "bf16", "fp16"),
-    ("train", "distributed"): ("ddp", "fsdp"),
-    ("train", "wandb"): ("online", "offline", "disabled"),
-}
 
 
 def load_config(argv: list[str]) -> Config:
@@ -113,12 +113,7 @@ def load_config(argv: list[str]) -> Config:
             "usage: python -m train CONFIG.yaml [section.key=value ...]; "
             "give a config file first, e.g. configs/tiny.yaml"
         )
-    path = Path(argv[0])
-    if not path.is_file():
-        raise ConfigError(f"config file {str(path)!r} does not exist; pick one of configs/*.yaml")
-    raw = read_yaml(path) or {}
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path} must hold a mapping of sections ({', '.join(SECTIONS)}), not a {type(raw).__name__}")
+    raw = read_config_file(Path(argv[0]))
     for item in argv[1:]:
         apply_override(raw, item)
     cfg = build_config(raw)
@@ -139,6 +134,31 @@ def read_yaml(path: Path):
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise ConfigError(f"{path} is not valid YAML{where}: {problem}; fix the file") from None
+
+
+def read_config_file(path: Path, seen: tuple[Path, ...] = ()) -> dict:
+    """The raw sections of a YAML config file, merged over its `base:` file (recursively)."""
+    if not path.is_file():
+        raise ConfigError(f"config file {str(path)!r} does not exist; pick one of configs/*.yaml")
+    if path.resolve() in seen:
+        raise ConfigError(f"config file {path} is its own base (through {', '.join(map(str, seen))}); break the cycle")
+    raw = read_yaml(path) or {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path} must hold a mapping of sections ({', '.join(SECTIONS)}), not a {type(raw).__name__}")
+    base = raw.pop("base", None)
+    if base is None:
+        return raw
+    if not isinstance(base, str):
+        raise ConfigError(f"{path}: base must be a config file path (relative to {path.parent}), got {base!r}")
+    return merge(read_config_file(path.parent / base, (*seen, path.resolve())), raw)
+
+
+def merge(base: dict, over: dict) -> dict:
+    """`over` merged into a copy of `base`: mappings key by key, anything else (lists included) replaced."""
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
 
 
 def apply_override(raw: dict, item: str) -> None:
@@ -236,14 +256,23 @@ def build_section(name: str, cls: type, values: dict):
             raise ConfigError(f"unknown config key {name}.{key}; valid keys of {name!r}: {', '.join(fields)}")
         value = values[key] = coerce_float(value, hints[key])
         if not matches(value, hints[key]):
+            allowed = choices(hints[key])
+            if allowed:
+                raise ConfigError(f"{name}.{key} must be one of {', '.join(map(str, allowed))}, got {value!r}")
             raise ConfigError(f"{name}.{key} must be {type_name(hints[key])}, got {type(value).__name__} {value!r}")
-        allowed = CHOICES.get((name, key))
-        if allowed and value not in allowed:
-            raise ConfigError(f"{name}.{key} must be one of {', '.join(allowed)}, got {value!r}")
     try:
         return cls(**values)
     except (TypeError, ValueError) as e:
         raise ConfigError(f"config section {name!r}: {e}") from None
+
+
+def choices(hint) -> tuple:
+    """The allowed values of a `Literal[...]` field (also inside `Literal[...] | None`), else ()."""
+    if typing.get_origin(hint) is Literal:
+        return typing.get_args(hint)
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return tuple(v for a in typing.get_args(hint) for v in choices(a))
+    return ()
 
 
 def coerce_float(value, hint):
@@ -266,6 +295,8 @@ def matches(value, hint) -> bool:
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if hint is typing.Any:
         return True
+    if origin is Literal:
+        return value in args
     if origin in (typing.Union, types.UnionType):
         return any(matches(value, a) for a in args)
     if hint is type(None):

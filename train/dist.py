@@ -1,9 +1,13 @@
-"""The distributed setup through accelerate, and the per-step agreement between ranks.
+"""The distributed setup through accelerate, FSDP sharding, and the per-step agreement between ranks.
 
 `Accelerator()` reads the world from the environment, so `torchrun`, `accelerate launch` and Slurm's
 `srun` (one task per node running torchrun) all work unchanged; on machines without a GPU the backend
 is gloo. Pre-emption (SIGTERM, or SIGUSR1 from Slurm's `--signal`) only raises a flag; the loop finishes
 its step, and all ranks stop at the same step because the flag is all-reduced every step.
+
+FSDP (`train.distributed=fsdp`): `shard_model` applies torch's `fully_shard` (FSDP2) itself, one unit per
+transformer block and the root for the rest, before `accelerator.prepare`, which keeps a sharded model
+as it is and handles the rest (sharded checkpoints, the full state dict for model.safetensors).
 """
 
 from __future__ import annotations
@@ -21,12 +25,17 @@ from accelerate import (
     FullyShardedDataParallelPlugin,
     InitProcessGroupKwargs,
 )
-from accelerate.state import AcceleratorState, GradientState
+from accelerate.state import AcceleratorState, GradientState, PartialState
+from accelerate.utils import DistributedType
+from torch import nn
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from train.config import ConfigError, TrainConfig
 
 PRECISION = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 PREEMPT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+FSDP_ON_CPU = "CLIP_TEST_FSDP_ON_CPU"  # test hook: accelerate's FSDP path on a gloo CPU mesh
 
 
 def world_size_from_env() -> int:
@@ -44,15 +53,7 @@ def make_accelerator(cfg: TrainConfig) -> Accelerator:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True, warn_only=True)
     seed_everything(cfg.seed)
-    fsdp = None
-    if cfg.distributed == "fsdp":
-        fsdp = FullyShardedDataParallelPlugin(
-            fsdp_version=2,
-            auto_wrap_policy="transformer_based_wrap",
-            transformer_cls_names_to_wrap=list(cfg.fsdp_wrap),
-            state_dict_type="SHARDED_STATE_DICT",
-            reshard_after_forward=True,
-        )
+    fsdp = fsdp_plugin(cfg) if cfg.distributed == "fsdp" else None
     # main() may run again in this process (tests, scripts/demo.py) with other settings: accelerate keeps its
     # state process-wide and refuses a change, so forget it (the process group itself stays)
     AcceleratorState._reset_state(reset_partial_state=False)
@@ -71,13 +72,73 @@ def make_accelerator(cfg: TrainConfig) -> Accelerator:
         # the schedule counts optimizer steps; by default accelerate would step it once per process
         step_scheduler_with_optimizer=False,
     )
+    if cfg.distributed == "fsdp" and accelerator.device.type == "cpu" and os.environ.get(FSDP_ON_CPU) == "1":
+        fsdp_on_cpu(fsdp)
     if cfg.distributed == "fsdp" and accelerator.distributed_type.name != "FSDP":
         raise ConfigError(
             "train.distributed=fsdp needs several GPU processes (accelerate shards only across GPUs), "
             f"this is {accelerator.distributed_type.name} with {accelerator.num_processes} process(es); "
             "use train.distributed=ddp"
         )
+    if accelerator.device.type == "cuda":
+        set_tf32(cfg.tf32)
     return accelerator
+
+
+def fsdp_on_cpu(plugin: FullyShardedDataParallelPlugin) -> None:
+    """Test hook: accelerate treats FSDP as GPU-only; the tests run its FSDP path on a gloo CPU mesh by setting
+    the distributed type in both of its process-wide states (AcceleratorState() copies PartialState's)."""
+    PartialState._shared_state["distributed_type"] = DistributedType.FSDP
+    AcceleratorState._shared_state["distributed_type"] = DistributedType.FSDP
+    AcceleratorState._shared_state["fsdp_plugin"] = plugin
+
+
+def set_tf32(enabled: bool) -> None:
+    """CUDA's fp32 matmuls and convolutions on tensor cores in TF32 (10-bit mantissa, about 8x the fp32 rate on
+    A100/H100; the fp32 parts of a bf16 run too) or in full fp32."""
+    torch.backends.cuda.matmul.allow_tf32 = enabled
+    torch.backends.cudnn.allow_tf32 = enabled
+
+
+def fsdp_plugin(cfg: TrainConfig) -> FullyShardedDataParallelPlugin:
+    """accelerate's FSDP2 settings: sharded checkpoints (each rank writes its shards), the mixed precision of
+    `shard_model`, and no wrapping of its own: `shard_model` has sharded the model before accelerate sees it
+    (its blocks are then of class FSDPBlock, which accelerate's wrap policy would look for as Block in vain)."""
+    return FullyShardedDataParallelPlugin(
+        fsdp_version=2,
+        auto_wrap_policy="no_wrap",
+        state_dict_type="SHARDED_STATE_DICT",
+        reshard_after_forward=True,
+        mixed_precision_policy=fsdp_precision(cfg),
+    )
+
+
+def fsdp_precision(cfg: TrainConfig) -> MixedPrecisionPolicy:
+    """FSDP2's mixed precision: parameters all-gathered and used in train.precision's dtype (fp32 master weights
+    stay sharded); gradients reduce-scattered in fp32 with train.fsdp_reduce_fp32 (else in that dtype)."""
+    dtype = DTYPES[cfg.precision]
+    return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32 if cfg.fsdp_reduce_fp32 else dtype)
+
+
+def shard_model(model: nn.Module, cfg: TrainConfig, device_type: str) -> nn.Module:
+    """FSDP2 over all ranks, in place: every module whose class is named in train.fsdp_wrap (the transformer blocks)
+    becomes one unit gathered just for its own forward and backward; the root holds the rest (embeddings, norms,
+    projections, the [1]-shaped logit scale). `device_type` is the mesh's ("cuda", or "cpu" with gloo in tests)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    units = [m for m in model.modules() if type(m).__name__ in cfg.fsdp_wrap]
+    if not units:
+        raise ConfigError(
+            f"train.fsdp_wrap={list(cfg.fsdp_wrap)} names no module class of the model; "
+            "use its block class, e.g. [Block]"
+        )
+    mesh = init_device_mesh(device_type, (torch.distributed.get_world_size(),))
+    policy = fsdp_precision(cfg)
+    for unit in units:
+        fully_shard(unit, mesh=mesh, mp_policy=policy, reshard_after_forward=True)
+    # the root stays gathered after its forward: its parameters are needed again at once by the backward
+    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=False)
+    return model
 
 
 def seed_everything(seed: int) -> None:
@@ -108,16 +169,22 @@ class StopFlag:
         return self.signal is not None
 
 
-def agree(accelerator: Accelerator, loss: torch.Tensor, stop: bool) -> tuple[float, bool]:
-    """(loss averaged over ranks, whether any rank must stop) from one small all-reduce per step.
+def agree(
+    accelerator: Accelerator, loss: torch.Tensor, grad_norm: torch.Tensor, stop: bool
+) -> tuple[float, float, bool]:
+    """(loss averaged over ranks, gradient norm, whether any rank must stop) from one small all-reduce: the one
+    host synchronisation of a training step.
 
-    A non-finite loss on any rank makes the average non-finite, so every rank skips the same step.
+    A non-finite loss on any rank makes the average non-finite, so every rank skips the same step. The gradient
+    norm is already global (computed after DDP's all-reduce or over FSDP's shards): the mean keeps it.
     """
-    t = torch.stack([loss.detach().float().reshape(()), torch.tensor(float(stop), device=loss.device)])
+    norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm  # FSDP: a replicated DTensor
+    flags = torch.tensor(float(stop), device=loss.device)
+    t = torch.stack([loss.detach().float().reshape(()), norm.detach().float().reshape(()).to(loss.device), flags])
     if accelerator.num_processes > 1:
         torch.distributed.all_reduce(t)
-    loss_mean, stops = t.tolist()
-    return loss_mean / accelerator.num_processes, stops > 0
+    loss_sum, norm_sum, stops = t.tolist()
+    return loss_sum / accelerator.num_processes, norm_sum / accelerator.num_processes, stops > 0
 
 
 def sum_over_ranks(accelerator: Accelerator, counts: dict[str, int]) -> dict[str, int]:

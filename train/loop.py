@@ -1,8 +1,10 @@
 """The training loop: one optimizer step per iteration, over a contrastive loss of the whole (accumulated) batch.
 
-A step: draw `accum_freq` micro-batches, compute gradients (`compute_gradients`), agree over all ranks on
-whether the loss was finite and whether a pre-emption signal arrived, then take the optimizer step (or skip
-it), step the schedule, clamp the logit scale, log, evaluate and checkpoint as configured.
+A step: draw `accum_freq` micro-batches, compute gradients (`compute_gradients`) and their norm (clipped when
+configured), agree over all ranks on the loss, the norm and whether a pre-emption signal arrived, then take
+the optimizer step (or skip it), step the schedule, clamp the logit scale, log, evaluate and checkpoint as
+configured. That agreement is the step's only host synchronisation: the GPU never waits for Python between
+logging steps (fp16's gradient scaler adds its own check of the gradients).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from train.checkpoint import save_checkpoint
 from train.config import TrainConfig
 from train.dist import StopFlag, agree, sum_over_ranks
 from train.log import RunLog
+from train.metrics import Throughput
 from train.optim import clamp_logit_scale
 from train.storage import RunStorage
 
@@ -112,19 +115,17 @@ def compute_gradients(
     return loss.detach()
 
 
-def apply_gradients(
-    accelerator: Accelerator, model: nn.Module, optimizer, clip_norm: float | None
-) -> tuple[bool, float]:
-    """Clip and step unless the gradient norm is non-finite; returns (stepped, gradient norm).
+def clip_gradients(accelerator: Accelerator, model: nn.Module, clip_norm: float | None) -> Tensor:
+    """The global gradient norm as a device tensor (read later, with the loss); gradients scaled to clip_norm."""
+    return accelerator.clip_grad_norm_(model.parameters(), clip_norm if clip_norm else math.inf)
+
+
+def should_step(accelerator: Accelerator, loss: float, grad_norm: float) -> bool:
+    """Step unless the loss or the gradient norm is non-finite.
 
     Under fp16 a non-finite norm is the gradient scaler's business: it skips the step and lowers the scale.
     """
-    norm = accelerator.clip_grad_norm_(model.parameters(), clip_norm if clip_norm else math.inf)
-    norm = float(norm)
-    if math.isfinite(norm) or accelerator.scaler is not None:
-        optimizer.step()
-        return True, norm
-    return False, norm
+    return math.isfinite(loss) and (math.isfinite(grad_norm) or accelerator.scaler is not None)
 
 
 @dataclass
@@ -144,6 +145,8 @@ class Trainer:
     evaluate: Callable[[], dict] | None = None  # zero-shot results (on rank 0; {} elsewhere)
     eval_every: int = 0
     progress: Progress = field(default_factory=Progress)
+    gmacs_per_sample: float | None = None  # the model's forward MACs per sample, for TFLOP/s
+    throughput: Throughput | None = None  # started by run()
 
     def run(self, stop: StopFlag) -> int:
         """Train to cfg.max_steps; returns the exit code (0 done, 75 pre-empted)."""
@@ -153,6 +156,8 @@ class Trainer:
             )
             self.log.close()
             return 0
+        acc = self.accelerator
+        self.throughput = Throughput(acc.num_processes, acc.device, self.gmacs_per_sample, self.progress.samples_seen)
         try:
             while self.progress.step < self.cfg.max_steps:
                 if self.step(stop):
@@ -191,11 +196,11 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         bias = getattr(acc.unwrap_model(self.model), "logit_bias", None)
         loss = compute_gradients(acc, self.model, self.loss_fn, batches, logit_bias=bias)
-        loss, stop_now = agree(acc, loss, stop.requested)
-        bad, grad_norm = not math.isfinite(loss), math.nan
+        grad_norm = clip_gradients(acc, self.model, self.clip_norm)
+        loss, grad_norm, stop_now = agree(acc, loss, grad_norm, stop.requested)
+        bad = not should_step(acc, loss, grad_norm)
         if not bad:
-            stepped, grad_norm = apply_gradients(acc, self.model, self.optimizer, self.clip_norm)
-            bad = not stepped
+            self.optimizer.step()
         lr = self.schedule.get_last_lr()[0]
         self.schedule.step()
         clamp_logit_scale(acc.unwrap_model(self.model))
@@ -203,11 +208,13 @@ class Trainer:
         step_samples = sum(len(images) for images, _ in batches) * acc.num_processes
         p.samples_seen += step_samples
         self.count_bad(bad, loss, grad_norm)
-        self.report(loss, lr, grad_norm, data_wait, step_samples / max(time.perf_counter() - start, 1e-9))
+        self.report(loss, lr, grad_norm, data_wait)
         if self.evaluate is not None and self.due(self.eval_every):
             self.run_eval()
         if self.checkpoint_due() and not stop_now:
             self.save()
+        if self.due(self.eval_every) or self.due(cfg.save_every):
+            self.throughput.restart(p.samples_seen)  # the speed figures are of training alone
         return stop_now
 
     def count_bad(self, bad: bool, loss: float, grad_norm: float) -> None:
@@ -229,11 +236,14 @@ class Trainer:
                 "lower optim.lr, set optim.grad_clip_norm, or use train.precision=fp32"
             )
 
-    def report(self, loss: float, lr: float, grad_norm: float, data_wait: float, samples_per_s: float) -> None:
-        """Progress bar every step; metrics.jsonl and wandb every log_every steps and at the last step."""
+    def report(self, loss: float, lr: float, grad_norm: float, data_wait: float) -> None:
+        """Progress bar every step (its speed figures from the last logging step); metrics.jsonl and wandb every
+        log_every steps and at the last step."""
         p, acc = self.progress, self.accelerator
-        self.log.progress(1, loss=loss, lr=lr, samples_s=samples_per_s)
-        if not self.due(max(1, self.cfg.log_every)) and p.step != self.cfg.max_steps:
+        logging_step = self.due(max(1, self.cfg.log_every)) or p.step == self.cfg.max_steps
+        speed = self.throughput.measure(p.samples_seen) if logging_step else self.throughput.last
+        self.log.progress(1, loss=loss, lr=lr, **self.throughput.short())
+        if not logging_step:
             return
         skipped = sum_over_ranks(acc, self.stream.data.skipped())
         scale = float(plain_param(acc.unwrap_model(self.model).logit_scale).detach().exp())
@@ -244,7 +254,7 @@ class Trainer:
                 "loss": loss,
                 "lr": lr,
                 "logit_scale": scale,
-                "samples_per_s": samples_per_s,
+                **speed,
                 "data_wait_s": data_wait,
                 "grad_norm": grad_norm,
                 "bad_steps": p.bad_steps,

@@ -24,12 +24,12 @@ from data import DataConfig, build_train_data
 from data.errors import DataError
 from eval.sharding import Shard, random_state_kept
 from eval.zeroshot import evaluate
-from models import ModelConfig, build_clip, tokenizer, transforms
+from models import ModelConfig, build_clip, gmacs_per_sample, tokenizer, transforms
 from models.layout import CheckpointError, is_url, read_meta
 from train.branch import starting_point
 from train.checkpoint import load_checkpoint
 from train.config import Config, ConfigError, dump, load_config, to_dict
-from train.dist import StopFlag, make_accelerator, world_size_from_env
+from train.dist import StopFlag, make_accelerator, shard_model, world_size_from_env
 from train.log import RunLog, check_wandb, git_commit, trim_metrics
 from train.loop import DataStream, Progress, Trainer
 from train.loss import build_loss
@@ -54,7 +54,11 @@ def fit(cfg: Config, stop: StopFlag) -> int:
     accelerator = make_accelerator(cfg.train)
     data = build_data(cfg.data, cfg.model, cfg.train.augment, accelerator)
     model = build_model(cfg.model, cfg.train.loss, cfg.train.compile)
-    optimizer, schedule = build_optimizer(model, cfg.optim, cfg.train.max_steps)
+    gmacs = gmacs_per_sample(model)["gmacs"]
+    if accelerator.distributed_type.name == "FSDP":
+        model = shard_model(model, cfg.train, accelerator.device.type)
+    cuda = accelerator.device.type == "cuda"
+    optimizer, schedule = build_optimizer(model, cfg.optim, cfg.train.max_steps, cuda=cuda)
     model, optimizer, schedule = accelerator.prepare(model, optimizer, schedule)
     stream, progress = DataStream(data, accelerator.device), Progress()
     storage = RunStorage.of(cfg.train.run_dir, cfg.train.stage_dir)
@@ -75,6 +79,7 @@ def fit(cfg: Config, stop: StopFlag) -> int:
         evaluate=make_evaluator(cfg, accelerator, model),
         eval_every=cfg.eval.every,
         progress=progress,
+        gmacs_per_sample=gmacs,
     )
     code = trainer.run(stop)
     if accelerator.is_main_process:
@@ -140,7 +145,7 @@ def build_model(model_cfg: ModelConfig, loss: str, compile: bool) -> nn.Module:
     if loss == "siglip":
         with torch.no_grad():
             model.logit_scale.fill_(SIGLIP_INIT["logit_scale"])
-        model.logit_bias = nn.Parameter(torch.tensor(SIGLIP_INIT["logit_bias"]))
+        model.logit_bias = nn.Parameter(torch.full((1,), SIGLIP_INIT["logit_bias"]))  # [1]: see models.CLIP
     if compile:
         model.compile()  # in place: state-dict keys stay those of the plain model, so checkpoints move freely
     return model

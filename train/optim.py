@@ -35,9 +35,18 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def build_optimizer(model: nn.Module, cfg: OptimConfig, max_steps: int) -> tuple[torch.optim.Optimizer, LambdaLR]:
-    """AdamW over `model` and its LambdaLR schedule (stepped once per optimizer step)."""
-    optimizer = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps)
+def build_optimizer(
+    model: nn.Module, cfg: OptimConfig, max_steps: int, cuda: bool = False
+) -> tuple[torch.optim.Optimizer, LambdaLR]:
+    """AdamW over `model` and its LambdaLR schedule (stepped once per optimizer step).
+
+    Fused (one kernel for the whole update, its step counts on the device: no host reads) when optim.fused is
+    true, or null and the model trains on CUDA; else torch's default (foreach).
+    """
+    fused = cfg.fused if cfg.fused is not None else cuda
+    optimizer = torch.optim.AdamW(
+        param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, fused=fused or None
+    )
     # a partial, not a closure or object: LambdaLR then saves no state of it, so a resumed run follows the
     # schedule of its current config, and the state dict holds plain numbers (loadable with weights_only)
     schedule = functools.partial(lr_multiplier, **schedule_arguments(cfg, max_steps))

@@ -92,5 +92,4 @@ def tiny_checkpoint(path: Path, seed: int = 0) -> Path:
     """The weights of a seeded random tiny-s as a safetensors file (for --open-clip-model tiny-s --checkpoint)."""
     torch.manual_seed(seed)
     model = models.create_model("tiny-s")
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path))
-    return path
+    return models.export_open_clip(model, path)  # open_clip's layout: its 0-dim logit scale

@@ -39,6 +39,7 @@ def test_open_clip_weights_load_strictly_and_give_the_same_embeddings(name):
 def test_exported_checkpoint_loads_in_open_clip(name, suffix, tmp_path):
     ours = create_model(name).eval()
     path = models.export_open_clip(ours, tmp_path / f"model{suffix}")
+    assert models.read_state_dict(path)["logit_scale"].shape == ()  # open_clip's 0-dim scalar, same key
     theirs = open_clip.create_model(name, pretrained=str(path)).eval()
     assert_same_embeddings(ours, theirs, name)
 
@@ -64,4 +65,6 @@ def test_open_clip_checkpoint_file_initialises_a_linear_model(tmp_path):
     sd, own = theirs.state_dict(), model.state_dict()
     assert set(sd) <= set(own)  # a linear variant keeps every softmax weight (and may add its own)
     for key, value in sd.items():
-        torch.testing.assert_close(own[key], value, rtol=0, atol=0, msg=key)
+        # open_clip's 0-dim logit_scale arrives as our [1]
+        torch.testing.assert_close(own[key], value.reshape(own[key].shape), rtol=0, atol=0, msg=key)
+    assert sd["logit_scale"].shape == () and own["logit_scale"].shape == (1,)

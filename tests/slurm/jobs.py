@@ -15,7 +15,9 @@ REPO = Path(__file__).resolve().parents[2]
 FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
 
 # configs/tiny.yaml made small: batch 8, no periodic eval, a metrics line every step
+# on the CPU (--gpus-per-node 0) also where the host has GPUs, so that the two "nodes" of this host never share cuda:0
 TINY = [
+    "train.cpu=true",
     "data.batch_size=8",
     "data.workers=0",
     "data.shuffle_buffer=64",

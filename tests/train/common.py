@@ -26,7 +26,9 @@ TORCHRUN = [
 
 
 def tiny_config(tmp_path: Path, synthetic: dict, **sections) -> Path:
-    """A YAML config of tiny-s on the synthetic shards (batch 16, fp32, no eval), updated per section."""
+    """A YAML config of tiny-s on the synthetic shards (batch 16, fp32, CPU, no eval), updated per section.
+
+    train.cpu=true: on a GPU machine too these runs are compared with CPU runs; GPU tests override it."""
     cfg = {
         "model": {"name": "tiny-s"},
         "data": {"train_shards": synthetic["train"], "batch_size": 16, "workers": 0, "shuffle_buffer": 64},
@@ -39,6 +41,7 @@ def tiny_config(tmp_path: Path, synthetic: dict, **sections) -> Path:
             "progress": False,
             "wandb": "disabled",
             "augment": False,
+            "cpu": True,
         },
         "eval": {"dataset": None},
     }
@@ -75,11 +78,23 @@ def run(config: Path, *overrides: str) -> int:
 
 
 def cli(
-    args: list[str], *, env: dict | None = None, launcher: list[str] | None = None, module: str = "train", **popen
+    args: list[str], *, env: dict | None = None, launcher: list[str] | None = None, module: str = "train", **kwargs
 ) -> subprocess.Popen:
-    """`python -m MODULE ARGS` (or under a launcher such as torchrun) in a subprocess, from the repo root."""
-    full_env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", **(env or {})}
+    """`python -m MODULE ARGS` (or under a launcher such as torchrun) in a subprocess, from the repo root.
+
+    On the CPU unless ARGS say train.cpu=false (see `popen`)."""
     command = (launcher or [sys.executable]) + ["-m", module, *args]
+    return popen(command, env=env, gpu="train.cpu=false" in args, **kwargs)
+
+
+def popen(command: list[str], *, env: dict | None = None, gpu: bool = False, **kwargs) -> subprocess.Popen:
+    """A subprocess from the repo root, in its own process group, with this checkout first on the path.
+
+    Without `gpu` it sees no GPU (CUDA_VISIBLE_DEVICES=""): on a GPU machine two CPU ranks would otherwise
+    both map to cuda:0, and a CPU test would silently train on the GPU."""
+    full_env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", **(env or {})}
+    if not gpu:
+        full_env["CUDA_VISIBLE_DEVICES"] = ""
     return subprocess.Popen(
         command,
         cwd=REPO,
@@ -88,7 +103,7 @@ def cli(
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
-        **popen,
+        **kwargs,
     )
 
 

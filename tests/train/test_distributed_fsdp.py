@@ -1,0 +1,59 @@
+"""`python -m train` with train.distributed=fsdp on 2 gloo CPU processes: the losses and weights of one process
+with the same global batch, a sharded checkpoint, and an exact resume from it.
+
+accelerate treats FSDP as GPU-only; train.dist's test hook (CLIP_TEST_FSDP_ON_CPU=1) lets the same code path
+(train.dist.shard_model, accelerate's FSDP2 prepare, sharded save_state/load_state, no_sync) run on the CPU.
+"""
+
+import pytest
+
+from tests.train.common import TORCHRUN, checkpoints, cli, finish, max_difference, run, tiny_config, train_records
+from tests.train.common import weights as read_weights
+from train.dist import FSDP_ON_CPU
+
+# one optimizer step = one epoch of 16 samples, so every run sees the same samples at every step
+COMMON = ["train.max_steps=3", "optim.lr=1e-4", "data.train_num_samples=16", "optim.grad_clip_norm=1.0"]
+
+
+def fsdp(config, *overrides: str) -> None:
+    """2 processes, micro-batches of 8 (4 per rank) x accum_freq 2 = 16 samples per step."""
+    args = [str(config), *COMMON, "train.distributed=fsdp", "data.batch_size=8", "train.accum_freq=2", *overrides]
+    code, _, err = finish(cli(args, launcher=TORCHRUN, env={FSDP_ON_CPU: "1"}), timeout=400)
+    assert code == 0, err[-3000:]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, synthetic):
+    """{"fsdp": 3 steps, checkpoints at 2 and 3; "resumed": from its step 2 to 3; "one": one process} run dirs."""
+    tmp = tmp_path_factory.mktemp("fsdp")
+    config = tiny_config(tmp, synthetic)
+    dirs = {name: tmp / name for name in ("fsdp", "resumed", "one")}
+    fsdp(config, f"train.run_dir={dirs['fsdp']}", "train.save_every=2", "train.keep_last=2")
+    fsdp(config, f"train.run_dir={dirs['resumed']}", f"train.resume={checkpoints(dirs['fsdp'])[0]}")
+    assert run(config, f"train.run_dir={dirs['one']}", "data.batch_size=16", *COMMON) == 0
+    return dirs
+
+
+def test_fsdp_equals_one_process(runs):
+    one, two = train_records(runs["one"]), train_records(runs["fsdp"])
+    assert [r["samples_seen"] for r in two] == [r["samples_seen"] for r in one] == [16, 32, 48]
+    for a, b in zip(one, two):
+        assert abs(a["loss"] - b["loss"]) < 1e-5 and abs(a["grad_norm"] - b["grad_norm"]) < 1e-4 * a["grad_norm"]
+    final = read_weights(checkpoints(runs["fsdp"])[-1])  # the full state dict, gathered from the shards
+    assert max_difference(read_weights(checkpoints(runs["one"])[-1]), final) < 1e-5
+    assert final["logit_scale"].shape == (1,)  # what fully_shard can shard
+
+
+def test_checkpoint_is_sharded_and_resumes_exactly(runs):
+    state = checkpoints(runs["fsdp"])[0] / "state"
+    full_bytes = sum(t.numel() * t.element_size() for t in read_weights(state.parent).values())
+    for part, copies in (("pytorch_model_fsdp_0", 1), ("optimizer_0", 2)):  # AdamW: 2 moments per weight
+        files = {p.name: p.stat().st_size for p in (state / part).iterdir()}
+        assert sorted(files) == [".metadata", "__0_0.distcp", "__1_0.distcp"], part
+        # each rank wrote its own half, none a full copy
+        assert all(0.4 < files[f"__{rank}_0.distcp"] / (copies * full_bytes) < 0.6 for rank in (0, 1)), files
+    resumed, straight = train_records(runs["resumed"]), train_records(runs["fsdp"])
+    assert [r["step"] for r in resumed] == [3] and resumed[0]["loss"] == straight[-1]["loss"]
+    assert (
+        max_difference(read_weights(checkpoints(runs["fsdp"])[-1]), read_weights(checkpoints(runs["resumed"])[-1])) == 0
+    )
