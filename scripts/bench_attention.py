@@ -30,9 +30,11 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from models.attention import ATTENTIONS, build_attention, cpu_kernel, tiled
-from models.attention.chunked import causal_linear
+from models.attention import ATTENTIONS, build_attention
 from models.attention.linear import LinearAttention
+from models.attention.ops import cpu_build
+from models.attention.ops.chunked import causal_linear
+from models.attention.ops.common import fresh
 
 B, H, D, CHUNK = 1, 6, 64, 64
 SIZES = [77, 197, 577, 1024, 4096, 16384, 65536]
@@ -138,7 +140,7 @@ def fresh_page_ms(n_bytes: int = 100 * 2**20) -> float:
     """ms to allocate and first write a new tensor of n_bytes, minus the same write into an old one: page faults."""
     like, shape = torch.empty(1), (n_bytes // 4,)
     old = torch.empty(shape).fill_(0)
-    pairs = [(timed(lambda: tiled.fresh(like, *shape).fill_(1)), timed(lambda: old.fill_(1))) for _ in range(9)]
+    pairs = [(timed(lambda: fresh(like, *shape).fill_(1)), timed(lambda: old.fill_(1))) for _ in range(9)]
     return 1e3 * sorted(new - reused for new, reused in pairs)[len(pairs) // 2]  # the median: single runs are noisy
 
 
@@ -254,9 +256,9 @@ def run(args) -> tuple[pd.DataFrame, dict]:
             if name in args.bf16_variants:
                 rows += bench_line(name, causal, torch.bfloat16, [n for n in args.sizes if n <= args.bf16_max_n], args)
     info["kernel"] = (
-        "the fused C kernel (models/attention/nodenom_cpu.c)"
-        if cpu_kernel.library()
-        else "PyTorch ops (tiled.py; no C kernel was built)"
+        "the fused C kernel (models/attention/ops/linear_affine_nodenom/nodenom_cpu.c)"
+        if cpu_build.library()
+        else "PyTorch ops (ops/linear_affine_nodenom/torch.py; no C kernel was built)"
     )
     info["fresh_ms_per_100mb"] = fresh_page_ms()
     info["chunk_n"] = 4096 if args.quick else 16384
