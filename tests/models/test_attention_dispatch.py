@@ -33,8 +33,9 @@ def like(device: str, dtype=torch.float32, d: int = 64):
 def test_auto_on_the_cpu():
     q = torch.randn(1, 2, 5, 64)
     assert [dispatch.resolve(op, "auto", q, False) for op in OPS] == ["cpu", "cpu", "torch"]  # elu has no C kernel
-    for other, causal in ((q, True), (q.bfloat16(), False), (q.double(), False), (q[..., :48], False)):
+    for other, causal in ((q, True), (q.double(), False), (q[..., :48], False)):
         assert {dispatch.resolve(op, "auto", other, causal) for op in OPS} == {"torch"}
+    assert [dispatch.resolve(op, "auto", q.bfloat16(), False) for op in OPS] == ["cpu", "cpu", "torch"]  # upcast
 
 
 def test_auto_on_cuda_takes_torch_until_the_triton_files_exist():
@@ -91,8 +92,8 @@ def test_explicit_impls_that_cannot_run_say_what_is_missing():
         if dispatch.triton_missing(op):
             with pytest.raises(ValueError, match=f"impl=triton: models/attention/ops/{op}/triton.py is not in"):
                 build_attention(op, 128, 2, impl="triton")
-    with pytest.raises(ValueError, match="impl=cpu here: the C kernels take float32, the inputs are bfloat16"):
-        attend("linear_affine", q.bfloat16(), q.bfloat16(), q.bfloat16(), impl="cpu")
+    with pytest.raises(ValueError, match=r"impl=cpu here: the C kernels take float32 \(bf16 and fp16 upcast to it\), "):
+        attend("linear_affine", q.double(), q.double(), q.double(), impl="cpu")
     assert dispatch.triton_why_not("linear_affine", like("cpu")).startswith("the Triton kernels run on CUDA")
     assert "float64" in dispatch.triton_why_not("linear_affine", like("cuda", torch.float64))
 
@@ -123,8 +124,9 @@ def test_a_choice_is_resolved_once_and_logged_once(caplog, monkeypatch):
     assert len(calls) == 2  # fp32 once (the layer and the function share it), fp64 once
     lines = [r.getMessage() for r in caplog.records if r.name == "models.attention"]
     assert lines == [
-        "attention linear_affine_nodenom: impl cpu (auto: fp32 on the CPU: the fused C kernel)",
-        "attention linear_affine_nodenom: impl torch (auto: the C kernels take float32, the inputs are float64)",
+        "attention linear_affine_nodenom: impl cpu (auto: on the CPU: the fused C kernel)",
+        "attention linear_affine_nodenom: impl torch (auto: the C kernels take float32 (bf16 and fp16 upcast to it), "
+        "the inputs are float64)",
     ]
 
 

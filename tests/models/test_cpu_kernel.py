@@ -111,10 +111,10 @@ def test_non_temporal_stores_give_identical_results(monkeypatch):
 def test_unsupported_inputs_take_the_pytorch_path():
     q = torch.randn(1, 4, 10, 64)
     assert cpu_build.why_not(q, causal=False) == ""
-    assert "float32" in cpu_build.why_not(q.double(), causal=False)
+    assert "float32" in cpu_build.why_not(q.double(), causal=False) and not cpu_build.why_not(q.bfloat16(), False)
     assert "head sizes" in cpu_build.why_not(q[..., :48], causal=False)  # D = 48
     assert "non-causal" in cpu_build.why_not(q, causal=True)
-    for other in (q.double(), q.bfloat16(), q[..., :48]):
+    for other in (q.double(), q[..., :48]):
         assert dispatch.resolve(NAME, "auto", other, False) == "torch"
     empty = torch.randn(0, 2, 10, 64, requires_grad=True)  # a batch of none
     attend(NAME, empty, empty, empty, causal=False).sum().backward()

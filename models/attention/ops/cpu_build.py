@@ -3,8 +3,9 @@ with the system C compiler on first use and loads them through ctypes; each op's
 
 The kernels compute non-causal linear_affine_nodenom and linear_affine, forward and backward, in one
 OpenMP region each (see the C files' headers); each op's torch.py is the same math in PyTorch ops, which
-the dispatcher (dispatch.py) takes where a kernel cannot run: no C compiler, a GPU, fp64 or bf16, a head
-size other than 16/32/64/128, a causal layer, torch.compile, or CLIP_CPU_KERNEL=0.
+the dispatcher (dispatch.py) takes where a kernel cannot run: no C compiler, a GPU, fp64, a head size other
+than 16/32/64/128, a causal layer, torch.compile, or CLIP_CPU_KERNEL=0. bf16 and fp16 inputs are upcast to
+fp32 for the kernels (one pass, far cheaper on the CPU than the many small ops of the PyTorch path).
 
 The library is compiled with -march=native into a cache folder ($CLIP_KERNEL_CACHE, else
 $XDG_CACHE_HOME/clip-attention, else ~/.cache/clip-attention) under a name that hashes the source,
@@ -38,6 +39,7 @@ FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fopenmp", "-shared", "-fPI
 HEAD_DIMS = (16, 32, 64, 128)
 DISABLE = "CLIP_CPU_KERNEL"
 STREAM_BYTES = 32 << 20
+LOW_PRECISION = (torch.float32, torch.bfloat16, torch.float16)  # what the kernels take; they compute in fp32
 
 
 def cpu_identity() -> str:
@@ -128,8 +130,8 @@ def why_not(q: Tensor, causal: bool) -> str:
     """Why the C kernels cannot take q [..., N, D] ("" when they can): device, dtype, head size, causality, build."""
     if q.device.type != "cpu":
         return f"the C kernels run on the CPU, the inputs are on {q.device.type}"
-    if q.dtype != torch.float32:
-        return f"the C kernels take float32, the inputs are {dtype_name(q.dtype)}"
+    if q.dtype not in LOW_PRECISION:
+        return f"the C kernels take float32 (bf16 and fp16 upcast to it), the inputs are {dtype_name(q.dtype)}"
     if q.shape[-1] not in HEAD_DIMS:
         return f"the C kernels take head sizes {', '.join(map(str, HEAD_DIMS))}, not {q.shape[-1]}"
     if causal:

@@ -2,8 +2,8 @@
 
 - reference: the naive O(N^2) definition (reference.py); for checking, never fast.
 - torch: PyTorch ops (<op>/torch.py): any device and dtype, fp64, torch.compile.
-- cpu: the fused C kernels (<op>/cpu.py): non-causal linear_affine_nodenom and linear_affine, fp32 on the CPU,
-  head sizes 16/32/64/128, a C compiler, CLIP_CPU_KERNEL not 0.
+- cpu: the fused C kernels (<op>/cpu.py): non-causal linear_affine_nodenom and linear_affine on the CPU in fp32
+  (bf16 and fp16 inputs upcast to it), head sizes 16/32/64/128, a C compiler, CLIP_CPU_KERNEL not 0.
 - triton: the Triton kernels (<op>/triton.py, `attend(q, k, v, *, causal, key_mask)`): CUDA tensors (or CPU ones
   under TRITON_INTERPRET=1) in fp32, bf16 or fp16, and the triton package.
 - auto: triton for CUDA inputs when it can run, else cpu where the C kernels apply, else torch; under
@@ -95,7 +95,7 @@ def choose(op: str, q: Tensor, causal: bool) -> tuple[str, str]:
         return "torch", why
     if "cpu" in OPS[op]:
         why = cpu_build.why_not(q, causal)
-        return ("cpu", "fp32 on the CPU: the fused C kernel") if not why else ("torch", why)
+        return ("cpu", "on the CPU: the fused C kernel") if not why else ("torch", why)
     return "torch", f"{op} has no C kernel" if q.device.type == "cpu" else f"inputs on {q.device.type}"
 
 

@@ -1,4 +1,5 @@
-"""linear_affine on the fused C kernel (affine_cpu.c): non-causal, fp32, CPU, D in 16/32/64/128.
+"""linear_affine on the fused C kernel (affine_cpu.c): non-causal, fp32 (bf16 and fp16
+upcast to it), CPU, D in 16/32/64/128.
 
 The same math as ops/normalised.py (o = c + q^ S / den, v centred on the mean real value), forward and
 backward one OpenMP region each. Empty inputs (a batch of none) take torch.py, which handles them.
@@ -56,5 +57,6 @@ def attend(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, key_mask: Tensor | 
     """[B, H, N, D] x3 -> [B, H, N, D]; non-causal only (the dispatcher refuses causal here)."""
     if q.numel() == 0 or k.numel() == 0:
         return torch_path.attend(q, k, v, causal=causal, key_mask=key_mask, chunk_size=chunk_size)
-    qf, kf, vf = flatten(q, k, v)
-    return AffineKernel.apply(qf, kf, vf, key_weights(key_mask, q, q.dtype)).reshape(q.shape)
+    qf, kf, vf = (t.float() for t in flatten(q, k, v))  # bf16 / fp16 upcast: the kernels compute in fp32
+    keep = key_weights(key_mask, q, torch.float32)
+    return AffineKernel.apply(qf, kf, vf, keep).reshape(q.shape).to(q.dtype)

@@ -1,4 +1,5 @@
-"""linear_affine_nodenom on the fused C kernel (nodenom_cpu.c): non-causal, fp32, CPU, D in 16/32/64/128.
+"""linear_affine_nodenom on the fused C kernel (nodenom_cpu.c): non-causal, fp32 (bf16 and fp16
+upcast to it), CPU, D in 16/32/64/128.
 
 The dispatcher only sends what the kernel takes (ops/cpu_build.py: why_not); forward and backward are one
 OpenMP region each. Empty inputs (a batch of none) take torch.py's blocks, which handle them.
@@ -48,6 +49,6 @@ def attend(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, key_mask: Tensor | 
     """[B, H, N, D] x3 -> [B, H, N, D]; non-causal only (the dispatcher refuses causal here)."""
     if q.numel() == 0 or k.numel() == 0:
         return torch_path.attend(q, k, v, causal=causal, key_mask=key_mask, chunk_size=chunk_size)
-    qf, kf, vf = flatten(q, k, v)
-    keep = key_weights(key_mask, q, q.dtype)
-    return torch_path.NoDenom.apply(qf, kf, vf, keep, (forward, backward)).reshape(q.shape)
+    qf, kf, vf = (t.float() for t in flatten(q, k, v))  # bf16 / fp16 upcast: the kernels compute in fp32
+    keep = key_weights(key_mask, q, torch.float32)
+    return torch_path.NoDenom.apply(qf, kf, vf, keep, (forward, backward)).reshape(q.shape).to(q.dtype)
