@@ -11,16 +11,7 @@ from scripts import bench_device, bench_train
 
 
 def test_tiny_run_writes_csv_table_and_plot(tmp_path):
-    sizes = [
-        "--sizes",
-        "tiny-s",
-        "--attention-size",
-        "tiny-s",
-        "--resolutions",
-        "32,64",
-        "--attentions",
-        "linear_affine",
-    ]
+    sizes = ["--sizes", "tiny-s", "--attention-size", "tiny-s", "--resolutions", "64", "--attentions", "linear_affine"]
     batches = ["--batch-size", "4", "--attention-batch-size", "2", "--steps", "1"]
     bench_train.main([*sizes, *batches, "--out", str(tmp_path)])
     with open(tmp_path / "bench_train.csv") as f:
