@@ -75,12 +75,14 @@ if [ "$MODE" = rehearse ]; then
   ATTENTION_GRID=(--quick --variants softmax linear_affine_nodenom --long-sizes)
   TRAIN_GRID=(--sizes tiny-s --attention-size tiny-s --resolutions 64 --attentions linear_affine --steps 1)
   TESTS=(tests/gpu)  # the Triton tests under the interpreter take minutes here: collected, not run
+  TRAIN_CHECK=(--device cpu --model tiny-s --sharded-model tiny-s --steps 2 --batch 4 --sharded-batch 4 --timeout 80)
   [ ${#TRITON_TESTS[@]} -gt 0 ] && step triton_collect 120 "$PY" -m pytest -q --collect-only -p no:cacheprovider "${TRITON_TESTS[@]}"
 else
   DEVICE=cuda
   ATTENTION_GRID=(--sizes 77 197 4096 65536 1048576 4000000 --dtypes bfloat16 --budget 0.2 --max-seconds 2 --total-minutes 1.4)
   TRAIN_GRID=(--sizes ViT-B-16 --steps 2 --resolutions 224,448,896)
   TESTS=(tests/gpu "${TRITON_TESTS[@]}")
+  TRAIN_CHECK=(--timeout 80)
 fi
 
 step environment 40 bash -c "nvidia-smi || true; $PY -c '$(cat <<'PYTHON'
@@ -98,7 +100,7 @@ step bench_attention 120 "$PY" -m scripts.bench_attention --device "$DEVICE" "${
 step bench_train 60 "$PY" -m scripts.bench_train --device "$DEVICE" "${TRAIN_GRID[@]}" --out "$DIR"
 # ---- the training check (scripts/gpu_train_check.py: 20 steps of ViT-B-16 bf16 on one GPU, FSDP with two) ----
 if [ -f scripts/gpu_train_check.py ]; then
-  step gpu_train_check 90 "$PY" -m scripts.gpu_train_check --out "$DIR/train_check"
+  step gpu_train_check 90 "$PY" -m scripts.gpu_train_check "${TRAIN_CHECK[@]}" --out "$DIR/train_check"
 elif [ "$MODE" != dry ]; then
   echo "| gpu_train_check | skipped: scripts/gpu_train_check.py is not in this checkout | 0 | |" >>"$SUMMARY"
 fi
