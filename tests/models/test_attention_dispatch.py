@@ -67,6 +67,7 @@ def stand_in_triton(monkeypatch):
 
 
 def test_triton_files_are_used_once_they_exist(stand_in_triton, monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # the Triton tests' conftest may have set it
     assert dispatch.choose("linear_elu", like("cuda", torch.bfloat16), True) == ("triton", "CUDA inputs")
     q, k, v = torch.randn(3, 1, 2, 7, 16).unbind(0)
     mask = torch.ones(1, 7, dtype=torch.bool)
