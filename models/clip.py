@@ -102,7 +102,7 @@ def build_clip(cfg: ModelConfig) -> CLIP:
         heads=image_heads,
         output_dim=size["embed_dim"],
         attentions=image_names,
-        options=layer_options("image", image_names, cfg.image_attention_options, image_tokens),
+        options=layer_options("image", image_names, cfg.image_attention_options, image_tokens, cfg.attention_impl),
         mlp_ratio=v.get("mlp_ratio", 4.0),
         quick_gelu=quick_gelu,
         patch_dropout=cfg.patch_dropout or v.get("patch_dropout", 0.0),
@@ -113,7 +113,7 @@ def build_clip(cfg: ModelConfig) -> CLIP:
         width=t["width"],
         heads=text_heads,
         attentions=text_names,
-        options=layer_options("text", text_names, cfg.text_attention_options, t["context_length"]),
+        options=layer_options("text", text_names, cfg.text_attention_options, t["context_length"], cfg.attention_impl),
         mlp_ratio=t.get("mlp_ratio", 4.0),
         quick_gelu=quick_gelu,
     )

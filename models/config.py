@@ -79,6 +79,8 @@ class ModelConfig:
     `image_attention` / `text_attention` is one registry name for every layer, or a list with one name
     per layer (a hybrid stack). The options dicts go to every layer of that tower; in a hybrid stack a
     dict keyed by attention name ({"linformer": {"max_length": 64}}) gives each variant its own.
+    `attention_impl` (auto | reference | torch | cpu | triton) picks the implementation of every layer whose
+    variant has several (the linear ones, models/attention/ops/dispatch.py); an `impl` in the options dicts wins.
     `pretrained` is a softmax (or any) checkpoint, safetensors or torch file: every weight whose name
     and shape match is loaded, the rest keep their fresh initialisation (see `models.load_pretrained`).
     """
@@ -88,6 +90,7 @@ class ModelConfig:
     text_attention: str | list[str] = "softmax"
     image_attention_options: dict = field(default_factory=dict)
     text_attention_options: dict = field(default_factory=dict)
+    attention_impl: str = "auto"
     grad_checkpointing: bool = False
     patch_dropout: float = 0.0
     pretrained: str | None = None
@@ -156,17 +159,19 @@ def layer_attentions(tower: str, attention: str | list[str], layers: int, causal
     return names
 
 
-def layer_options(tower: str, names: list[str], options: dict, seq_len: int) -> list[dict]:
+def layer_options(tower: str, names: list[str], options: dict, seq_len: int, impl: str = "auto") -> list[dict]:
     """The options of each layer: one flat dict for all, or a dict keyed by attention name; names checked.
 
     A variant with a `max_length` option (a fixed-length projection, e.g. Linformer) gets the tower's
-    sequence length unless the options set it.
+    sequence length unless the options set it; one with an `impl` option gets `impl` unless they set it.
     """
     per_name = bool(options) and all(k in names and isinstance(v, dict) for k, v in options.items())
     per_layer = [dict(options.get(n, {})) if per_name else dict(options) for n in names]
     for name, opts in zip(names, per_layer):
         if "max_length" in (accepted_options(get_attention(name)) or ()):
             opts.setdefault("max_length", seq_len)
+        if impl != "auto" and "impl" in (accepted_options(get_attention(name)) or ()):
+            opts.setdefault("impl", impl)
     for name, opts in dict(zip(names, per_layer)).items():
         known = accepted_options(get_attention(name))
         unknown = sorted(set(opts) - known) if known is not None else []

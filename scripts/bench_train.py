@@ -2,15 +2,18 @@
 
     python scripts/bench_train.py [--batch-size 8] [--steps 3] [--sizes ViT-S-16,ViT-B-16] [--resolutions 224,448]
                                   [--attention-batch-size 2] [--threads 1] [--out docs]
+    python -m scripts.bench_train --device cuda     # batch 64 / 16, 224, 448 and 896 px, bf16 attention part
 
 Part 1: ViT-S-16 and ViT-B-16 with softmax attention, ours (models.build_clip + train.loss.ClipLoss) against
 open_clip's own (open_clip.create_model + open_clip.loss.ClipLoss), on the same batch at 224 px, fp32 and bf16
-autocast. Part 2: ViT-S-16 with each registered image attention (text tower softmax, so only the image
-attention changes) at each resolution, fp32, batch 2 to keep the run under 10 minutes. One intra-op thread by
-default: on a shared CPU, idle threads' spin-waits make multi-threaded timings erratic. One warm-up step, then
-`--steps` timed rounds in which the contenders take turns (order reversed every other round); the fastest
-step is kept, since load from other jobs only adds time.
-Writes docs/bench_train.csv, docs/bench_train.md and docs/bench_train.png.
+autocast. Part 2: ViT-S-16 with each image attention (text tower softmax, so only the image attention
+changes) at each resolution: on the CPU every registered one in fp32, batch 2 to keep the run under 10
+minutes; on a GPU softmax and the three linear ones in bf16. One intra-op thread by default on the CPU: on a
+shared CPU, idle threads' spin-waits make multi-threaded timings erratic. One warm-up step, then `--steps`
+timed rounds in which the contenders take turns (order reversed every other round); the fastest step is
+kept, since load from other jobs only adds time. Timer and memory probe per device (scripts/bench_device.py):
+on a GPU CUDA events and torch.cuda.max_memory_allocated (peak above what the model held before the step); a
+contender that runs out of memory is reported as such. Writes <out>/bench_train[_cuda].csv, .md and .png.
 """
 
 from __future__ import annotations
@@ -19,17 +22,23 @@ import argparse
 import csv
 import json
 import os
-import platform
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import open_clip
 import torch
+
+try:
+    import open_clip
+except ImportError as err:  # models/ builds on open_clip's configs and tokenizer, so nothing runs without it
+    raise SystemExit(
+        f"error: open_clip is needed ({err}); pip install open_clip_torch, or carry its wheel (scripts/gpu_check.sh)"
+    ) from None
 
 from models import ModelConfig, build_clip
 from models.attention import ATTENTIONS
+from scripts import bench_device
 from train.config import OptimConfig
 from train.loss import ClipLoss
 from train.optim import build_optimizer
@@ -49,152 +58,162 @@ def register_resolution(size: str, pixels: int, folder: Path) -> str:
     return name
 
 
-def batch(size: str, pixels: int, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+def batch(size: str, pixels: int, batch_size: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(0)
     captions = [f"a photo of object number {i}" for i in range(batch_size)]
-    return torch.randn(batch_size, 3, pixels, pixels, generator=g), open_clip.get_tokenizer(size)(captions)
+    images = torch.randn(batch_size, 3, pixels, pixels, generator=g)
+    return images.to(device), open_clip.get_tokenizer(size)(captions).to(device)
 
 
 def make_step(model, loss_fn, images, tokens, precision: str):
     """A closure doing one full training step; AdamW with our parameter groups for every contender."""
+    model.to(images.device).train()
     optimizer, _ = build_optimizer(model, OptimConfig(), max_steps=1000)
-    model.train()
 
-    def step() -> float:
-        start = time.perf_counter()
+    def step() -> None:
         optimizer.zero_grad(set_to_none=True)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+        with torch.autocast(images.device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
             image_features, text_features, scale = model(images, tokens)[:3]
             loss = loss_fn(image_features.float(), text_features.float(), scale)
         loss.backward()
         optimizer.step()
-        return time.perf_counter() - start
 
     return step
 
 
-def race(steps: dict, rounds: int) -> dict[str, float]:
-    """Fastest seconds per step of each contender over `rounds`, after one warm-up step each.
+def race(steps: dict, rounds: int, probe) -> dict[str, tuple[float, float | None]]:
+    """(fastest seconds per step, peak extra MB) of each contender over `rounds` after one warm-up step each (the
+    memory run), or (nan, nan) for one that ran out of memory (left out of the later rounds).
 
     The contenders take turns within a round, in reversed order every other round; the minimum is kept
     because on a shared machine other jobs only ever add time (as `timeit` advises)."""
-    for step in steps.values():
-        step()
-    times = {name: [] for name in steps}
-    order = list(steps)
+    peaks = {name: guarded(lambda step=step: probe.peak_mb(step), probe) for name, step in steps.items()}
+    order, times = [name for name in steps if peaks[name] is not OOM], {name: [] for name in steps}
     for r in range(rounds):
         for name in order if r % 2 == 0 else order[::-1]:
-            times[name].append(steps[name]())
-    return {name: min(t) for name, t in times.items()}
+            times[name].append(guarded(lambda name=name: probe.time(steps[name]), probe))
+    nan = float("nan")
+    return {name: (nan, nan) if peaks[name] is OOM or OOM in t else (min(t), peaks[name]) for name, t in times.items()}
 
 
-def ours_vs_open_clip(sizes: list[str], batch_size: int, rounds: int) -> list[dict]:
+OOM = "out of memory"
+
+
+def guarded(measure, probe):
+    """measure(), or OOM when it runs out of memory (the memory is freed); other errors propagate."""
+    try:
+        return measure()
+    except Exception as err:  # only out-of-memory is reported; anything else is re-raised
+        if not bench_device.is_oom(err):
+            raise
+    probe.free()
+    return OOM
+
+
+def row(part: str, model: str, pixels: int, precision: str, attention: str, result: tuple, peer: tuple) -> dict:
+    """One CSV row: seconds and peak MB of ours, of the peer (open_clip, or softmax attention), and their ratio."""
+    (seconds, peak), (peer_s, _) = result, peer
+    out = dict(part=part, model=model, pixels=pixels, precision=precision, attention=attention, ours_s=seconds)
+    out.update(peak_mb=peak, ratio=seconds / peer_s, status="" if seconds == seconds else OOM)
+    return out | ({"open_clip_s": peer_s} if part == "vs_open_clip" else {})
+
+
+def ours_vs_open_clip(sizes: list[str], batch_size: int, rounds: int, probe) -> list[dict]:
     rows = []
     for size in sizes:
-        images, tokens = batch(size, 224, batch_size)
+        pixels = open_clip.get_model_config(size)["vision_cfg"]["image_size"]  # 224 for the ViT-*-16
+        images, tokens = batch(size, pixels, batch_size, probe.device)
         for precision in ("fp32", "bf16"):
             torch.manual_seed(0)
             ours = build_clip(ModelConfig(name=size))
             theirs = open_clip.create_model(size)
-            result = race(
-                {
-                    "ours": make_step(ours, ClipLoss(), images, tokens, precision),
-                    "open_clip": make_step(theirs, open_clip.loss.ClipLoss(), images, tokens, precision),
-                },
-                rounds,
-            )
-            rows.append(
-                {
-                    "part": "vs_open_clip",
-                    "model": size,
-                    "pixels": 224,
-                    "precision": precision,
-                    "attention": "softmax",
-                    "ours_s": result["ours"],
-                    "open_clip_s": result["open_clip"],
-                    "ratio": result["ours"] / result["open_clip"],
-                }
-            )
-            print(
-                f"{size} {precision}: ours {result['ours']:.3f} s, open_clip {result['open_clip']:.3f} s, "
-                f"ratio {rows[-1]['ratio']:.2f}",
-                flush=True,
-            )
-            del ours, theirs
+            steps = {
+                "ours": make_step(ours, ClipLoss(), images, tokens, precision),
+                "open_clip": make_step(theirs, open_clip.loss.ClipLoss(), images, tokens, precision),
+            }
+            result = race(steps, rounds, probe)
+            rows.append(row("vs_open_clip", size, pixels, precision, "softmax", result["ours"], result["open_clip"]))
+            times = f"ours {result['ours'][0]:.3f} s, open_clip {result['open_clip'][0]:.3f} s"
+            print(f"{size} {precision}: {times}, ratio {rows[-1]['ratio']:.2f}", flush=True)
+            del ours, theirs, steps
+            probe.free()
     return rows
 
 
-def attentions(size: str, resolutions: list[int], batch_size: int, rounds: int, folder: Path) -> list[dict]:
-    rows = []
+def attentions(size: str, names: list[str], resolutions: list[int], batch_size: int, rounds: int, probe, folder: Path):
+    """Rows of part 2: each image attention at each resolution, in fp32 on the CPU and bf16 on a GPU."""
+    rows, precision = [], "fp32" if probe.device == "cpu" else "bf16"
     for pixels in resolutions:
         name = register_resolution(size, pixels, folder)
-        images, tokens = batch(size, pixels, batch_size)
+        images, tokens = batch(size, pixels, batch_size, probe.device)
         steps = {}
-        for attention in sorted(ATTENTIONS):
+        for attention in names:
             torch.manual_seed(0)
             model = build_clip(ModelConfig(name=name, image_attention=attention, text_attention="softmax"))
-            steps[attention] = make_step(model, ClipLoss(), images, tokens, "fp32")
-        result = race(steps, rounds)
-        for attention, seconds in result.items():
-            rows.append(
-                {
-                    "part": "attention",
-                    "model": size,
-                    "pixels": pixels,
-                    "precision": "fp32",
-                    "attention": attention,
-                    "ours_s": seconds,
-                    "ratio": seconds / result["softmax"],
-                }
-            )
-            print(f"{size} {pixels}px {attention}: {seconds:.3f} s ({rows[-1]['ratio']:.2f}x softmax)", flush=True)
+            steps[attention] = make_step(model, ClipLoss(), images, tokens, precision)
+        result = race(steps, rounds, probe)
+        for attention, measured in result.items():
+            rows.append(row("attention", size, pixels, precision, attention, measured, result["softmax"]))
+            print(f"{size} {pixels}px {attention}: {measured[0]:.3f} s ({rows[-1]['ratio']:.2f}x softmax)", flush=True)
+        del steps
+        probe.free()
     return rows
 
 
-def write_outputs(rows: list[dict], args, seconds: float) -> None:
-    out = Path(args.out)
+def seconds(value: float) -> str:
+    return OOM if value != value else f"{value:.3f}"
+
+
+def write_outputs(rows: list[dict], args, probe, total: float) -> None:
+    out, stem = Path(args.out), "bench_train" if probe.device == "cpu" else "bench_train_cuda"
     out.mkdir(parents=True, exist_ok=True)
-    fields = ["part", "model", "pixels", "precision", "attention", "ours_s", "open_clip_s", "ratio"]
-    with open(out / "bench_train.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fields)
+    fields = ["part", "model", "pixels", "precision", "attention", "ours_s", "open_clip_s", "ratio", "peak_mb"]
+    with open(out / f"{stem}.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, [*fields, "status"])
         writer.writeheader()
         writer.writerows(rows)
     first = [r for r in rows if r["part"] == "vs_open_clip"]
     second = [r for r in rows if r["part"] == "attention"]
+    where = "CPU" if probe.device == "cpu" else "GPU"
     lines = [
         "# Training step: ours against open_clip, and each attention",
         "",
         f"`{' '.join(['python scripts/bench_train.py', *sys.argv[1:]])}`: batch {args.batch_size}, "
-        f"CPU ({platform.processor() or platform.machine()}, "
-        f"{torch.get_num_threads()} thread(s), shared: load average {os.getloadavg()[0]:.1f} at the end), "
+        f"{where} ({probe.describe()}; load average {os.getloadavg()[0]:.1f} at the end), "
         f"torch {torch.__version__}, open_clip {open_clip.__version__}; fastest of {args.steps} "
-        "steps after one warm-up; a step = forward, contrastive loss, backward, AdamW step. "
-        f"Total run {seconds / 60:.1f} min.",
+        "steps after one warm-up; a step = forward, contrastive loss, backward, AdamW step; peak = memory above "
+        f"what was held before the step. Total run {total / 60:.1f} min.",
         "",
-        "## Softmax CLIP, ours vs open_clip (224 px)",
+        "## Softmax CLIP, ours vs open_clip (224 px for the ViT-*-16)",
         "",
-        "| model | precision | ours s/step | open_clip s/step | ours / open_clip |",
-        "| --- | --- | ---: | ---: | ---: |",
+        "| model | precision | ours s/step | open_clip s/step | ours / open_clip | ours peak MB |",
+        "| --- | --- | ---: | ---: | ---: | ---: |",
     ]
     lines += [
-        f"| {r['model']} | {r['precision']} | {r['ours_s']:.3f} | {r['open_clip_s']:.3f} | {r['ratio']:.2f} |"
+        f"| {r['model']} | {r['precision']} | {seconds(r['ours_s'])} | {seconds(r['open_clip_s'])} | {r['ratio']:.2f} "
+        f"| {r['peak_mb'] or float('nan'):.0f} |"
         for r in first
     ]
+    precision = second[0]["precision"] if second else ""
     lines += [
         "",
         f"## Image attention variants ({args.attention_size}, batch {args.attention_batch_size}, "
-        "text tower softmax, fp32)",
+        f"text tower softmax, {precision})",
         "",
-        "| pixels | attention | s/step | / softmax |",
-        "| ---: | --- | ---: | ---: |",
+        "| pixels | attention | s/step | / softmax | peak MB |",
+        "| ---: | --- | ---: | ---: | ---: |",
     ]
-    lines += [f"| {r['pixels']} | {r['attention']} | {r['ours_s']:.3f} | {r['ratio']:.2f} |" for r in second]
-    lines += ["", "![seconds per step](bench_train.png)", ""]
-    (out / "bench_train.md").write_text("\n".join(lines))
-    plot(first, second, out)
+    lines += [
+        f"| {r['pixels']} | {r['attention']} | {seconds(r['ours_s'])} | {r['ratio']:.2f} | "
+        f"{r['peak_mb'] or float('nan'):.0f} |"
+        for r in second
+    ]
+    lines += ["", f"![seconds per step]({stem}.png)", ""]
+    (out / f"{stem}.md").write_text("\n".join(lines))
+    plot(first, second, out / f"{stem}.png")
 
 
-def plot(first: list[dict], second: list[dict], out: Path) -> None:
+def plot(first: list[dict], second: list[dict], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -217,36 +236,51 @@ def plot(first: list[dict], second: list[dict], out: Path) -> None:
         right.bar([i + j * width for i in range(len(names))], [values[n] for n in names], width, label=f"{px} px")
     right.set_xticks([i + width * (len(pixels) - 1) / 2 for i in range(len(names))], names, rotation=30, ha="right")
     right.set_ylabel("seconds per training step")
-    right.set_title("image attention variants, fp32")
+    right.set_title(f"image attention variants, {second[0]['precision'] if second else ''}")
     right.legend()
     fig.tight_layout()
-    fig.savefig(out / "bench_train.png", dpi=120)
+    fig.savefig(path, dpi=120)
+
+
+GPU_DEFAULTS = dict(batch_size=64, attention_batch_size=16, resolutions="224,448,896", steps=5)
+GPU_ATTENTIONS = ["softmax", "linear_affine_nodenom", "linear_affine", "linear_elu"]
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--batch-size", type=int, help="part 1 (default 8 on the CPU, 64 on a GPU)")
+    parser.add_argument("--steps", type=int, help="timed rounds (default 3 on the CPU, 5 on a GPU)")
+    parser.add_argument("--sizes", default="ViT-S-16,ViT-B-16")
+    parser.add_argument("--attention-size", default="ViT-S-16")
+    parser.add_argument("--attentions", help="part 2, comma-separated (default: all; on a GPU softmax + the linear)")
+    parser.add_argument("--resolutions", help="part 2 (default 224,448 on the CPU, 224,448,896 on a GPU)")
+    parser.add_argument("--attention-batch-size", type=int, help="part 2 (default 2 on the CPU, 16 on a GPU)")
+    parser.add_argument("--threads", type=int, default=1, help="CPU intra-op threads")
+    parser.add_argument("--out", default=str(DOCS), help="folder for bench_train[_cuda].csv/.md/.png")
+    args = parser.parse_args(argv)
+    cpu = dict(batch_size=8, attention_batch_size=2, resolutions="224,448", steps=3)
+    for key, value in (GPU_DEFAULTS if args.device == "cuda" else cpu).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    names = args.attentions.split(",") if args.attentions else GPU_ATTENTIONS if args.device == "cuda" else None
+    args.attention_names = sorted(set(names or ATTENTIONS) | {"softmax"})  # softmax: the peer of every ratio
+    return args
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--sizes", default="ViT-S-16,ViT-B-16")
-    parser.add_argument("--attention-size", default="ViT-S-16")
-    parser.add_argument("--resolutions", default="224,448")
-    parser.add_argument("--attention-batch-size", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--out", default=str(DOCS), help="folder for bench_train.csv/.md/.png")
-    args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
+    args = parse_args(argv)
+    probe = bench_device.probe(args.device)
+    if args.device == "cpu":
+        torch.set_num_threads(args.threads)
     start = time.perf_counter()
-    rows = ours_vs_open_clip(args.sizes.split(","), args.batch_size, args.steps)
+    rows = ours_vs_open_clip(args.sizes.split(","), args.batch_size, args.steps, probe) if args.sizes else []
     with tempfile.TemporaryDirectory() as folder:
-        rows += attentions(
-            args.attention_size,
-            [int(p) for p in args.resolutions.split(",")],
-            args.attention_batch_size,
-            args.steps,
-            Path(folder),
-        )
-    write_outputs(rows, args, time.perf_counter() - start)
-    print(f"wrote {Path(args.out) / 'bench_train.md'}, .csv and .png in {(time.perf_counter() - start) / 60:.1f} min")
+        resolutions = [int(p) for p in args.resolutions.split(",")]
+        part = (args.attention_size, args.attention_names, resolutions, args.attention_batch_size, args.steps)
+        rows += attentions(*part, probe, Path(folder))
+    write_outputs(rows, args, probe, time.perf_counter() - start)
+    print(f"wrote {args.out}/bench_train*.md, .csv and .png in {(time.perf_counter() - start) / 60:.1f} min")
 
 
 if __name__ == "__main__":

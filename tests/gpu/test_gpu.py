@@ -1,6 +1,7 @@
 """Checks that need a CUDA GPU (run on the device machine; every test skips cleanly without one).
 
-Every registered attention on CUDA against its fp64 reference (fp32 and bf16, fused SDPA kernels),
+Every registered attention on CUDA against its fp64 reference (fp32 and bf16, fused SDPA kernels), every
+implementation of the linear ops that can run on CUDA (auto, torch, triton where present) likewise,
 linear_affine_nodenom in bf16 at N = 65536, and train.main on the GPU: bf16, fp16 (gradient scaler)
 and FSDP over two GPUs under torchrun.
 """
@@ -13,7 +14,8 @@ from safetensors.torch import load_file
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from models import ModelConfig, build_clip
-from models.attention import attend
+from models.attention import attend, reference
+from models.attention.ops import dispatch
 from tests.models.test_attention import DIM, MODES, ids, layer, qkv_pair, rel_err
 from tests.train.common import TORCHRUN, checkpoints, cli, finish, run, tiny_config, train_records
 from tests.train.conftest import fresh_accelerate, synthetic  # noqa: F401  (fixtures, used by name)
@@ -115,6 +117,38 @@ def test_nodenom_bf16_at_65536_tokens(exact_fp32):
         assert rel_err(out, exact) <= 1e-2
         last[causal] = exact[:, :, -1]
     assert rel_err(last[True], last[False]) <= 1e-5
+
+
+@needs_gpu
+@pytest.mark.parametrize("op", sorted(dispatch.OPS))
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype,tolerance", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+def test_every_cuda_impl_of_the_linear_ops_equals_reference(op, causal, dtype, tolerance, exact_fp32):
+    """Outputs and all three gradients, with padding, at N = 300 (causal: beyond the quadratic form's 256)."""
+    base = [torch.randn(2, 3, 300, 64, dtype=torch.float64) for _ in range(3)]
+    key_mask = torch.ones(2, 300, dtype=torch.bool)
+    key_mask[-1, 250:] = False
+    exact = [t.clone().requires_grad_() for t in base]
+    ref = getattr(reference, op)(*exact, causal=causal, key_mask=key_mask)
+    grad = torch.randn_like(ref)
+    ref.backward(grad)
+    probe = base[0].to("cuda", dtype)
+    impls = ["auto"] + [i for i in ("torch", "triton") if not dispatch.why_not(op, i, probe, causal)]
+    assert dispatch.resolve(op, "auto", probe, causal) == ("triton" if "triton" in impls else "torch")
+    for impl in impls:
+        leaves = on_cuda(base, dtype)
+        out = attend(op, *leaves, causal=causal, key_mask=key_mask.cuda(), impl=impl)
+        out.backward(grad.to("cuda", dtype))
+        assert out.dtype == dtype and rel_err(out.float().cpu(), ref) <= tolerance, impl
+        for name, a, r in zip("qkv", leaves, exact):
+            assert rel_err(a.grad.float().cpu(), r.grad) <= tolerance, f"{impl}: grad of {name}"
+
+
+@needs_gpu
+def test_explicit_cpu_impl_on_cuda_says_why():
+    q = torch.randn(1, 2, 9, 64, device="cuda")
+    with pytest.raises(ValueError, match="the C kernels run on the CPU, the inputs are on cuda"):
+        attend("linear_affine_nodenom", q, q, q, impl="cpu")
 
 
 def finite_checkpoint(run_dir):

@@ -1,12 +1,16 @@
-"""The fused C kernels of non-causal linear_affine_nodenom and linear_affine (models/attention/nodenom_cpu.c,
-affine_cpu.c): built where a compiler exists, the path taken on the CPU in fp32, they agree with the O(N^2)
-reference and with the PyTorch paths (tiled.py, NormalisedLinear) at every head size they support, and fall
-back cleanly when they cannot be built."""
+"""The fused C kernels of non-causal linear_affine_nodenom and linear_affine (models/attention/ops/*/*_cpu.c):
+built where a compiler exists, the path auto takes on the CPU in fp32, they agree with the O(N^2) reference and
+with the PyTorch paths (ops/linear_affine_nodenom/torch.py, ops/normalised.py) at every head size they support,
+and fall back cleanly when they cannot be built."""
 
 import pytest
 import torch
 
-from models.attention import attend, cpu_kernel, linear, reference, tiled
+from models.attention import attend, reference
+from models.attention.ops import cpu_build, dispatch, normalised
+from models.attention.ops.linear_affine import cpu as affine_cpu
+from models.attention.ops.linear_affine_nodenom import cpu as nodenom_cpu
+from models.attention.ops.linear_affine_nodenom import torch as nodenom_torch
 from tests.models.test_attention import rel_err
 
 NAME = "linear_affine_nodenom"
@@ -15,8 +19,10 @@ KERNEL_NAMES = [NAME, "linear_affine"]
 
 def test_kernel_is_built_wherever_a_compiler_exists():
     """No silent fallback: on this machine (and CI's) gcc exists, so the suite really runs the kernel."""
-    assert cpu_kernel.compiler() is not None, "no C compiler: install gcc so the fused kernel is tested"
-    assert cpu_kernel.library() is not None
+    assert cpu_build.compiler() is not None, "no C compiler: install gcc so the fused kernel is tested"
+    assert cpu_build.library() is not None
+    q = torch.randn(1, 2, 5, 64)
+    assert [dispatch.resolve(name, "auto", q, False) for name in KERNEL_NAMES] == ["cpu", "cpu"]
 
 
 @pytest.fixture
@@ -26,9 +32,9 @@ def kernel_only(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("PyTorch path used where the C kernel should run")
 
-    monkeypatch.setattr(tiled, "forward", refuse)
-    monkeypatch.setattr(tiled, "backward", refuse)
-    monkeypatch.setattr(linear, "scales", refuse)  # NormalisedLinear's first step
+    monkeypatch.setattr(nodenom_torch, "forward", refuse)
+    monkeypatch.setattr(nodenom_torch, "backward", refuse)
+    monkeypatch.setattr(normalised, "features", refuse)  # NormalisedLinear's first step
 
 
 @pytest.mark.parametrize("d", [16, 32, 64, 128])
@@ -63,12 +69,11 @@ def kernel_and_tiled(n, m, d, keep):
     g = 3
     q, grad = torch.randn(2, g, n, d).unbind(0)
     k, v = torch.randn(2, g, m, d).unbind(0)
-    out = torch.empty(g, n, d)
-    saved = cpu_kernel.forward(q, k, v, keep, out)
-    grads = [torch.empty_like(x) for x in (q, k, v)]
-    cpu_kernel.backward(grad, q, k, v, keep, *saved, *grads)
-    expected, *tiled_saved = tiled.forward(q, k, v, keep)
-    return (out, saved[2], *grads), (expected, tiled_saved[2], *tiled.backward(grad, q, k, v, keep, *tiled_saved))
+    out, *saved = nodenom_cpu.forward(q, k, v, keep)
+    grads = nodenom_cpu.backward(grad, q, k, v, keep, *saved)
+    expected, *torch_saved = nodenom_torch.forward(q, k, v, keep)
+    torch_grads = nodenom_torch.backward(grad, q, k, v, keep, *torch_saved)
+    return (out, saved[2], *grads), (expected, torch_saved[2], *torch_grads)
 
 
 @pytest.mark.parametrize("masked", [False, True])
@@ -84,10 +89,9 @@ def test_affine_kernel_equals_pytorch_path_with_different_query_and_key_lengths(
     k, v = torch.randn(2, 3, 517, 64).unbind(0)
     keep = (torch.rand(3, 517, 1) > 0.3).float() if masked else None
     results = []
-    for kernel in (True, False):
-        monkeypatch.setattr(cpu_kernel, "usable", lambda *tensors, kernel=kernel: kernel)
+    for function in (affine_cpu.AffineKernel.apply, lambda *x: normalised.NormalisedLinear.apply(*x, True)):
         inputs = [t.clone().requires_grad_() for t in (q, k, v)]
-        out = linear.NormalisedLinear.apply(*inputs, keep, True)
+        out = function(*inputs, keep)
         out.backward(grad)
         results.append([out, *(t.grad for t in inputs)])
     for a, b in zip(*results):
@@ -97,7 +101,7 @@ def test_affine_kernel_equals_pytorch_path_with_different_query_and_key_lengths(
 def test_non_temporal_stores_give_identical_results(monkeypatch):
     torch.manual_seed(1)
     normal = kernel_and_tiled(260, 260, 32, None)[0]
-    monkeypatch.setattr(cpu_kernel, "STREAM_BYTES", 0)
+    monkeypatch.setattr(cpu_build, "STREAM_BYTES", 0)
     torch.manual_seed(1)
     streamed = kernel_and_tiled(260, 260, 32, None)[0]
     for a, b in zip(normal, streamed):
@@ -105,10 +109,13 @@ def test_non_temporal_stores_give_identical_results(monkeypatch):
 
 
 def test_unsupported_inputs_take_the_pytorch_path():
-    q = torch.randn(4, 10, 64)
-    assert cpu_kernel.usable(q, q, q, None)
-    assert not cpu_kernel.usable(q.double(), q.double(), q.double(), None)
-    assert not cpu_kernel.usable(q[..., :48], q[..., :48], q[..., :48], None)  # D = 48
+    q = torch.randn(1, 4, 10, 64)
+    assert cpu_build.why_not(q, causal=False) == ""
+    assert "float32" in cpu_build.why_not(q.double(), causal=False) and not cpu_build.why_not(q.bfloat16(), False)
+    assert "head sizes" in cpu_build.why_not(q[..., :48], causal=False)  # D = 48
+    assert "non-causal" in cpu_build.why_not(q, causal=True)
+    for other in (q.double(), q[..., :48]):
+        assert dispatch.resolve(NAME, "auto", other, False) == "torch"
     empty = torch.randn(0, 2, 10, 64, requires_grad=True)  # a batch of none
     attend(NAME, empty, empty, empty, causal=False).sum().backward()
     assert empty.grad.shape == empty.shape
@@ -116,34 +123,39 @@ def test_unsupported_inputs_take_the_pytorch_path():
 
 def test_a_second_build_reuses_the_cached_library(tmp_path, monkeypatch):
     monkeypatch.setenv("CLIP_KERNEL_CACHE", str(tmp_path))
-    first = cpu_kernel.build(cpu_kernel.compiler())
+    first = cpu_build.build(cpu_build.compiler())
     stamp = first.stat().st_mtime_ns
-    assert cpu_kernel.build(cpu_kernel.compiler()) == first and first.stat().st_mtime_ns == stamp
+    assert cpu_build.build(cpu_build.compiler()) == first and first.stat().st_mtime_ns == stamp
     assert [p.name for p in tmp_path.iterdir()] == [first.name]  # no temporary file left behind
 
 
 @pytest.mark.parametrize("env", [{"CLIP_CPU_KERNEL": "0"}, {"CC": "false"}])
 def test_without_the_kernel_attention_still_works(env, tmp_path, monkeypatch):
-    """Disabled, or a compiler that fails (one warning naming the fix): the PyTorch path gives the same result."""
+    """Disabled, or a compiler that fails (one warning naming the fix): auto takes the PyTorch path, with the same
+    result, and an explicit impl=cpu says why it cannot run."""
     monkeypatch.setenv("CLIP_KERNEL_CACHE", str(tmp_path))
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    cpu_kernel.library.cache_clear()
+    dispatch.forget()
     try:
         if "CC" in env:
             with pytest.warns(UserWarning, match="slower PyTorch path"):
-                assert cpu_kernel.library() is None
+                assert cpu_build.library() is None
         else:
-            assert cpu_kernel.library() is None
+            assert cpu_build.library() is None
         q, k, v = torch.randn(3, 1, 2, 50, 16, dtype=torch.float64).unbind(0)
         out = attend(NAME, q.float(), k.float(), v.float(), causal=False)
+        assert dispatch.resolve(NAME, "auto", q.float(), False) == "torch"
         assert rel_err(out, reference.linear_affine_nodenom(q, k, v, causal=False)) <= 1e-5
+        fix = "CLIP_CPU_KERNEL=0" if "CLIP_CPU_KERNEL" in env else "building the C kernels failed"
+        with pytest.raises(ValueError, match=f"cannot use impl=cpu here: {fix}"):
+            attend(NAME, q.float(), k.float(), v.float(), impl="cpu")
     finally:
-        cpu_kernel.library.cache_clear()  # the next caller builds again with the environment restored
+        dispatch.forget()  # the next caller builds again with the environment restored
 
 
 def test_torch_compile_traces_the_pytorch_path_and_agrees_with_the_kernel():
-    """fullgraph=True fails on any untraceable call: the compiled layer must take tiled.py, eager the kernel."""
+    """fullgraph=True fails on any untraceable call: the compiled layer must take torch.py, eager the kernel."""
     torch.manual_seed(0)
     q, k, v = (torch.randn(2, 2, 40, 32, requires_grad=True) for _ in range(3))
     compiled = torch.compile(lambda *x: attend(NAME, *x, causal=False), backend="aot_eager", fullgraph=True)

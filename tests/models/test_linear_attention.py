@@ -4,8 +4,11 @@ chunk sizes, bf16 at long lengths, the hand-written backward."""
 import pytest
 import torch
 
-from models.attention import attend, build_attention, tiled
-from models.attention.linear import AffineNoDenom, NormalisedLinear
+from models.attention import attend, build_attention
+from models.attention.ops import causal
+from models.attention.ops.causal import CausalLinear
+from models.attention.ops.linear_affine_nodenom import torch as nodenom_torch
+from models.attention.ops.normalised import NormalisedLinear
 
 CAUSAL_LINEAR = ["linear_affine", "linear_affine_nodenom", "linear_elu"]
 
@@ -82,15 +85,29 @@ def test_bad_key_mask_names_the_fix():
 
 
 HAND_WRITTEN = {
-    "nodenom": AffineNoDenom.apply,
+    "nodenom": lambda q, k, v, keep: nodenom_torch.NoDenom.apply(
+        q, k, v, keep, (nodenom_torch.forward, nodenom_torch.backward)
+    ),
+    "nodenom-plain": lambda q, k, v, keep: nodenom_torch.NoDenom.apply(
+        q, k, v, keep, (nodenom_torch.plain_forward, nodenom_torch.plain_backward)
+    ),
     "affine": lambda q, k, v, keep: NormalisedLinear.apply(q, k, v, keep, True),
     "elu": lambda q, k, v, keep: NormalisedLinear.apply(q, k, v, keep, False),
+    **{
+        f"causal-{kind}": lambda q, k, v, keep, kind=kind: CausalLinear.apply(q, k, v, keep, kind, 4)
+        for kind in causal.KINDS
+    },
 }
 
 
-@pytest.mark.parametrize("function", HAND_WRITTEN)
+# the causal forms twice: quadratic (N <= QUADRATIC_MAX) and chunked (QUADRATIC_MAX = 0, chunks of 4 tokens)
+GRADCHECKS = [(f, 256) for f in HAND_WRITTEN] + [(f, 0) for f in HAND_WRITTEN if f.startswith("causal")]
+
+
+@pytest.mark.parametrize("function,quadratic_max", GRADCHECKS)
 @pytest.mark.parametrize("masked", [False, True])
-def test_hand_written_backward_passes_gradcheck(function, masked):
+def test_hand_written_backward_passes_gradcheck(function, masked, quadratic_max, monkeypatch):
+    monkeypatch.setattr(causal, "QUADRATIC_MAX", quadratic_max)
     q, k, v = (torch.randn(2, 9, 5, dtype=torch.float64, requires_grad=True) for _ in range(3))
     keep = torch.tensor([1.0] * 6 + [0.0] * 3, dtype=torch.float64).expand(2, 9)[..., None] if masked else None
     assert torch.autograd.gradcheck(lambda q, k, v: HAND_WRITTEN[function](q, k, v, keep), (q, k, v))
@@ -111,8 +128,8 @@ def test_nodenom_blocks_of_any_size_give_the_same_result(masked):
     keep = (torch.arange(1000) < 950).double().expand(3, 1000)[..., None] if masked else None
     results = []
     for rows in (64, 300, 4096):
-        out, *saved = tiled.forward(q, k, v, keep, rows=rows)
-        results.append((out, *tiled.backward(grad, q, k, v, keep, *saved, rows=rows)))
+        out, *saved = nodenom_torch.forward(q, k, v, keep, rows=rows)
+        results.append((out, *nodenom_torch.backward(grad, q, k, v, keep, *saved, rows=rows)))
     for other in results[1:]:
         for a, b in zip(results[0], other):
             torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)

@@ -2,7 +2,7 @@
 
    With rk = keep / |k| (k^ zero for padding), z = sum_n k^_n, count = sum_n keep_n, c = sum_n keep_n v_n / count
    (the mean real value; the weights sum to one, so centring v on c changes nothing but keeps the result exact
-   when all v are equal, as NormalisedLinear in linear.py does) and S = sum_n k^_n (v_n - c)^T = K^T V - z c^T:
+   when all v are equal, as NormalisedLinear in ops/normalised.py does) and S = sum_n k^_n (v_n - c)^T = K^T V - z c^T:
      den_i = count + q^_i . z,   o_i = c + q^_i S / den_i.
    Backward from g: with p_i = g_i S^T / den_i and dden_i = -(q^_i . p_i) / den_i,
      dS = sum_i q^_i g_i^T / den_i,  dz = sum_i dden_i q^_i,  dc = sum_i g_i - dS^T z,
@@ -35,7 +35,7 @@ INLINE void affine_query_pass(const float *q, const float *state, float count, i
 #pragma GCC unroll 8
       for (int c = 0; c < nv; c++) dot += load(q + (t0 + n) * D + 16 * c) * load(z + 16 * c);
       const float d = count + rq[t0 + n] * hsum(dot);
-      den[t0 + n] = d > FLT_MIN ? d : FLT_MIN; /* >= 0 exactly (1 + cos >= 0); the floor of linear.py */
+      den[t0 + n] = d > FLT_MIN ? d : FLT_MIN; /* >= 0 exactly (1 + cos >= 0); the floor of normalised.py */
       scale[n] = rq[t0 + n] / den[t0 + n];
     }
     all_rows_times(q + t0 * D, state, scale, NULL, state + D * D, NULL, out + t0 * D, NULL, t, nv, AFFINE, 0);

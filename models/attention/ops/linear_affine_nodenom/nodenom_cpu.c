@@ -6,7 +6,8 @@
    applied to rows still in registers or L1, so memory sees only the reads of q, k, v, g and the writes
    of o and the three gradients. The matmuls are register-blocked on GCC vector extensions (16 floats),
    which GCC lowers to AVX-512, AVX2 or SSE, whatever -march allows. The same math in PyTorch ops is
-   tiled.py; cpu_kernel.py builds and calls this file and tests compare both with the O(N^2) reference.
+   torch.py beside this file; ops/cpu_build.py builds this file, cpu.py calls it, and tests compare both with the
+   O(N^2) reference.
    Shapes: q [G, N, D], k and v [G, M, D], keep [G, M] (1 real key, 0 padding) or NULL, D = 16 nv with
    nv in {1, 2, 4, 8}. */
 #include "linear_cpu.h"

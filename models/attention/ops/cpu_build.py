@@ -1,0 +1,159 @@
+"""Builds the fused CPU kernels (linear_affine_nodenom/nodenom_cpu.c, linear_affine/affine_cpu.c, with linear_cpu.h)
+with the system C compiler on first use and loads them through ctypes; each op's cpu.py calls them.
+
+The kernels compute non-causal linear_affine_nodenom and linear_affine, forward and backward, in one
+OpenMP region each (see the C files' headers); each op's torch.py is the same math in PyTorch ops, which
+the dispatcher (dispatch.py) takes where a kernel cannot run: no C compiler, a GPU, fp64, a head size other
+than 16/32/64/128, a causal layer, torch.compile, or CLIP_CPU_KERNEL=0. bf16 and fp16 inputs are upcast to
+fp32 for the kernels (one pass, far cheaper on the CPU than the many small ops of the PyTorch path).
+
+The library is compiled with -march=native into a cache folder ($CLIP_KERNEL_CACHE, else
+$XDG_CACHE_HOME/clip-attention, else ~/.cache/clip-attention) under a name that hashes the source,
+the flags, the compiler and this CPU's identity, so nodes of a cluster that share a home folder but
+differ in CPU each get their own build; a build is written to a temporary name and renamed, so ranks
+that start together never load a half-written file. Compiling takes about a second.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import warnings
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from models.attention.ops.common import dtype_name
+
+HERE = Path(__file__).parent
+SOURCES = [HERE / "linear_affine_nodenom" / "nodenom_cpu.c", HERE / "linear_affine" / "affine_cpu.c"]  # one library
+HEADERS = [HERE / "linear_cpu.h"]
+FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fopenmp", "-shared", "-fPIC", "-std=gnu11"]
+HEAD_DIMS = (16, 32, 64, 128)
+DISABLE = "CLIP_CPU_KERNEL"
+STREAM_BYTES = 32 << 20
+LOW_PRECISION = (torch.float32, torch.bfloat16, torch.float16)  # what the kernels take; they compute in fp32
+
+
+def cpu_identity() -> str:
+    """What -march=native depends on: the machine, and on Linux the CPU model and its flags."""
+    parts = [platform.machine()]
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+        parts += sorted({line for line in text.splitlines() if line.startswith(("model name", "flags", "Features"))})
+    except OSError:
+        parts.append(platform.processor())
+    return "\n".join(parts)
+
+
+def cache_dir() -> Path:
+    if os.environ.get("CLIP_KERNEL_CACHE"):
+        return Path(os.environ["CLIP_KERNEL_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "clip-attention"
+
+
+def compiler() -> str | None:
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+
+
+def build(cc: str) -> Path:
+    """The compiled library's path, compiling it first when the cache has no build for this source, compiler and CPU."""
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=True).stdout
+    texts = [path.read_text() for path in SOURCES + HEADERS]
+    key = hashlib.sha256("\0".join([*texts, " ".join(FLAGS), version, cpu_identity()]).encode()).hexdigest()
+    folder = cache_dir()
+    target = folder / f"nodenom_cpu-{key[:16]}.so"
+    if not target.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=folder)
+        os.close(fd)
+        try:
+            command = [cc, *FLAGS, f"-I{HERE}", *map(str, SOURCES), "-o", tmp, "-lm"]
+            result = subprocess.run(command, capture_output=True, text=True)
+            if result.returncode != 0:
+                raise RuntimeError(
+                    result.stderr.strip().splitlines()[-1] if result.stderr.strip() else "compiler failed"
+                )
+            os.replace(tmp, target)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    return target
+
+
+@functools.cache
+def load() -> tuple[ctypes.CDLL | None, str]:
+    """(the loaded kernels, "") or (None, why not); a missing or failing compiler also warns once, naming the fix."""
+    if os.environ.get(DISABLE, "1") == "0":
+        return None, f"{DISABLE}=0 turns the C kernels off"
+    cc = compiler()
+    if cc is None:
+        warnings.warn(
+            "linear attention CPU kernels: no C compiler (cc/gcc) found, using the slower PyTorch path; "
+            "install gcc or set CC",
+            stacklevel=1,
+        )
+        return None, "no C compiler (cc/gcc) was found; install gcc or set CC"
+    try:
+        lib = ctypes.CDLL(str(build(cc)))
+    except (OSError, RuntimeError, subprocess.SubprocessError) as err:
+        warnings.warn(
+            f"linear attention CPU kernels: building the fused CPU kernel failed ({err}); "
+            f"using the slower PyTorch path; set {DISABLE}=0 to silence this, "
+            "or CLIP_KERNEL_CACHE to a writable folder",
+            stacklevel=1,
+        )
+        return None, f"building the C kernels failed ({err}); set CLIP_KERNEL_CACHE to a writable folder"
+    p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+    lib.nodenom_forward.argtypes = [p, p, p, p, i64, i64, i64, i64, p, p, p, p, i32, i32]
+    lib.nodenom_backward.argtypes = [p, p, p, p, p, p, p, p, i64, i64, i64, i64, p, p, p, i32, i32]
+    lib.affine_forward.argtypes = [p, p, p, p, p, i64, i64, i64, i64, p, p, p, p, p, i32]
+    lib.affine_backward.argtypes = [p, p, p, p, p, p, p, p, p, p, i64, i64, i64, i64, p, p, p, i32]
+    for entry in (lib.nodenom_forward, lib.nodenom_backward, lib.affine_forward, lib.affine_backward):
+        entry.restype = i32
+    return lib, ""
+
+
+def library() -> ctypes.CDLL | None:
+    """The loaded kernels, or None (see load() for why)."""
+    return load()[0]
+
+
+def why_not(q: Tensor, causal: bool) -> str:
+    """Why the C kernels cannot take q [..., N, D] ("" when they can): device, dtype, head size, causality, build."""
+    if q.device.type != "cpu":
+        return f"the C kernels run on the CPU, the inputs are on {q.device.type}"
+    if q.dtype not in LOW_PRECISION:
+        return f"the C kernels take float32 (bf16 and fp16 upcast to it), the inputs are {dtype_name(q.dtype)}"
+    if q.shape[-1] not in HEAD_DIMS:
+        return f"the C kernels take head sizes {', '.join(map(str, HEAD_DIMS))}, not {q.shape[-1]}"
+    if causal:
+        return "the C kernels are non-causal only"
+    if torch.compiler.is_compiling():
+        return "torch.compile cannot trace the C kernels' ctypes call"
+    return load()[1]
+
+
+def streams(out: Tensor) -> bool:
+    """Non-temporal stores for outputs of at least STREAM_BYTES: larger than the caches, so keeping them there only
+    costs reads."""
+    return out.numel() * out.element_size() >= STREAM_BYTES
+
+
+def pointer(t: Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+def check(status: int, G: int, D: int) -> None:
+    """A kernel's return status: non-zero when it could not allocate its scratch."""
+    if status != 0:
+        raise MemoryError(
+            f"the fused CPU attention kernel could not allocate its scratch (G={G}, D={D}); set {DISABLE}=0"
+        )

@@ -1,0 +1,166 @@
+"""Which implementation of a linear op runs: impl = auto | reference | torch | cpu | triton.
+
+- reference: the naive O(N^2) definition (reference.py); for checking, never fast.
+- torch: PyTorch ops (<op>/torch.py): any device and dtype, fp64, torch.compile.
+- cpu: the fused C kernels (<op>/cpu.py): non-causal linear_affine_nodenom and linear_affine on the CPU in fp32
+  (bf16 and fp16 inputs upcast to it), head sizes 16/32/64/128, a C compiler, CLIP_CPU_KERNEL not 0.
+- triton: the Triton kernels (<op>/triton.py, `attend(q, k, v, *, causal, key_mask)`): CUDA tensors (or CPU ones
+  under TRITON_INTERPRET=1) in fp32, bf16 or fp16, and the triton package.
+- auto: triton for CUDA inputs when it can run, else cpu where the C kernels apply, else torch; under
+  torch.compile always torch (the compiler traces and fuses it; it cannot trace the C call).
+
+A choice is resolved once per (op, impl, device, dtype, head size, causality) and cached: a layer checks what it
+can when it is built (the impl's name, whether it exists at all: `check`) and resolves at its first forward,
+where the device is known; later calls find the cached choice. Each (op, impl, reason) is logged once at INFO on
+the "models.attention" logger. An explicit impl that cannot run on the inputs raises a one-line ValueError naming
+what is missing.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import logging
+import os
+
+import torch
+from torch import Tensor
+
+from models.attention import reference
+from models.attention.ops import cpu_build
+from models.attention.ops.chunked import check_chunk_size
+from models.attention.ops.common import check_key_mask, dtype_name
+
+IMPLS = ("auto", "reference", "torch", "cpu", "triton")
+OPS = {  # the impls each op has besides auto
+    "linear_affine_nodenom": ("reference", "torch", "cpu", "triton"),
+    "linear_affine": ("reference", "torch", "cpu", "triton"),
+    "linear_elu": ("reference", "torch", "triton"),
+}
+TRITON_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+log = logging.getLogger("models.attention")
+choices: dict[tuple, str] = {}
+announced: set[tuple[str, str, str]] = set()
+
+
+def check(op: str, impl: str, causal: bool) -> None:
+    """What can be checked before any input is seen: a known impl that this op has and that exists here."""
+    if impl not in IMPLS:
+        raise ValueError(f"attention {op!r}: unknown impl {impl!r}; pick one of {', '.join(IMPLS)}")
+    if impl != "auto" and impl not in OPS[op]:
+        raise ValueError(f"attention {op!r} has no {impl} impl; pick one of auto, {', '.join(OPS[op])}")
+    why = {"cpu": "the C kernels are non-causal only" if causal else "", "triton": triton_missing(op)}.get(impl, "")
+    if why:
+        raise ValueError(f"attention {op!r} cannot use impl={impl}: {why}; use impl=auto or impl=torch")
+
+
+@functools.cache
+def triton_missing(op: str) -> str:
+    """Why this op's Triton kernels cannot be imported ("" when they can)."""
+    module = f"models.attention.ops.{op}.triton"
+    if importlib.util.find_spec(module) is None:
+        return f"models/attention/ops/{op}/triton.py is not in this checkout"
+    try:
+        importlib.import_module(module)
+    except Exception as err:  # a missing triton, or a driver it cannot load: auto then takes torch and says why
+        return f"importing its Triton kernels failed ({type(err).__name__}: {err})"
+    return ""
+
+
+def triton_why_not(op: str, q: Tensor) -> str:
+    """Why the Triton kernels cannot take q ("" when they can)."""
+    interpreted = os.environ.get("TRITON_INTERPRET") == "1"
+    if q.device.type != "cuda" and not (q.device.type == "cpu" and interpreted):
+        return f"the Triton kernels run on CUDA (or on the CPU under TRITON_INTERPRET=1), the inputs are on {q.device}"
+    if q.dtype not in TRITON_DTYPES:
+        return f"the Triton kernels take float32, bfloat16 or float16, the inputs are {dtype_name(q.dtype)}"
+    return triton_missing(op)
+
+
+def why_not(op: str, impl: str, q: Tensor, causal: bool) -> str:
+    """Why `impl` cannot run this op on q ("" when it can)."""
+    if impl == "cpu":
+        return cpu_build.why_not(q, causal)
+    if impl == "triton":
+        return triton_why_not(op, q)
+    return ""
+
+
+def choose(op: str, q: Tensor, causal: bool) -> tuple[str, str]:
+    """(impl, reason) for impl=auto."""
+    if "triton" in OPS[op] and q.device.type == "cuda":
+        why = triton_why_not(op, q)
+        if not why:
+            return "triton", "CUDA inputs"
+        return "torch", why
+    if "cpu" in OPS[op]:
+        why = cpu_build.why_not(q, causal)
+        return ("cpu", "on the CPU: the fused C kernel") if not why else ("torch", why)
+    return "torch", f"{op} has no C kernel" if q.device.type == "cpu" else f"inputs on {q.device.type}"
+
+
+def resolve(op: str, impl: str, q: Tensor, causal: bool) -> str:
+    """The impl that runs op on inputs like q [..., N, D]: cached per kind of input, logged once per reason."""
+    if torch.compiler.is_compiling():
+        if impl == "cpu":
+            raise ValueError(
+                f"attention {op!r} cannot use impl=cpu under torch.compile (it cannot trace the C kernels' ctypes "
+                "call); use impl=auto or impl=torch"
+            )
+        return "torch" if impl == "auto" else impl
+    key = (op, impl, q.device.type, q.dtype, q.shape[-1], causal)
+    if key not in choices:
+        if impl == "auto":
+            chosen, reason = choose(op, q, causal)
+            reason = f"auto: {reason}"
+        else:
+            check(op, impl, causal)
+            why = why_not(op, impl, q, causal)
+            if why:
+                raise ValueError(f"attention {op!r} cannot use impl={impl} here: {why}; use impl=auto or impl=torch")
+            chosen, reason = impl, "asked for"
+        choices[key] = chosen
+        if (op, chosen, reason) not in announced:
+            announced.add((op, chosen, reason))
+            log.info("attention %s: impl %s (%s)", op, chosen, reason)
+    return choices[key]
+
+
+def forget() -> None:
+    """Drops every cached choice and the C kernels' load result (tests that change the environment call it)."""
+    choices.clear()
+    announced.clear()
+    triton_missing.cache_clear()
+    cpu_build.load.cache_clear()
+
+
+def run(op: str, impls: dict, impl: str, q: Tensor, k: Tensor, v: Tensor, *, causal, key_mask, chunk_size) -> Tensor:
+    """Checks the arguments, resolves the impl and calls it; `impls` maps torch / cpu to the op's attend functions."""
+    check_chunk_size(chunk_size)
+    check_key_mask(key_mask, q)
+    chosen = resolve(op, impl, q, causal)
+    if chosen == "reference":
+        return getattr(reference, op)(q, k, v, causal=causal, key_mask=key_mask)
+    if chosen == "triton":
+        attend = importlib.import_module(f"models.attention.ops.{op}.triton").attend
+        return attend(q, k, v, causal=causal, key_mask=key_mask)
+    return impls[chosen](q, k, v, causal=causal, key_mask=key_mask, chunk_size=chunk_size)
+
+
+def op_function(op: str, impls: dict, doc: str):
+    """The public function of an op: attend(q, k, v, *, causal, key_mask, chunk_size, impl) -> o, all [B, H, N, D]."""
+
+    def attend(
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        *,
+        causal: bool = False,
+        key_mask: Tensor | None = None,
+        chunk_size: int = 64,
+        impl: str = "auto",
+    ) -> Tensor:
+        return run(op, impls, impl, q, k, v, causal=causal, key_mask=key_mask, chunk_size=chunk_size)
+
+    attend.__doc__, attend.__qualname__ = doc, f"{op}.attend"
+    return attend

@@ -1,0 +1,26 @@
+"""linear_affine: o_i = sum_n (1 + q^_i.k^_n) v_n / sum_n (1 + q^_i.k^_n), q^, k^ L2-normalised per head.
+
+Its implementations side by side: torch.py (PyTorch, ops/normalised.py and ops/causal.py), cpu.py + affine_cpu.c
+(fused C kernel, non-causal fp32), triton.py (Triton kernels, where present); reference.linear_affine defines it.
+"""
+
+from __future__ import annotations
+
+from models.attention.ops import dispatch
+from models.attention.ops.linear_affine import cpu
+from models.attention.ops.linear_affine import torch as torch_path
+
+OP = "linear_affine"
+IMPLS = {"torch": torch_path.attend, "cpu": cpu.attend}
+
+
+attend = dispatch.op_function(
+    OP,
+    IMPLS,
+    """o_i = sum_n (1 + q^_i.k^_n) v_n / sum_n (1 + q^_i.k^_n), [B, H, N, D] x3 -> [B, H, N, D].
+
+1 + cos >= 0, so o_i is a convex combination of the v_n. Non-causal it is two small matmuls:
+numerator sum_n v_n + q^_i (K^T V), denominator N + q^_i . sum_n k^_n. `impl` picks the implementation
+(ops/dispatch.py); `chunk_size` only changes how the causal form computes.
+""",
+)

@@ -1,0 +1,62 @@
+"""linear_affine on the fused C kernel (affine_cpu.c): non-causal, fp32 (bf16 and fp16
+upcast to it), CPU, D in 16/32/64/128.
+
+The same math as ops/normalised.py (o = c + q^ S / den, v centred on the mean real value), forward and
+backward one OpenMP region each. Empty inputs (a batch of none) take torch.py, which handles them.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from models.attention.ops import cpu_build
+from models.attention.ops.common import flatten, fresh, key_weights
+from models.attention.ops.linear_affine import torch as torch_path
+
+
+def pointers(*tensors: Tensor | None) -> list[int | None]:
+    return [cpu_build.pointer(t) for t in tensors]
+
+
+class AffineKernel(torch.autograd.Function):
+    """forward(q, k, v [G, N, D] fp32, keep [G, N, 1] or None) -> o [G, N, D] through affine_cpu.c.
+
+    Saved: q, k, v, keep, the real-key count per head [G], rq [G, N, 1], rk [G, M, 1], den [G, N, 1] and the state
+    [G, D + 2, D] = [S; c; z].
+    """
+
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None) -> Tensor:
+        q, k, v = (t.contiguous() for t in (q, k, v))
+        keep = None if keep is None else keep.contiguous()
+        (G, N, D), M = q.shape, k.shape[1]
+        count = q.new_full((G,), M) if keep is None else keep.sum((1, 2))  # real keys per head
+        out, rq, den, rk = fresh(q, G, N, D), q.new_empty(G, N, 1), q.new_empty(G, N, 1), k.new_empty(G, M, 1)
+        state = q.new_empty(G, D + 2, D)
+        status = cpu_build.library().affine_forward(
+            *pointers(q, k, v, keep, count), G, N, M, D, *pointers(out, rq, rk, den, state), torch.get_num_threads()
+        )
+        cpu_build.check(status, G, D)
+        ctx.save_for_backward(q, k, v, keep, count, rq, rk, den, state)  # the C backward's order
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        grad, saved = grad.contiguous(), ctx.saved_tensors  # a name keeps the contiguous grad alive through the call
+        (G, N, D), M = saved[0].shape, saved[1].shape[1]
+        grads = [fresh(x, *x.shape) for x in saved[:3]]
+        status = cpu_build.library().affine_backward(
+            *pointers(grad, *saved), G, N, M, D, *pointers(*grads), torch.get_num_threads()
+        )
+        cpu_build.check(status, G, D)
+        return *grads, None
+
+
+def attend(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, key_mask: Tensor | None, chunk_size: int = 64) -> Tensor:
+    """[B, H, N, D] x3 -> [B, H, N, D]; non-causal only (the dispatcher refuses causal here)."""
+    if q.numel() == 0 or k.numel() == 0:
+        return torch_path.attend(q, k, v, causal=causal, key_mask=key_mask, chunk_size=chunk_size)
+    qf, kf, vf = (t.float() for t in flatten(q, k, v))  # bf16 / fp16 upcast: the kernels compute in fp32
+    keep = key_weights(key_mask, q, torch.float32)
+    return AffineKernel.apply(qf, kf, vf, keep).reshape(q.shape).to(q.dtype)

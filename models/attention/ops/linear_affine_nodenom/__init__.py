@@ -1,0 +1,26 @@
+"""linear_affine_nodenom (Gerami, Madani, Duraiswami 2026, Eq. 7): o_i = sum_n (1 + q^_i.k^_n) / 2 v_n.
+
+Its implementations side by side: torch.py (PyTorch blocks, causal chunkwise), cpu.py + nodenom_cpu.c (fused C
+kernel, non-causal fp32), triton.py (Triton kernels, where present); reference.linear_affine_nodenom defines it.
+"""
+
+from __future__ import annotations
+
+from models.attention.ops import dispatch
+from models.attention.ops.linear_affine_nodenom import cpu
+from models.attention.ops.linear_affine_nodenom import torch as torch_path
+
+OP = "linear_affine_nodenom"
+IMPLS = {"torch": torch_path.attend, "cpu": cpu.attend}
+
+
+attend = dispatch.op_function(
+    OP,
+    IMPLS,
+    """Gerami, Madani, Duraiswami 2026, Eq. 7: o_i = sum_n (1 + q^_i.k^_n) / 2 v_n, [B, H, N, D] x3 -> [B, H, N, D].
+
+There is no denominator and no 1/N, so the output grows linearly with the number of keys
+(about N/2 |v| for unrelated q, k); sums are accumulated in fp32 so bf16 inputs stay finite.
+`impl` picks the implementation (ops/dispatch.py); `chunk_size` only changes how the causal form computes.
+""",
+)

@@ -1,0 +1,54 @@
+"""linear_affine_nodenom on the fused C kernel (nodenom_cpu.c): non-causal, fp32 (bf16 and fp16
+upcast to it), CPU, D in 16/32/64/128.
+
+The dispatcher only sends what the kernel takes (ops/cpu_build.py: why_not); forward and backward are one
+OpenMP region each. Empty inputs (a batch of none) take torch.py's blocks, which handle them.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from models.attention.ops import cpu_build
+from models.attention.ops.common import flatten, fresh, key_weights
+from models.attention.ops.linear_affine_nodenom import torch as torch_path
+
+
+def forward(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """o [G, N, D], then rq [G, N, 1], rk [G, M, 1] (zero for padded keys) and the state [G, D + 1, D] = [S; s].
+
+    Every tensor must be contiguous (NoDenom makes them so and keeps them for the backward).
+    """
+    (G, N, D), M = q.shape, k.shape[1]
+    out = fresh(q, G, N, D)
+    rq, rk, state = q.new_empty(G, N, 1), k.new_empty(G, M, 1), q.new_empty(G, D + 1, D)
+    pointers = [t.data_ptr() for t in (q, k, v)] + [cpu_build.pointer(keep)]
+    results = [t.data_ptr() for t in (out, rq, rk, state)]
+    status = cpu_build.library().nodenom_forward(
+        *pointers, G, N, M, D, *results, torch.get_num_threads(), cpu_build.streams(out)
+    )
+    cpu_build.check(status, G, D)
+    return out, rq, rk, state
+
+
+def backward(grad, q, k, v, keep, rq, rk, state) -> tuple[Tensor, Tensor, Tensor]:
+    """dL/dq, dL/dk, dL/dv [G, N or M, D] from dL/do = grad (contiguous) and forward()'s results."""
+    (G, N, D), M = q.shape, k.shape[1]
+    grads = [fresh(x, *x.shape) for x in (q, k, v)]
+    inputs = [grad.data_ptr()] + [t.data_ptr() for t in (q, k, v)] + [cpu_build.pointer(keep)]
+    inputs += [t.data_ptr() for t in (rq, rk, state)]
+    status = cpu_build.library().nodenom_backward(
+        *inputs, G, N, M, D, *(t.data_ptr() for t in grads), torch.get_num_threads(), cpu_build.streams(grads[0])
+    )
+    cpu_build.check(status, G, D)
+    return tuple(grads)
+
+
+def attend(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, key_mask: Tensor | None, chunk_size: int = 64) -> Tensor:
+    """[B, H, N, D] x3 -> [B, H, N, D]; non-causal only (the dispatcher refuses causal here)."""
+    if q.numel() == 0 or k.numel() == 0:
+        return torch_path.attend(q, k, v, causal=causal, key_mask=key_mask, chunk_size=chunk_size)
+    qf, kf, vf = (t.float() for t in flatten(q, k, v))  # bf16 / fp16 upcast: the kernels compute in fp32
+    keep = key_weights(key_mask, q, torch.float32)
+    return torch_path.NoDenom.apply(qf, kf, vf, keep, (forward, backward)).reshape(q.shape).to(q.dtype)

@@ -1,0 +1,270 @@
+"""The report of scripts/bench_attention.py: ratios to the softmax peer, the aims checked on the run's own numbers,
+the Markdown tables, the plot, and the CPU-only extras (fresh-page cost, chunk loop). Device-independent."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from models.attention.ops import cpu_build
+from models.attention.ops.chunked import causal_linear
+from models.attention.ops.common import fresh
+
+LINEAR = ["linear_affine_nodenom", "linear_affine", "linear_elu"]
+NODENOM = "linear_affine_nodenom"
+# (variant, mode, dtype, N, what, target, test): "time / softmax" tests the ratio, "softmax / time" its inverse
+AIMS = {
+    "cpu": [
+        (NODENOM, "full", "float32", 197, "time / softmax", "<= 0.6", lambda r: r <= 0.6),
+        (NODENOM, "full", "float32", 4096, "softmax / time", ">= 40", lambda r: 1 / r >= 40),
+        (NODENOM, "full", "float32", 65536, "softmax / time", ">= 300", lambda r: 1 / r >= 300),
+        *((op, "causal", "float32", 77, "time / softmax", "<= 1.5", lambda r: r <= 1.5) for op in LINEAR),
+    ],
+    "cuda": [
+        (NODENOM, "full", "bfloat16", 4000000, "softmax / time", ">= 1000", lambda r: 1 / r >= 1000),
+        (NODENOM, "full", "bfloat16", 197, "time / softmax", "<= 1", lambda r: r <= 1),
+        *((op, "causal", "bfloat16", 77, "time / softmax", "<= 1", lambda r: r <= 1) for op in LINEAR),
+    ],
+}
+
+
+def cpu_extras(args) -> dict:
+    """Which nodenom kernel ran, the cost of fresh pages, and the chunkwise form against a Python loop over chunks."""
+    chunk_n = 1024 if args.quick else 16384
+    cumsum_ms, loop_ms = chunk_loop_ms(chunk_n, args)
+    kernel = (
+        "the fused C kernel (models/attention/ops/linear_affine_nodenom/nodenom_cpu.c)"
+        if cpu_build.library()
+        else "PyTorch ops (ops/linear_affine_nodenom/torch.py; no C kernel was built)"
+    )
+    info = dict(kernel=kernel, fresh_ms_per_100mb=fresh_page_ms(repeats=3 if args.quick else 9), chunk_n=chunk_n)
+    return info | dict(chunk_cumsum_ms=cumsum_ms, chunk_loop_ms=loop_ms)
+
+
+def timed(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def fresh_page_ms(n_bytes: int = 100 * 2**20, repeats: int = 9) -> float:
+    """ms to allocate and first write a new tensor of n_bytes, minus the same write into an old one: page faults."""
+    like, shape = torch.empty(1), (n_bytes // 4,)
+    old = torch.empty(shape).fill_(0)
+    pairs = [(timed(lambda: fresh(like, *shape).fill_(1)), timed(lambda: old.fill_(1))) for _ in range(repeats)]
+    return 1e3 * sorted(new - reused for new, reused in pairs)[len(pairs) // 2]  # the median: single runs are noisy
+
+
+def chunk_loop_ms(n: int, args, chunk: int = 64) -> tuple[float, float]:
+    """Forward + backward of causal_linear with its cumsum over chunk states vs a Python loop carrying the state."""
+    G, D = args.batch * args.heads, args.head_dim
+    qf, kf, v = (torch.randn(G, n, D, requires_grad=True) for _ in range(3))
+
+    def looped():
+        state, outs = qf.new_zeros(G, D, D), []
+        keep = torch.ones(chunk, chunk, dtype=torch.bool).tril()
+        for q_c, k_c, v_c in zip(qf.split(chunk, 1), kf.split(chunk, 1), v.split(chunk, 1)):
+            scores = (q_c @ k_c.transpose(1, 2)).masked_fill(~keep[: q_c.shape[1], : q_c.shape[1]], 0)
+            outs.append(scores @ v_c + q_c @ state)
+            state = state + k_c.transpose(1, 2) @ v_c
+        return torch.cat(outs, 1)
+
+    grad, out = torch.randn_like(v), []
+    for fn in (lambda: causal_linear(qf, kf, v, chunk_size=chunk), looped):
+        fn().backward(grad)
+        out.append(1e3 * min(timed(lambda fn=fn: fn().backward(grad)) for _ in range(3)))
+    return out[0], out[1]
+
+
+def add_ratios(frame: pd.DataFrame, info: dict) -> pd.DataFrame:
+    """ratio_to_softmax: time / time of SDPA softmax in the same mode, dtype, pass and N (< 1 is faster); the
+    fraction of the machine's GEMM rate (CPU) or copy bandwidth (GPU) the linear variants reach."""
+    for column in ("time_ms", "peak_mb", "gbs", "gflops", "impl"):
+        if column not in frame:
+            frame[column] = float("nan") if column != "impl" else ""
+    keys = ["mode", "dtype", "passes", "N"]
+    peer = frame[frame.variant == "softmax"].set_index(keys)["time_ms"]
+    frame["ratio_to_softmax"] = (
+        frame["time_ms"].to_numpy() / peer.reindex(pd.MultiIndex.from_frame(frame[keys])).to_numpy()
+    )
+    if "gemm" in info:
+        frame["gemm_fraction"] = frame["gflops"] / frame["dtype"].map(
+            {"float32": info["gemm"], "bfloat16": info["gemm_bf16"]}
+        )
+    if "bandwidth" in info:
+        frame["bandwidth_fraction"] = frame["gbs"] / info["bandwidth"]
+    return frame
+
+
+def aims(frame: pd.DataFrame, device: str = "cpu") -> list[str]:
+    """Markdown lines checking the project's speed aims on this run's numbers (forward + backward)."""
+    rows, main = [], frame[frame.passes == "fwd+bwd"].set_index(["variant", "mode", "dtype", "N"])
+    for variant, mode, dtype, n, what, target, test in AIMS[device]:
+        if (variant, mode, dtype, n) not in main.index:
+            continue
+        row = main.loc[(variant, mode, dtype, n)]
+        label = f"{variant} {mode} {dtype}: {what} at N = {n}"
+        if row.status:
+            rows.append(f"| {label} | {target} | {row.status} | MISSED |")
+        elif pd.notna(row.ratio_to_softmax):
+            value = row.ratio_to_softmax if what.startswith("time") else 1 / row.ratio_to_softmax
+            note = " (softmax extrapolated)" if main.loc[("softmax", mode, dtype, n)].extrapolated else ""
+            rows.append(
+                f"| {label} | {target} | {value:.3g}{note} | {'met' if test(row.ratio_to_softmax) else 'MISSED'} |"
+            )
+    if device == "cpu":
+        rows += cpu_efficiency_aims(frame[frame.passes == "fwd+bwd"])
+    return ["| aim | target | measured | |", "|---|---|---|---|", *rows] if rows else []
+
+
+def cpu_efficiency_aims(frame: pd.DataFrame) -> list[str]:
+    """Non-causal fp32 nodenom: at least half the GEMM rate at N >= 16384, peak memory linear in N."""
+    line = frame[(frame.variant == NODENOM) & (frame["mode"] == "full") & (frame.dtype == "float32")].set_index("N")
+    long, rows = line[(line.index >= 16384) & (line.extrapolated == "")], []
+    if len(long) and "gemm_fraction" in long:
+        worst = long.gemm_fraction.min()
+        rows.append(
+            f"| fraction of fp32 GEMM rate, N >= 16384 (lowest of {len(long)}) | >= 0.5 | {worst:.2f} | "
+            f"{'met' if worst >= 0.5 else 'MISSED'} |"
+        )
+    memory = long.peak_mb.dropna().iloc[-2:]  # the two largest N: smaller tensors partly reuse heap memory already held
+    if len(memory) > 1:
+        growth = (memory.iloc[1] / memory.iloc[0]) / (memory.index[1] / memory.index[0])
+        rows.append(
+            f"| peak memory growth / N growth, N = {memory.index[0]} -> {memory.index[1]} | about 1 (linear) | "
+            f"{growth:.2f} | {'met' if 0.8 <= growth <= 1.25 else 'MISSED'} |"
+        )
+    return rows
+
+
+def md_table(frame: pd.DataFrame, index: bool = True) -> str:
+    """A Markdown table (pandas' to_markdown needs the tabulate package, which the project does not pin)."""
+    frame = frame.reset_index() if index else frame
+
+    def fmt(x) -> str:
+        return f"{x:.3g}" if isinstance(x, float) else str(x)
+
+    lines = ["| " + " | ".join(map(str, frame.columns)) + " |", "|" + "---|" * len(frame.columns)]
+    lines += ["| " + " | ".join(fmt(x) for x in row) + " |" for row in frame.itertuples(index=False)]
+    return "\n".join(lines)
+
+
+def cell(row) -> str:
+    if row.status:
+        return "OOM"
+    ratio = "" if pd.isna(row.ratio_to_softmax) or row.variant == "softmax" else f" ({row.ratio_to_softmax:.3g}x)"
+    return f"{row.time_ms:.4g}{'*' if row.extrapolated else ''}{ratio}"
+
+
+def wide(part: pd.DataFrame, values) -> pd.DataFrame:
+    """Rows "variant mode", one column per N."""
+    table = part.assign(line=part.variant + " " + part["mode"], text=values)
+    pivot = table.pivot(index="line", columns="N", values="text").fillna("")
+    pivot.index.name, pivot.columns = "variant mode \\ N", [str(n) for n in pivot.columns]
+    return pivot
+
+
+def header(info: dict, args) -> list[str]:
+    when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    shape = f"B={args.batch}, H={args.heads}, D={args.head_dim}"
+    lines = [
+        "# Attention benchmark: forward + backward on q, k, v [B, H, N, D]",
+        "",
+        f"{when}; {info['machine']}, torch {torch.__version__}; {shape}. All numbers come from one run of "
+        f"`python -m scripts.bench_attention{' --device cuda' if args.device == 'cuda' else ''}`, so the ratios are "
+        f"side by side on the same machine. Time: best of repeats within {args.budget} s per point, in ms; (r x) is "
+        "the ratio to SDPA softmax in the same mode, dtype, pass and N; * = extrapolated, not run; OOM = out of "
+        "memory (see the script's docstring).",
+        "",
+    ]
+    if args.device == "cuda":
+        return [
+            *lines,
+            f"GPU copy bandwidth: {info['bandwidth']:.0f} GB/s (read + write); bf16 GEMM: "
+            f"{info['gemm_bf16'] / 1e3:.0f} TFLOP/s. Softmax peer: SDPA pinned to FlashAttention-2 (bf16, fp16) or "
+            "its memory-efficient kernel (fp32, which flash lacks). Linear ops: impl column of the CSV.",
+        ]
+    return [
+        *lines,
+        f"Machine fp32 GEMM: {info['gemm']:.0f} GFLOP/s; bf16 GEMM: {info['gemm_bf16']:.0f} GFLOP/s. Causal chunkwise "
+        f"form (forward + backward of chunked.causal_linear, N={info['chunk_n']}): cumsum over chunk states "
+        f"{info['chunk_cumsum_ms']:.1f} ms vs Python loop over chunks {info['chunk_loop_ms']:.1f} ms.",
+        "",
+        f"1-minute load average at start / end: {info['load_start']:.1f} / {info['load_end']:.1f} (other jobs share "
+        "the cores; with more runnable threads than cores, every multi-threaded op waits for both of its threads "
+        "to be scheduled, which penalises many small ops far more than a few large ones, so under load the "
+        "benchmark is best run with --threads 1).",
+    ]
+
+
+def markdown(frame: pd.DataFrame, info: dict, args) -> str:
+    lines, checks = header(info, args), aims(frame, args.device)
+    if checks:
+        where = info.get("kernel", "the implementations the dispatcher picks")
+        lines += ["", "## Aims (forward + backward)", "", f"Linear ops computed by {where}.", "", *checks]
+    for (dtype, passes), part in frame.groupby(["dtype", "passes"], sort=False):
+        lines += ["", f"## {dtype}, {passes}: time in ms (ratio to softmax)", ""]
+        lines.append(md_table(wide(part, part.apply(cell, axis=1))))
+    fraction = "gemm_fraction" if args.device == "cpu" else "bandwidth_fraction"
+    rate = "gflops" if args.device == "cpu" else "gbs"
+    long = frame[frame[rate].notna() & (frame.N >= 16384) & (frame.extrapolated == "") & (frame.status == "")]
+    if len(long):
+        shown = long[["variant", "mode", "dtype", "passes", "N", "time_ms", rate, fraction, "peak_mb"]]
+        lines += ["", f"## Linear variants at N >= 16384: achieved {rate} and {fraction}", "", md_table(shown, False)]
+    measured = frame[frame.peak_mb.notna()]
+    memory = measured.assign(
+        line=measured.variant + " " + measured["mode"] + " " + measured.dtype + " " + measured.passes
+    )
+    memory = memory.pivot(index="line", columns="N", values="peak_mb")
+    memory.index.name, memory.columns = "variant mode dtype pass \\ N", [str(n) for n in memory.columns]
+    lines += [
+        "",
+        "## Peak extra memory (MB) during one step",
+        "",
+        "Above the memory held with q, k, v and the output gradient alive and no input gradients; it includes the "
+        "output and the three input gradients (4 [B, H, N, D] tensors). On the CPU, 0 means it fit in memory the "
+        "process already held (small N, or blocks under glibc's mmap threshold reused).",
+        "",
+        md_table(memory.round(1).astype(object).where(memory.notna(), "")),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def plot(frame: pd.DataFrame, path: Path, title: str, dtype: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    main = frame[(frame.passes == "fwd+bwd") & (frame.status == "")]
+    dtype = dtype if (main.dtype == dtype).any() else main.dtype.iloc[0]
+    fig, ax = plt.subplots(figsize=(8, 5.5))
+    lines = main[main.dtype == dtype].groupby(["variant", "mode"], sort=True)
+    colours = plt.cm.tab20(range(len(lines)))
+    for colour, ((name, mode), line) in zip(colours, lines):
+        style = dict(color="black" if name == "softmax" else colour, linestyle="--" if "softmax" in name else "-")
+        style["marker"] = "s" if mode == "causal" else "o"
+        drawn = ax.plot(line.N, line.time_ms, markersize=3, label=f"{name} ({mode})", **style)
+        extra = line[line.extrapolated != ""]
+        ax.plot(extra.N, extra.time_ms, "x", color=drawn[0].get_color(), markersize=8)
+    ax.set(xscale="log", yscale="log", xlabel="sequence length N", ylabel="forward + backward time (ms)")
+    ax.set_title(f"{title}, {dtype}; x = extrapolated", fontsize=9)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def write(frame: pd.DataFrame, info: dict, args) -> None:
+    """<out>.csv, <out>.png and <out>.md."""
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    frame.to_csv(out.with_suffix(".csv"), index=False, float_format="%.6g")
+    title = f"attention math, B={args.batch} H={args.heads} D={args.head_dim}, {info['machine']}"
+    plot(frame, out.with_suffix(".png"), title, "bfloat16" if args.device == "cuda" else "float32")
+    out.with_suffix(".md").write_text(markdown(frame, info, args))
+    print(f"wrote {out}.csv, {out}.png, {out}.md")

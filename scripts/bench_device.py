@@ -1,0 +1,134 @@
+"""What the benchmarks need to know about the device they time: a timer, a peak-memory probe, out-of-memory
+recognition, and the machine's reference rates (fp32 GEMM on a CPU, copy bandwidth on a GPU).
+
+    probe = bench_device.probe("cuda")        # or "cpu"; a clear one-line error when there is no such device
+    seconds = probe.time(step)                # CUDA events around step() on a GPU, perf_counter on the CPU
+    extra_mb = probe.peak_mb(step)            # torch.cuda.max_memory_allocated, or the process's VmHWM on Linux
+
+Everything else in the benchmark scripts is device-independent and tested on the CPU.
+"""
+
+from __future__ import annotations
+
+import gc
+import platform
+import time
+from pathlib import Path
+
+import torch
+
+
+class CPUProbe:
+    """perf_counter timing; peak memory = resident-set high-water mark (VmHWM, reset through clear_refs)."""
+
+    device = "cpu"
+
+    def sync(self) -> None:
+        pass
+
+    def time(self, fn) -> float:
+        start = time.perf_counter()
+        fn()
+        return time.perf_counter() - start
+
+    def peak_mb(self, fn) -> float | None:
+        """Resident-set high-water mark during fn(), minus the resident set before it; None off Linux (fn still runs).
+
+        It sees torch's CPU allocations, which tracemalloc does not."""
+        gc.collect()
+        try:
+            Path("/proc/self/clear_refs").write_text("5")
+            before = memory_kb("VmRSS")
+        except OSError:
+            fn()
+            return None
+        fn()
+        return (memory_kb("VmHWM") - before) / 1024
+
+    def free(self) -> None:
+        gc.collect()
+
+    def describe(self) -> str:
+        return f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} CPU threads"
+
+    def rates(self, quick: bool = False) -> dict:
+        """The machine's fp32 and bf16 GEMM rates (GFLOP/s), measured now (on small matrices when `quick`)."""
+        n = 1024 if quick else 4096
+        return {"gemm": gemm_gflops(self, torch.float32, n), "gemm_bf16": gemm_gflops(self, torch.bfloat16, n)}
+
+
+class CUDAProbe(CPUProbe):
+    """CUDA events timing; peak memory = torch.cuda.max_memory_allocated above what was allocated before."""
+
+    device = "cuda"
+
+    def sync(self) -> None:
+        torch.cuda.synchronize()
+
+    def time(self, fn) -> float:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3
+
+    def peak_mb(self, fn) -> float:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        fn()
+        torch.cuda.synchronize()
+        return (torch.cuda.max_memory_allocated() - before) / 2**20
+
+    def free(self) -> None:
+        gc.collect()
+        torch.cuda.empty_cache()
+
+    def describe(self) -> str:
+        p = torch.cuda.get_device_properties(0)
+        return f"{p.name} ({p.total_memory / 2**30:.0f} GiB, {p.multi_processor_count} SMs), CUDA {torch.version.cuda}"
+
+    def rates(self, quick: bool = False) -> dict:
+        """Copy bandwidth (GB/s, bytes read + written) and bf16 GEMM rate (GFLOP/s), measured now."""
+        return {"bandwidth": copy_gbs(self), "gemm_bf16": gemm_gflops(self, torch.bfloat16, 2048 if quick else 8192)}
+
+
+def probe(device: str):
+    """The probe of `device` ("cpu" or "cuda"); a one-line error naming the fix when it is not there."""
+    if device == "cpu":
+        return CPUProbe()
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            raise SystemExit(
+                "error: --device cuda, but torch sees no CUDA GPU here; run on a GPU machine or --device cpu"
+            )
+        return CUDAProbe()
+    raise SystemExit(f"error: unknown --device {device!r}; use cpu or cuda")
+
+
+def is_oom(err: BaseException) -> bool:
+    """An allocation that failed: torch's OutOfMemoryError (CUDA), MemoryError, or the CPU allocator's message."""
+    return isinstance(err, (torch.OutOfMemoryError, MemoryError)) or "not enough memory" in str(err)
+
+
+def memory_kb(field: str) -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
+
+
+def gemm_gflops(probe, dtype: torch.dtype, n: int = 4096) -> float:
+    """Best of 5 square matrix products of size n on the probe's device."""
+    a, b = (torch.randn(n, n, device=probe.device).to(dtype) for _ in range(2))
+    torch.mm(a, b)
+    best = min(probe.time(lambda: torch.mm(a, b)) for _ in range(5))
+    return 2 * n**3 / best / 1e9
+
+
+def copy_gbs(probe, n_bytes: int = 2**30) -> float:
+    """Device-to-device copy of n_bytes: bytes read + written per second (GB/s), best of 5."""
+    src = torch.empty(n_bytes, dtype=torch.uint8, device=probe.device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    best = min(probe.time(lambda: dst.copy_(src)) for _ in range(5))
+    return 2 * n_bytes / best / 1e9

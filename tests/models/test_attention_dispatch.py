@@ -1,0 +1,164 @@
+"""The dispatcher of the linear ops (models/attention/ops/dispatch.py): what auto picks where, what an explicit impl
+says when it cannot run, that a choice is resolved once and logged once, that the Triton files are picked up
+the moment they exist (a stand-in module here), the model config's attention_impl, torch.compile."""
+
+import importlib.machinery
+import logging
+import sys
+import types
+
+import pytest
+import torch
+
+from models import create_model
+from models.attention import attend, build_attention, reference
+from models.attention.ops import dispatch
+from tests.models.test_attention import rel_err
+
+OPS = list(dispatch.OPS)
+
+
+@pytest.fixture(autouse=True)
+def fresh_choices():
+    dispatch.forget()
+    yield
+    dispatch.forget()
+
+
+def like(device: str, dtype=torch.float32, d: int = 64):
+    """A stand-in for q [1, 2, 5, d] on a device this machine may not have (only .device, .dtype, .shape are read)."""
+    return types.SimpleNamespace(device=torch.device(device), dtype=dtype, shape=(1, 2, 5, d))
+
+
+def test_auto_on_the_cpu():
+    q = torch.randn(1, 2, 5, 64)
+    assert [dispatch.resolve(op, "auto", q, False) for op in OPS] == ["cpu", "cpu", "torch"]  # elu has no C kernel
+    for other, causal in ((q, True), (q.double(), False), (q[..., :48], False)):
+        assert {dispatch.resolve(op, "auto", other, causal) for op in OPS} == {"torch"}
+    assert [dispatch.resolve(op, "auto", q.bfloat16(), False) for op in OPS] == ["cpu", "cpu", "torch"]  # upcast
+
+
+def test_auto_on_cuda_takes_torch_until_the_triton_files_exist():
+    """In a checkout without ops/<op>/triton.py (this branch) auto falls back to torch on CUDA, saying why."""
+    for op in OPS:
+        impl, why = dispatch.choose(op, like("cuda", torch.bfloat16), False)
+        if dispatch.triton_missing(op):
+            assert impl == "torch" and "triton" in why
+        else:
+            assert impl in ("triton", "torch")
+
+
+@pytest.fixture
+def stand_in_triton(monkeypatch):
+    """A stand-in ops/linear_elu/triton.py whose attend records its call and returns the reference."""
+    calls = []
+    name = "models.attention.ops.linear_elu.triton"
+    module = types.ModuleType(name)
+    module.__spec__ = importlib.machinery.ModuleSpec(name, None)
+
+    def fake_attend(q, k, v, *, causal, key_mask):
+        calls.append((causal, key_mask))
+        return reference.linear_elu(q, k, v, causal=causal, key_mask=key_mask)
+
+    module.attend = fake_attend
+    monkeypatch.setitem(sys.modules, name, module)
+    dispatch.forget()
+    return calls
+
+
+def test_triton_files_are_used_once_they_exist(stand_in_triton, monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # the Triton tests' conftest may have set it
+    assert dispatch.choose("linear_elu", like("cuda", torch.bfloat16), True) == ("triton", "CUDA inputs")
+    q, k, v = torch.randn(3, 1, 2, 7, 16).unbind(0)
+    mask = torch.ones(1, 7, dtype=torch.bool)
+    with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
+        attend("linear_elu", q, k, v, causal=True, key_mask=mask, impl="triton")  # CPU tensors, no interpreter
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    dispatch.forget()
+    out = attend("linear_elu", q, k, v, causal=True, key_mask=mask, impl="triton")
+    assert stand_in_triton == [(True, mask)]
+    torch.testing.assert_close(out, reference.linear_elu(q, k, v, causal=True, key_mask=mask))
+    assert dispatch.resolve("linear_elu", "auto", q, True) == "torch"  # auto takes Triton on CUDA only
+
+
+def test_explicit_impls_that_cannot_run_say_what_is_missing():
+    q = torch.randn(1, 2, 5, 64)
+    with pytest.raises(ValueError, match="unknown impl 'trition'; pick one of auto, reference, torch, cpu, triton"):
+        build_attention("linear_affine", 128, 2, impl="trition")
+    with pytest.raises(ValueError, match="'linear_elu' has no cpu impl"):
+        build_attention("linear_elu", 128, 2, impl="cpu")
+    with pytest.raises(ValueError, match="impl=cpu: the C kernels are non-causal only"):
+        build_attention("linear_affine_nodenom", 128, 2, causal=True, impl="cpu")
+    for op in OPS:
+        if dispatch.triton_missing(op):
+            with pytest.raises(ValueError, match=f"impl=triton: models/attention/ops/{op}/triton.py is not in"):
+                build_attention(op, 128, 2, impl="triton")
+    with pytest.raises(ValueError, match=r"impl=cpu here: the C kernels take float32 \(bf16 and fp16 upcast to it\), "):
+        attend("linear_affine", q.double(), q.double(), q.double(), impl="cpu")
+    assert dispatch.triton_why_not("linear_affine", like("cpu")).startswith("the Triton kernels run on CUDA")
+    assert "float64" in dispatch.triton_why_not("linear_affine", like("cuda", torch.float64))
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("causal", [False, True])
+def test_every_impl_that_runs_here_agrees_with_the_reference(op, causal):
+    base = [torch.randn(2, 2, 70, 32, dtype=torch.float64) for _ in range(3)]
+    mask = torch.ones(2, 70, dtype=torch.bool)
+    mask[1, 60:] = False
+    exact = getattr(reference, op)(*base, causal=causal, key_mask=mask)
+    for impl in [i for i in dispatch.OPS[op] if not dispatch.why_not(op, i, base[0].float(), causal)]:
+        out = attend(op, *(t.float() for t in base), causal=causal, key_mask=mask, impl=impl)
+        assert rel_err(out, exact) <= 1e-5, impl
+
+
+def test_a_choice_is_resolved_once_and_logged_once(caplog, monkeypatch):
+    layer = build_attention("linear_affine_nodenom", 128, 2)
+    x = torch.randn(2, 9, 128)
+    calls = []
+    original = dispatch.choose
+    monkeypatch.setattr(dispatch, "choose", lambda *a: calls.append(a) or original(*a))
+    with caplog.at_level(logging.INFO, logger="models.attention"):
+        for _ in range(3):
+            layer(x)
+        attend("linear_affine_nodenom", *torch.randn(3, 1, 2, 9, 64).unbind(0))
+        layer.double()(x.double())
+    assert len(calls) == 2  # fp32 once (the layer and the function share it), fp64 once
+    lines = [r.getMessage() for r in caplog.records if r.name == "models.attention"]
+    assert lines == [
+        "attention linear_affine_nodenom: impl cpu (auto: on the CPU: the fused C kernel)",
+        "attention linear_affine_nodenom: impl torch (auto: the C kernels take float32 (bf16 and fp16 upcast to it), "
+        "the inputs are float64)",
+    ]
+
+
+def test_model_config_attention_impl_reaches_every_linear_layer():
+    model = create_model("tiny-s", image_attention="linear_affine", text_attention="linear_elu", attention_impl="torch")
+    impls = {m.options.get("impl") for m in model.modules() if hasattr(m, "options") and m.name.startswith("linear")}
+    assert impls == {"torch"}
+    mixed = create_model(
+        "tiny-s",
+        image_attention="linear_affine",
+        text_attention="softmax",
+        attention_impl="reference",
+        image_attention_options={"impl": "torch"},  # the tower's own option wins
+    )
+    assert {m.options.get("impl") for m in mixed.visual.modules() if hasattr(m, "options")} == {"torch"}
+    with pytest.raises(ValueError, match="impl=cpu: the C kernels are non-causal only"):
+        create_model("tiny-s", image_attention="linear_affine", text_attention="linear_affine", attention_impl="cpu")
+
+
+def test_torch_compile_traces_every_op_through_auto():
+    """fullgraph=True fails on any untraceable call: under the compiler auto resolves to the PyTorch path. The two
+    Functions not traced elsewhere (non-causal nodenom: test_cpu_kernel.py): causal (all three ops share it; the
+    normalised quadratic form is its longest) and non-causal normalised."""
+    qkv = [torch.randn(1, 2, 40, 32, requires_grad=True) for _ in range(3)]
+
+    def all_ops(q, k, v):
+        return attend("linear_affine", q, k, v, causal=True).sum() + attend("linear_elu", q, k, v).sum()
+
+    compiled = torch.compile(all_ops, backend="aot_eager", fullgraph=True)
+    out = compiled(*qkv)
+    grads = torch.autograd.grad(out, qkv)
+    eager = all_ops(*qkv)
+    for a, b in zip((out, *grads), (eager, *torch.autograd.grad(eager, qkv))):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
