@@ -21,8 +21,9 @@ OPS = {
     "linear_elu": (elu.attend, reference.linear_elu),
 }
 NORMALISED = ["linear_affine", "linear_elu"]
-# (N, D): one token, odd lengths that are no multiple of any block, long enough to split N over programs
-SIZES = [(1, 32), (7, 128), (63, 64), (1000, 32)]
+# (N, D): one token, odd lengths that are no multiple of any block, a head size padded to 64, a long N split
+# over programs
+SIZES = [(1, 32), (7, 128), (20, 48), (63, 64), (1000, 32)]
 
 
 def inputs(b, n, d, dtype=torch.float64, offset=0.0, scale=1.0, heads=1):

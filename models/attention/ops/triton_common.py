@@ -24,17 +24,18 @@ Kernels, each a 1-D grid of programs over (head, row range):
   masked chunk; the backward query sweep leaves 1/den, dden per row and the centre per chunk ([G, N] fp32).
 Saved for the backward: q, k, v (in their dtype), the mask and, non-causal, the [D + 4, D] fp32 state.
 
-Precision: fp32 inputs use exact FMA dots ("ieee"; TF32 would miss 1e-5); bf16/fp16 inputs "bf16x3" (each
-fp32 operand as two bf16 parts on the tensor cores, about 16 mantissa bits): plain bf16 or TF32 operands
-lose 1e-2 in the normalised variants' sums. Sums and states are fp32.
+Precision: fp32 inputs use exact FMA dots ("ieee"; TF32 would miss 1e-5), or six bf16 products per fp32 pair
+("bf16x6", as exact) in the causal kernels at D = 128, where FMA dots spill 3-6 KB a thread; bf16/fp16 inputs
+"bf16x3" (each fp32 operand as two bf16 parts on the tensor cores, about 16 mantissa bits): plain bf16 or TF32
+operands lose 1e-2 in the normalised variants' sums. Sums and states are fp32.
 
-Block sizes (fixed, no autotuning; the interpreter runs the same): 8 warps; non-causal blocks of 64 rows
-(32 in the backward at D = 64 and everywhere at D = 128), causal chunks of 32 (D <= 32) or 16; 2 pipeline
-stages for 16-bit inputs, 1 for fp32 (16 warps at D = 128). Chosen by compiling every kernel for sm_90
-with triton 3.6 (tests/models/test_triton_compile.py compiles each launch): the fp32 D x D state and the
-[rows, D] tiles fill up to 255 registers; no spills at D <= 64 beyond 32 bytes, 0.2-0.7 KB in the D = 128
-backward (more in fp32), shared memory at most 180 KB of 227. Head sizes pad to a power of two >= 16.
-Non-causal row ranges: about two programs per SM over all heads (a multiple of 64 rows).
+Block sizes (fixed, no autotuning; the interpreter runs the same): 8 warps (16 for FMA dots at D = 128);
+non-causal blocks of 64 rows (32 in the backward at D = 64 and everywhere at D = 128), causal chunks of 32
+(D <= 32) or 16; 2 pipeline stages for 16-bit inputs, 1 for fp32. Chosen from compiles of every kernel for
+sm_90 with triton 3.6 (ptxas, no GPU): the fp32 D x D state and the [rows, D] tiles take up to 255 registers;
+spills are at most 64 bytes a thread at D <= 64, 0.2-0.7 KB in the D = 128 backward kernels (1.5 KB fp32
+causal); shared memory at most 180 KB of 227. tests/models/test_triton_compile.py compiles every launch.
+Head sizes pad to a power of two >= 16. Non-causal row ranges: about two programs per SM over all heads.
 
 What the interpreter cannot check, guarded by construction: every load and store is masked to the N x D
 block (numpy does not fault out of bounds); no atomics, so no races; offsets are int64 (n * stride_n at
@@ -360,6 +361,8 @@ def unsupported(q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None) -> str
     B, _, N, _ = q.shape
     if key_mask is not None and (key_mask.shape != (B, N) or key_mask.dtype != torch.bool):
         return f"key_mask must be bool [B, N] = [{B}, {N}], got {key_mask.dtype} {tuple(key_mask.shape)}"
+    if key_mask is not None and key_mask.device != q.device:
+        return f"key_mask is on {key_mask.device} but q, k, v on {q.device}; move it with key_mask.to(q.device)"
     return None
 
 
@@ -379,9 +382,10 @@ class Plan:
         self.shape, self.causal, self.dtype = (B, H, N, D), causal, q.dtype
         self.BD = max(16, triton.next_power_of_2(D))
         self.flags = dict(UNIT=unit, NORM=normalised, HAS_MASK=masked)
-        # 16-bit inputs: fp32 operands as three bf16 products on the tensor cores (about 16 bits of mantissa;
-        # bf16 or TF32 operands lose 1e-2 in the normalised variants' cancelling sums), fp32: exact FMAs
+        # see "Precision" in the module docstring
         self.prec = "ieee" if q.dtype == torch.float32 else "bf16x3"
+        if q.dtype == torch.float32 and causal and self.BD == 128:
+            self.prec = "bf16x6"
         # non-causal programs take whole row ranges, a multiple of every block size; causal ones a whole head
         blocks = triton.cdiv(N, 64)
         parts = 1 if causal else max(1, min(blocks, triton.cdiv(target_programs(q.device), B * H)))
@@ -404,7 +408,7 @@ class Plan:
         else:
             block = 64 if self.BD <= 32 or (self.BD == 64 and kernel != "grad") else 32
         fp32 = self.dtype == torch.float32
-        warps = 16 if fp32 and self.BD == 128 else 8
+        warps = 16 if self.prec == "ieee" and self.BD == 128 else 8
         return dict(BLOCK=block, BD=self.BD, PREC=self.prec, num_warps=warps, num_stages=1 if fp32 else 2)
 
     def sizes(self) -> tuple:
@@ -491,6 +495,7 @@ class LinearAttention(torch.autograd.Function):
         return out
 
     @staticmethod
+    @torch.autograd.function.once_differentiable
     def backward(ctx, grad):
         return *backward(ctx.plan, grad, *ctx.saved_tensors), None, None, None, None
 
