@@ -97,9 +97,9 @@ def test_half_precision_matches_reference(name, causal, dtype):
 @pytest.mark.parametrize("name", NORMALISED)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_values_far_from_zero_keep_fp32_accuracy(name, causal):
-    """v = 10 + 0.1 noise: the centring on the running mean of v keeps dq, dk at 1e-5 (uncentred sums would
-    cancel a 100x larger common part)."""
-    check(name, causal, 300, 32, torch.float32, 1e-5, offset=10.0, scale=0.1)
+    """v = 10 + 0.1 noise: centred on the running mean of v, dq and dk stay within 2e-6 (5e-7 measured);
+    uncentred, the sums cancel a 100x larger common part (4e-6 for linear_affine, 2e-5 for linear_elu)."""
+    check(name, causal, 300, 32, torch.float32, 2e-6, offset=10.0, scale=0.1)
 
 
 @pytest.mark.parametrize("name", NORMALISED)

@@ -9,10 +9,10 @@ Katharopoulos et al. 2020); NORM divides by the sum of the similarities, else th
     den_i = a cnt + phi(q_i).z,  S' = sum_n phi(k_n) v'_n^T [D, D],  z = sum_n phi(k_n),  s' = sum_n v'_n,
 
 sums over every real key (non-causal) or over n <= i (causal). Centring (normalised variants): the weights
-sum to one, so any c gives the same o and dL/dc = 0 (c is a constant of the backward). c is the running
-mean of the real v (Chan et al. 1979: S'(c + d) = S'(c) - z d^T, s' = 0), so nothing cancels: with v = 10 +
-0.1 noise uncentred sums lose 3 digits, with c = one v (what a single pass knows first) sqrt(N) x eps.
-Eq. 7 has no denominator and no centre (c = 0).
+sum to one, so any c gives the same o and dL/dc = 0 (c is a constant of the backward). c starts at the first
+real key's v and follows the running mean of the real v (Chan et al. 1979: S'(c + d) = S'(c) - z d^T, s' = 0),
+so the sums do not cancel: with v = 10 + 0.1 noise (N = 300, fp32) dL/dq of linear_elu is 8e-8 off, 2e-5
+uncentred. Eq. 7 has no denominator and no centre (c = 0).
 
 Kernels, each a 1-D grid of programs over (head, row range):
 - non-causal forward: state_kernel sums partial states over row ranges, Plan.reduce adds them (deterministic,
@@ -84,6 +84,9 @@ def mm(a, b, acc, DOT: tl.constexpr):
         out = tl.dot(a_lo, b_hi, acc, input_precision="ieee")
         out = tl.dot(a_hi, b_lo, out, input_precision="ieee")
         out = tl.dot(a_hi, b_hi, out, input_precision="ieee")
+    elif EMULATE:
+        # the interpreter knows only tf32, tf32x3, ieee; bf16x6 is as exact as its fp32 matmul
+        out = tl.dot(a, b, acc, input_precision="ieee")
     else:
         out = tl.dot(a, b, acc, input_precision=DOT)
     return out
@@ -119,15 +122,22 @@ def phi_grad(x, grad, UNIT: tl.constexpr):
 
 
 @triton.jit
-def key_rows(k_ptr, v_ptr, mask_ptr, base, mask_base, rows, cols, centre, stride_n, N, D, UNIT, HAS_MASK):
-    """k [R, BD], phi(k) and v' = v - c (both zero for padded keys), keep [R] (1.0 for a real key)."""
+def key_rows(k_ptr, v_ptr, mask_ptr, base, mask_base, rows, cols, c, cnt, stride_n, N, D, UNIT, NORM, HAS_MASK):
+    """k [R, BD], phi(k) and v' = v - c (both zero for padded keys), keep [R] (1.0 for a real key), and c.
+
+    While no real key is absorbed (cnt = 0), the normalised variants take c = v of the first real key here:
+    any c is exact, one near the values keeps the sums from cancelling, and no later key moves it (causal).
+    """
     keep = rows < N
     if HAS_MASK:
         keep = keep & (tl.load(mask_ptr + mask_base + rows, mask=rows < N, other=0) != 0)
     keep = keep.to(tl.float32)
     k = load_rows(k_ptr, base, rows, cols, stride_n, N, D)
     v = load_rows(v_ptr, base, rows, cols, stride_n, N, D)
-    return k, phi(k, cols, D, UNIT) * keep[:, None], (v - centre[None, :]) * keep[:, None], keep
+    if NORM:
+        first = tl.min(tl.where(keep > 0, rows, N), axis=0)
+        c = tl.where(cnt > 0, c, tl.sum(tl.where((rows == first)[:, None], v, 0.0), axis=0))
+    return k, phi(k, cols, D, UNIT) * keep[:, None], (v - c[None, :]) * keep[:, None], keep, c
 
 
 @triton.jit
@@ -138,15 +148,6 @@ def zero_state(BD: tl.constexpr):
 
 
 @triton.jit
-def first_centre(v_ptr, mask_ptr, base, mask_base, row, cols, stride_n, N, D, NORM, HAS_MASK):
-    """The centre before any key is absorbed: v of `row` if it is a real key (normalised variants), else 0."""
-    width = D if NORM else 0
-    if HAS_MASK:
-        width = tl.where(tl.load(mask_ptr + mask_base + row) != 0, width, 0)
-    return tl.load(v_ptr + base + row.to(tl.int64) * stride_n + cols, mask=cols < width, other=0.0).to(tl.float32)
-
-
-@triton.jit
 def absorb(S, z, s, c, cnt, fk, vv, keep, NORM: tl.constexpr, PREC: tl.constexpr):
     """Adds keys (phi(k), v' = v - c, keep) to the state. Normalised: c moves to the running mean of the real v
     (Chan et al. 1979), S' = sum phi(k) (v - c)^T with it (S'(c + d) = S'(c) - z d^T), and s' stays 0."""
@@ -154,9 +155,10 @@ def absorb(S, z, s, c, cnt, fk, vv, keep, NORM: tl.constexpr, PREC: tl.constexpr
     z += tl.sum(fk, axis=0)
     cnt += tl.sum(keep, axis=0)
     if NORM:
-        step = tl.sum(vv, axis=0) / tl.maximum(cnt, 1.0)
-        S -= z[:, None] * step[None, :]
-        c += step
+        c_next = c + tl.sum(vv, axis=0) / tl.maximum(cnt, 1.0)
+        # the step as stored, not as computed: with v = 10 + noise, c + step rounds by 1e-6 (Sterbenz: exact)
+        S -= z[:, None] * (c_next - c)[None, :]
+        c = c_next
     else:
         s += tl.sum(vv, axis=0)
     return S, z, s, c, cnt
@@ -221,11 +223,12 @@ def state_kernel(
     # not "_": the loop below assigns "_" a tile, and the compiler keeps one type per loop-carried name
     _head, base, _g_base, _out_base, mask_base, start, count = program_rows(H, N, P, rows_per_prog, sb, sh, 0, 0, 0, 0)
     cols = tl.arange(0, BD)
-    S, z, s, _c, cnt = zero_state(BD)
-    c = first_centre(v_ptr, mask_ptr, base, mask_base, start, cols, sn, N, D, NORM, HAS_MASK)
+    S, z, s, c, cnt = zero_state(BD)
     for off in range(0, count, BLOCK):
         rows = start + off + tl.arange(0, BLOCK)
-        _, fk, vv, keep = key_rows(k_ptr, v_ptr, mask_ptr, base, mask_base, rows, cols, c, sn, N, D, UNIT, HAS_MASK)
+        _, fk, vv, keep, c = key_rows(
+            k_ptr, v_ptr, mask_ptr, base, mask_base, rows, cols, c, cnt, sn, N, D, UNIT, NORM, HAS_MASK
+        )
         S, z, s, c, cnt = absorb(S, z, s, c, cnt, fk, vv, keep, NORM, PREC)
     store_state(part_ptr, tl.program_id(0).to(tl.int64), cols, S, z, s, c, cnt, BD)
 
@@ -246,8 +249,7 @@ def query_kernel(
     head, base, g_base, out_base, mask_base, start, count = program_rows(H, N, P, rows_per_prog, sb, sh, gb, gh, ob, oh)
     cols = tl.arange(0, BD)
     if CAUSAL:
-        S, z, s, _c, cnt = zero_state(BD)
-        c = first_centre(v_ptr, mask_ptr, base, mask_base, start, cols, sn, N, D, NORM, HAS_MASK)
+        S, z, s, c, cnt = zero_state(BD)
     else:
         S, z, s, c, cnt = load_state(state_ptr, head, cols, BD)
     A, w, g_sum, _c, _n = zero_state(BD)
@@ -261,7 +263,9 @@ def query_kernel(
             num += s[None, :]
             den += cnt
         if CAUSAL:
-            _, fk, vv, keep = key_rows(k_ptr, v_ptr, mask_ptr, base, mask_base, rows, cols, c, sn, N, D, UNIT, HAS_MASK)
+            _, fk, vv, keep, c = key_rows(
+                k_ptr, v_ptr, mask_ptr, base, mask_base, rows, cols, c, cnt, sn, N, D, UNIT, NORM, HAS_MASK
+            )
             sim = chunk_scores(fq, fk, keep, rows, UNIT, PREC)
             num = mm(sim, vv, num, PREC)
             den += tl.sum(sim, axis=1)
@@ -321,7 +325,9 @@ def key_kernel(
             c_next = tl.load(centre_ptr + (head * tl.cdiv(N, BLOCK) + blk) * BD + cols)
             w += tl.sum(A * (c_next - c)[None, :], axis=1)
             c = c_next
-        k, fk, vv, keep = key_rows(k_ptr, v_ptr, mask_ptr, base, mask_base, rows, cols, c, sn, N, D, UNIT, HAS_MASK)
+        k, fk, vv, keep, c = key_rows(
+            k_ptr, v_ptr, mask_ptr, base, mask_base, rows, cols, c, 1.0, sn, N, D, UNIT, NORM, HAS_MASK
+        )
         dfk = mm(vv, tl.trans(A), None, PREC) + w[None, :]
         dv = mm(fk, A, None, PREC)
         if UNIT:
