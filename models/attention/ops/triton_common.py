@@ -78,7 +78,7 @@ def store_rows(ptr, base, rows, cols, stride_n, N, D, x):
 def mm(a, b, acc, DOT: tl.constexpr):
     """a @ b (+ acc) of fp32 operands with fp32 accumulation at tl.dot's input precision DOT."""
     if EMULATE and DOT == "bf16x3":
-        # a = hi + lo in bf16 each; hi hi + hi lo + lo hi as the GPU computes it (numpy has no bf16 matmul)
+        # a = hi + lo in bf16 each; lo hi + hi lo + hi hi, the GPU's bf16x3 up to summation order (numpy has no bf16)
         a_hi, b_hi = a.to(tl.bfloat16).to(tl.float32), b.to(tl.bfloat16).to(tl.float32)
         a_lo, b_lo = (a - a_hi).to(tl.bfloat16).to(tl.float32), (b - b_hi).to(tl.bfloat16).to(tl.float32)
         out = tl.dot(a_lo, b_hi, acc, input_precision="ieee")
