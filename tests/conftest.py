@@ -4,6 +4,10 @@ import pytest
 import torch
 
 os.environ.setdefault("WANDB_MODE", "disabled")
+# Without a GPU the Triton kernels run in Triton's interpreter; triton.jit reads this when a kernel is defined,
+# so it must be set before anything imports models.attention.ops (tests/models/test_triton.py checks it took).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture(autouse=True)
