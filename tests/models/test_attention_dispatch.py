@@ -81,7 +81,7 @@ def test_triton_files_are_used_once_they_exist(stand_in_triton, monkeypatch):
     assert dispatch.resolve("linear_elu", "auto", q, True) == "torch"  # auto takes Triton on CUDA only
 
 
-def test_explicit_impls_that_cannot_run_say_what_is_missing():
+def test_explicit_impls_that_cannot_run_say_what_is_missing(monkeypatch):
     q = torch.randn(1, 2, 5, 64)
     with pytest.raises(ValueError, match="unknown impl 'trition'; pick one of auto, reference, torch, cpu, triton"):
         build_attention("linear_affine", 128, 2, impl="trition")
@@ -95,7 +95,10 @@ def test_explicit_impls_that_cannot_run_say_what_is_missing():
                 build_attention(op, 128, 2, impl="triton")
     with pytest.raises(ValueError, match=r"impl=cpu here: the C kernels take float32 \(bf16 and fp16 upcast to it\), "):
         attend("linear_affine", q.double(), q.double(), q.double(), impl="cpu")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # tests/conftest.py sets it where there is no GPU
     assert dispatch.triton_why_not("linear_affine", like("cpu")).startswith("the Triton kernels run on CUDA")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert "head sizes up to 128" in dispatch.triton_why_not("linear_affine", like("cpu", d=256))
     assert "float64" in dispatch.triton_why_not("linear_affine", like("cuda", torch.float64))
 
 

@@ -74,7 +74,14 @@ def triton_why_not(op: str, q: Tensor) -> str:
         return f"the Triton kernels run on CUDA (or on the CPU under TRITON_INTERPRET=1), the inputs are on {q.device}"
     if q.dtype not in TRITON_DTYPES:
         return f"the Triton kernels take float32, bfloat16 or float16, the inputs are {dtype_name(q.dtype)}"
-    return triton_missing(op)
+    missing = triton_missing(op)
+    if missing:
+        return missing
+    from models.attention.ops.triton_common import MAX_HEAD_DIM
+
+    if q.shape[-1] > MAX_HEAD_DIM:
+        return f"the Triton kernels take head sizes up to {MAX_HEAD_DIM}, the inputs have {q.shape[-1]}"
+    return ""
 
 
 def why_not(op: str, impl: str, q: Tensor, causal: bool) -> str:
