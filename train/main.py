@@ -11,6 +11,7 @@ Exit codes: 0 done, 75 pre-empted (SIGTERM/SIGUSR1: checkpoint written after the
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 from pathlib import Path
@@ -20,13 +21,14 @@ from torch import nn
 
 from data import DataConfig, build_train_data
 from data.errors import DataError
+from eval.val_loss import check_val_shards, validation_loss
 from eval.zeroshot import evaluate
-from models import ModelConfig, build_clip, tokenizer, transforms
+from models import ModelConfig, build_clip, summary, tokenizer, transforms
 from train.checkpoint import load_checkpoint, read_meta, resolve
 from train.config import Config, ConfigError, dump, load_config, to_dict
 from train.dist import StopFlag, make_accelerator, world_size_from_env
 from train.log import RunLog, check_wandb, git_commit, trim_metrics
-from train.loop import DataStream, Progress, Trainer
+from train.loop import DataStream, Progress, Trainer, plain_param
 from train.loss import build_loss
 from train.optim import build_optimizer
 
@@ -48,11 +50,12 @@ def fit(cfg: Config, stop: StopFlag) -> int:
     accelerator = make_accelerator(cfg.train)
     data = build_data(cfg.data, cfg.model, cfg.train.augment, accelerator)
     model = build_model(cfg.model, cfg.train.loss, cfg.train.compile)
+    sizes = summary(model)  # before wrapping: whole-model parameter counts
     optimizer, schedule = build_optimizer(model, cfg.optim, cfg.train.max_steps)
     model, optimizer, schedule = accelerator.prepare(model, optimizer, schedule)
     stream, progress = DataStream(data, accelerator.device), Progress()
     resume(cfg, accelerator, stream, progress)
-    log = start_run_dir(cfg, accelerator, progress.step)
+    log = start_run_dir(cfg, accelerator, progress.step, sizes)
     trainer = Trainer(
         accelerator,
         model,
@@ -79,6 +82,11 @@ def preflight(cfg: Config, world_size: int) -> None:
         cfg.data.validate(world_size)
     except DataError as e:
         raise ConfigError(str(e)) from None
+    if cfg.eval.val_shards:
+        try:
+            check_val_shards(cfg.eval.val_shards)
+        except DataError as e:
+            raise ConfigError(f"eval.val_shards: {e}") from None
     if cfg.eval.dataset and "://" not in cfg.eval.dataset and not Path(cfg.eval.dataset).exists():
         raise ConfigError(
             f"eval.dataset={cfg.eval.dataset} does not exist; point it at an ImageFolder tree or set eval.dataset=null"
@@ -146,12 +154,14 @@ def resume(cfg: Config, accelerator, stream: DataStream, progress: Progress) -> 
         print(f"resumed from {folder} at step {progress.step} ({progress.samples_seen} samples seen)", file=sys.stderr)
 
 
-def start_run_dir(cfg: Config, accelerator, step: int) -> RunLog:
-    """RUN/config.yaml, RUN/git_commit.txt, metrics.jsonl trimmed to the resumed step, and the run's log."""
+def start_run_dir(cfg: Config, accelerator, step: int, sizes: dict) -> RunLog:
+    """RUN/config.yaml, RUN/summary.json (models.summary: parameters, GMACs per sample, attentions),
+    RUN/git_commit.txt, metrics.jsonl trimmed to the resumed step, and the run's log."""
     run_dir = Path(cfg.train.run_dir)
     if accelerator.is_main_process:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(dump(cfg))
+        (run_dir / "summary.json").write_text(json.dumps(sizes, indent=1) + "\n")
         (run_dir / "git_commit.txt").write_text(git_commit() + "\n")
         trim_metrics(run_dir / "metrics.jsonl", step)
     accelerator.wait_for_everyone()
@@ -169,6 +179,45 @@ def start_run_dir(cfg: Config, accelerator, step: int) -> RunLog:
 
 
 def make_evaluator(cfg: Config, accelerator, model: nn.Module):
+    """A callable returning {"val_loss": ..., "zeroshot/top1": ...} on rank 0 ({} on the others), called on every
+    rank; None without eval.dataset and eval.val_shards."""
+    zeroshot, val = make_zeroshot(cfg, accelerator, model), make_val_loss(cfg, accelerator, model)
+    if zeroshot is None and val is None:
+        return None
+
+    def run() -> dict:
+        results = val() if val is not None else {}
+        results.update(zeroshot() if zeroshot is not None else {})
+        return results if accelerator.is_main_process else {}
+
+    return run
+
+
+def make_val_loss(cfg: Config, accelerator, model: nn.Module):
+    """A callable returning {"val_loss": ...} on every rank (eval/val_loss.py), or None without eval.val_shards."""
+    if not cfg.eval.val_shards:
+        return None
+    _, eval_transform = transforms(cfg.model)
+    tok, loss_fn = tokenizer(cfg.model), build_loss(cfg.train.loss, gather=False)
+
+    def run() -> dict:
+        net = accelerator.unwrap_model(model)
+        loss = validation_loss(
+            net,
+            cfg.eval.val_shards,
+            loss_fn,
+            batch_size=cfg.eval.batch_size,
+            image_transform=eval_transform,
+            tokenizer=tok,
+            device=accelerator.device,
+            logit_bias=plain_param(getattr(net, "logit_bias", None)),
+        )
+        return {"val_loss": loss}
+
+    return run
+
+
+def make_zeroshot(cfg: Config, accelerator, model: nn.Module):
     """A callable returning {"zeroshot/top1": ...} on rank 0 ({} on the others), or None without eval.dataset."""
     if not cfg.eval.dataset:
         return None
