@@ -24,10 +24,11 @@ def _formula(params) -> str:
     return text + (rf" + {c:.3g}$" if c else "$")
 
 
-def render_png(report: dict, df: pd.DataFrame) -> bytes:
+def render_png(report: dict, df: pd.DataFrame, xlabel: str | None = None, ylabel: str | None = None) -> bytes:
     """PNG bytes: one colour per group; points (frontier points filled, others hollow when a frontier
     was fitted), the fit over the shared x range, its 95% band (2.5/97.5 percentiles of the bootstrap
-    fits' predictions per x) and extrapolated predictions with their intervals."""
+    fits' predictions per x) and extrapolated predictions with their intervals. Axis labels: the
+    expressions fitted unless given (say the units, e.g. "compute (GMACs x samples)")."""
     from eval.scaling import group_points
 
     with warnings.catch_warnings():
@@ -54,8 +55,8 @@ def render_png(report: dict, df: pd.DataFrame) -> bytes:
             ax.errorbar([e["x"]], [e["y"]], yerr=err, fmt="D", color=colour, capsize=3)
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlabel(report["x"])
-    ax.set_ylabel(report["y"])
+    ax.set_xlabel(xlabel or report["x"])
+    ax.set_ylabel(ylabel or report["y"])
     frontier = f", frontier of {report['frontier_bins']} bins" if report["frontier_bins"] else ""
     ax.set_title(f"{report['form']} fit{frontier}; bands: 95% bootstrap ({report['n_boot']} resamples)", fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
