@@ -222,11 +222,11 @@ def format_table(report: dict) -> str:
     return "\n".join(lines)
 
 
-def plot(report: dict, df: pd.DataFrame, path, xlabel: str | None = None, ylabel: str | None = None) -> None:
-    """Write the log-log PNG of ``report`` (points from ``df``) to ``path`` atomically."""
+def plot(report: dict, df: pd.DataFrame, path, xlabel=None, ylabel=None, colours: dict | None = None) -> None:
+    """Write the log-log PNG of ``report`` (points from ``df``) to ``path`` atomically (eval.scaling_plot)."""
     from eval.scaling_plot import render_png
 
-    _write_atomic({Path(path): render_png(report, df, xlabel, ylabel)})
+    _write_atomic({Path(path): render_png(report, df, xlabel, ylabel, colours)})
 
 
 def _write_atomic(files: dict[Path, bytes]) -> None:
