@@ -1,11 +1,19 @@
 """The embedded default dataset: procedurally drawn shapes with captions that describe them.
 
-    python -m data.synthetic OUT [--train-samples 10000] [--eval-per-class 20] [--seed 0]
-                                 [--image-size 32] [--shard-size 1000]
+    python -m data.synthetic OUT [--train-samples 10000] [--val-samples 1000] [--eval-per-class 20]
+                                 [--seed 0] [--image-size 32] [--shard-size 1000]
 
-Every image shows one shape (circle, square, triangle, cross) in one of six colours, at one of
-nine positions (3 x 3 grid, jittered), small or large, on a random grey background. The output
-is fully determined by the arguments (each shard and each eval class has its own seeded stream).
+Every image shows one shape (circle, square, triangle, cross) in one of six colours, in one of
+nine cells of a 3 x 3 grid (jittered), of a size drawn uniformly between 35% and 75% of the image
+side, on a random grey background. Captions name colour and shape in varied wording, most also
+position and size ("small" below 55% of the side, "large" above). The output is fully determined by
+the arguments (each shard and each eval class has its own seeded stream).
+
+Difficulty is graded, so that more compute and bigger models keep paying off instead of one factor
+flipping at once: colour is a property of single patches (learnt first), position is which patches
+(easy for a ViT), size is how many, and shape is the arrangement of several patches, harder the
+smaller the shape (a small shape covers a few pixels). The validation split has the training
+distribution; the zero-shot set asks for colour and shape only.
 
 On-disk layout (the contract with the trainer and the zero-shot evaluation):
 
@@ -14,6 +22,7 @@ On-disk layout (the contract with the trainer and the zero-shot evaluation):
                                         ({"key", "caption", "colour", "shape", "position", "size"}),
                                         KEY = 9 digits, unique over the whole set.
     OUT/train/sizes.json                {"00000.tar": n0, ...} samples per shard (open_clip format)
+    OUT/val/00000.tar ..., sizes.json   the validation split, in the same format (its own seeded stream)
     OUT/eval/<colour>_<shape>/NNNNN.png torchvision ImageFolder layout, 24 class folders such as
                                         red_circle; class index = position in sorted folder order
     OUT/eval/classnames.txt             one class name per line in that same order ("red circle")
@@ -46,7 +55,9 @@ COLOURS = {
 SHAPES = ("circle", "square", "triangle", "cross")
 ROWS = ("top", "middle", "bottom")
 COLUMNS = ("left", "center", "right")
-SIZES = {"small": 0.32, "large": 0.55}  # shape extent as a fraction of the image side
+EXTENT = (0.35, 0.75)  # shape size as a fraction of the image side, drawn uniformly
+LARGE = 0.55  # captions call a shape of at least this extent "large", else "small"
+CELL = 0.22  # distance of the outer grid cells' centres from the image centre, as a fraction of the side
 TEMPLATES = (
     "a photo of a {c}.",
     "a drawing of a {c}.",
@@ -56,57 +67,54 @@ TEMPLATES = (
     "a small {c}.",
     "a large {c}.",
 )
-FILLERS = ("", "", "", "simple ", "clip art: ", "nice ", "synthetic image, ", "photo: ")
 
 
 def where_phrase(row: str, column: str, rng: np.random.Generator) -> str:
-    """Say where the shape is, e.g. 'in the top left corner', 'on the right', 'in the middle'."""
+    """Say where the shape is, e.g. 'top left', 'on the right', 'in the middle'."""
     if row == "middle" and column == "center":
         return str(rng.choice(["in the middle", "in the center", "at the center"]))
     if row == "middle":
         return str(rng.choice([f"on the {column}", f"at the {column}", f"{column} side"]))
     if column == "center":
         return str(rng.choice([f"at the {row}", f"near the {row}", f"{row} center"]))
-    return str(rng.choice([f"in the {row} {column} corner", f"at the {row} {column}", f"{row} {column}"]))
+    return str(rng.choice([f"{row} {column}", f"at the {row} {column}", f"in the {row} {column}"]))
 
 
 def caption(colour: str, shape: str, row: str, column: str, size: str, rng: np.random.Generator) -> str:
-    """One of several wordings that name colour and shape, and usually position and size."""
+    """One of several short wordings (at most 14 tokens) that name colour and shape, most also position and size."""
     where = where_phrase(row, column, rng)
     a_colour = ("an " if colour[0] in "aeiou" else "a ") + colour
     forms = (
         f"a {size} {colour} {shape} {where}",
         f"{colour} {shape}, {where}, {size}",
         f"a picture of {a_colour} {shape}",
-        f"there is a {size} {shape} in {colour} {where}",
+        f"a {size} {shape} in {colour}, {where}",
         f"{shape}, colour {colour}, {size}",
-        f"an image showing one {colour} {shape} {where}",
+        f"one {colour} {shape} {where}",
         f"{size} {colour} {shape}",
-        f"{a_colour} {shape} drawn {where} on a gray background",
+        f"{a_colour} {shape} {where} on gray",
     )
-    text = str(rng.choice(FILLERS)) + str(rng.choice(forms))
+    text = str(rng.choice(forms))
     return text + "." if rng.random() < 0.3 else text
 
 
 def draw(
-    shape: str, colour: str, row: str, column: str, size: str, image_size: int, rng: np.random.Generator
+    shape: str, colour: str, row: str, column: str, extent: float, image_size: int, rng: np.random.Generator
 ) -> Image.Image:
-    """Draw one shape on a grey background; supersampled then downscaled for smooth edges."""
-    scale = max(1, 128 // image_size)
+    """Draw one shape on a grey background; drawn at 4x (up to 128 px) then downscaled for smooth edges."""
+    scale = max(1, min(4, 128 // image_size))
     side = image_size * scale
     background = int(rng.integers(70, 190))
     image = Image.new("RGB", (side, side), (background,) * 3)
     pen = ImageDraw.Draw(image)
-    extent = SIZES[size] * side * rng.uniform(0.85, 1.15)
-    # Grid cell centres at 1/5, 1/2, 4/5 of the side keep large shapes mostly inside the image.
-    cx = side * (0.2 + 0.3 * COLUMNS.index(column) + rng.uniform(-0.04, 0.04))
-    cy = side * (0.2 + 0.3 * ROWS.index(row) + rng.uniform(-0.04, 0.04))
+    cx = side * (0.5 + CELL * (COLUMNS.index(column) - 1) + rng.uniform(-0.04, 0.04))
+    cy = side * (0.5 + CELL * (ROWS.index(row) - 1) + rng.uniform(-0.04, 0.04))
     fill = tuple(int(np.clip(c + rng.integers(-20, 21), 0, 255)) for c in COLOURS[colour])
-    r = extent / 2
+    r = extent * side / 2
     if shape == "circle":
         pen.ellipse((cx - r, cy - r, cx + r, cy + r), fill=fill)
     elif shape == "square":
-        pen.rectangle((cx - r * 0.9, cy - r * 0.9, cx + r * 0.9, cy + r * 0.9), fill=fill)
+        pen.rectangle((cx - r * 0.85, cy - r * 0.85, cx + r * 0.85, cy + r * 0.85), fill=fill)
     elif shape == "triangle":
         pen.polygon([(cx, cy - r), (cx + r, cy + r * 0.8), (cx - r, cy + r * 0.8)], fill=fill)
     else:
@@ -117,14 +125,18 @@ def draw(
 
 
 def random_scene(rng: np.random.Generator) -> dict:
-    """Pick colour, shape, grid position and size uniformly."""
+    """Pick colour, shape and grid cell uniformly, and the extent uniformly in EXTENT."""
     return {
         "colour": str(rng.choice(list(COLOURS))),
         "shape": str(rng.choice(SHAPES)),
         "row": str(rng.choice(ROWS)),
         "column": str(rng.choice(COLUMNS)),
-        "size": str(rng.choice(list(SIZES))),
+        "extent": float(rng.uniform(*EXTENT)),
     }
+
+
+def size_word(extent: float) -> str:
+    return "large" if extent >= LARGE else "small"
 
 
 def add_file(tar: tarfile.TarFile, name: str, data: bytes) -> None:
@@ -134,28 +146,30 @@ def add_file(tar: tarfile.TarFile, name: str, data: bytes) -> None:
     tar.addfile(info, io.BytesIO(data))
 
 
-def write_shard(path: Path, first_key: int, count: int, seed: int, shard: int, image_size: int) -> None:
-    """Write `count` samples with keys first_key.. into one tar; seeded by (seed, shard)."""
-    rng = np.random.default_rng([seed, 0, shard])
+def write_shard(path: Path, first_key: int, count: int, seed: int, stream: int, image_size: int) -> None:
+    """Write `count` samples with keys first_key.. into one tar; seeded by (seed, split, shard) = `stream`."""
+    rng = np.random.default_rng([seed, *stream])
     with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
         for key in range(first_key, first_key + count):
             scene = random_scene(rng)
             image = draw(**scene, image_size=image_size, rng=rng)
-            text = caption(**scene, rng=rng)
+            size = size_word(scene["extent"])
+            text = caption(scene["colour"], scene["shape"], scene["row"], scene["column"], size, rng)
             jpg = io.BytesIO()
             image.save(jpg, format="JPEG", quality=90)
-            meta = {"key": f"{key:09d}", "caption": text, **scene, "position": f"{scene['row']} {scene['column']}"}
+            meta = {"key": f"{key:09d}", "caption": text, **scene, "size": size}
+            meta["position"] = f"{scene['row']} {scene['column']}"
             add_file(tar, f"{key:09d}.jpg", jpg.getvalue())
             add_file(tar, f"{key:09d}.txt", text.encode("utf-8"))
             add_file(tar, f"{key:09d}.json", json.dumps(meta).encode("utf-8"))
 
 
-def write_train(out: Path, samples: int, shard_size: int, seed: int, image_size: int) -> str:
-    """Write the train shards and sizes.json; return the brace spec of the shards."""
+def write_split(out: Path, samples: int, shard_size: int, seed: int, split: int, image_size: int) -> str:
+    """Write the shards of one split (0 train, 2 validation) and sizes.json; return the brace spec of the shards."""
     out.mkdir(parents=True, exist_ok=True)
     counts = [min(shard_size, samples - start) for start in range(0, samples, shard_size)]
     for shard, count in enumerate(counts):
-        write_shard(out / f"{shard:05d}.tar", shard * shard_size, count, seed, shard, image_size)
+        write_shard(out / f"{shard:05d}.tar", shard * shard_size, count, seed, (split, shard), image_size)
     sizes = {f"{shard:05d}.tar": count for shard, count in enumerate(counts)}
     (out / "sizes.json").write_text(json.dumps(sizes, indent=1))
     last = len(counts) - 1
@@ -185,14 +199,18 @@ def make_synthetic(
     seed: int = 0,
     image_size: int = 32,
     shard_size: int = 1000,
+    val_samples: int = 512,
 ) -> str:
     """Write the whole data set under `out` (layout in the module docstring); return the train spec."""
-    if train_samples < 1 or shard_size < 1 or eval_per_class < 0 or image_size < 8:
+    if train_samples < 1 or shard_size < 1 or eval_per_class < 0 or image_size < 8 or val_samples < 0:
         raise ValueError(
-            "synthetic data: need train_samples >= 1, shard_size >= 1, eval_per_class >= 0, image_size >= 8"
+            "synthetic data: need train_samples >= 1, shard_size >= 1, eval_per_class >= 0, val_samples >= 0, "
+            "image_size >= 8"
         )
     out = Path(out)
-    spec = write_train(out / "train", train_samples, shard_size, seed, image_size)
+    spec = write_split(out / "train", train_samples, shard_size, seed, 0, image_size)
+    if val_samples:
+        write_split(out / "val", val_samples, shard_size, seed, 2, image_size)
     write_eval(out / "eval", eval_per_class, seed, image_size)
     return spec
 
@@ -210,6 +228,7 @@ def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(prog="python -m data.synthetic", description=__doc__.splitlines()[0])
     parser.add_argument("out")
     parser.add_argument("--train-samples", type=int, default=10_000)
+    parser.add_argument("--val-samples", type=int, default=512)
     parser.add_argument("--eval-per-class", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--image-size", type=int, default=32)
@@ -219,13 +238,19 @@ def main(argv: list[str] | None = None) -> str:
     try:
         check_out(Path(args.out))
         spec = make_synthetic(
-            args.out, args.train_samples, args.eval_per_class, args.seed, args.image_size, args.shard_size
+            args.out,
+            args.train_samples,
+            args.eval_per_class,
+            args.seed,
+            args.image_size,
+            args.shard_size,
+            val_samples=args.val_samples,
         )
     except (ValueError, OSError) as e:
         raise SystemExit(f"error: {e}") from None
     print(
-        f"wrote {args.train_samples} train samples ({spec}) and {args.eval_per_class} eval images per "
-        f"class to {args.out} in {time.perf_counter() - start:.1f}s"
+        f"wrote {args.train_samples} train samples ({spec}), {args.val_samples} validation samples and "
+        f"{args.eval_per_class} eval images per class to {args.out} in {time.perf_counter() - start:.1f}s"
     )
     return spec
 

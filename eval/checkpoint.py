@@ -19,7 +19,6 @@ import open_clip
 import torch
 from safetensors.torch import load_file
 
-from eval import metadata
 from eval.datasets import EvalInputError
 from models import layout
 from models.layout import CheckpointError
@@ -175,7 +174,9 @@ def one_line_errors():
 
 def evaluate_from_args(args: argparse.Namespace, evaluate: Callable[..., dict], **options) -> dict:
     """CLI body: load the model the arguments name, run `evaluate(model, dataset=..., **options)`, add where the
-    model came from and its size, print the result JSON and write it to `args.out`."""
+    model came from and its size (models.summary), print the result JSON and write it to `args.out`."""
+    import models
+
     with one_line_errors():
         if not Path(args.dataset).exists():
             raise EvalInputError(
@@ -195,7 +196,7 @@ def evaluate_from_args(args: argparse.Namespace, evaluate: Callable[..., dict], 
             progress=True,
             **options,
         )
-        result.update(loaded.info, **metadata.describe(loaded.model, loaded.model_cfg))
+        result.update(loaded.info, **models.summary(loaded.model))
     write_result(result, args.out)
     return result
 

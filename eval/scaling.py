@@ -6,7 +6,8 @@ difference of exponents between groups. Forms: ``power`` (least squares in log-l
 ``saturating`` (y = beta x^alpha + c, c >= 0) and, with ``--frontier-bins K``, the compute-frontier
 fit of Cherti et al. 2023. What is read from each input kind: see eval/scaling_io.py.
 
-    python -m eval.scaling runs/ --x compute --y error --group image_attention --out runs/scaling
+    python -m eval.scaling runs/ --x compute --y error --group model.image_attention --frontier-bins 8 \
+        --out runs/scaling
     python -m eval.scaling results.csv --x params --y loss --form saturating --extrapolate 1e9 --out out/
 
 Writes DIR/report.json and DIR/scaling.png only once everything is computed (temp file + os.replace).
@@ -27,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from eval.scaling_fit import FITS, MIN_DISTINCT_X, bootstrap, fit_procedure, interval, predict
-from eval.scaling_io import ScalingInputError, ScalingWarning, evaluate, load_points, referenced_columns
+from eval.scaling_io import POINTS, ScalingInputError, ScalingWarning, evaluate, load_points
 
 __all__ = ["ScalingInputError", "ScalingWarning", "fit", "format_table", "group_points", "load_points", "main", "plot"]
 
@@ -221,11 +222,11 @@ def format_table(report: dict) -> str:
     return "\n".join(lines)
 
 
-def plot(report: dict, df: pd.DataFrame, path) -> None:
-    """Write the log-log PNG of ``report`` (points from ``df``) to ``path`` atomically."""
+def plot(report: dict, df: pd.DataFrame, path, xlabel=None, ylabel=None, colours: dict | None = None) -> None:
+    """Write the log-log PNG of ``report`` (points from ``df``) to ``path`` atomically (eval.scaling_plot)."""
     from eval.scaling_plot import render_png
 
-    _write_atomic({Path(path): render_png(report, df)})
+    _write_atomic({Path(path): render_png(report, df, xlabel, ylabel, colours)})
 
 
 def _write_atomic(files: dict[Path, bytes]) -> None:
@@ -238,6 +239,7 @@ def _write_atomic(files: dict[Path, bytes]) -> None:
             temps[path] = temp
             with os.fdopen(handle, "wb") as out:
                 out.write(data)
+            os.chmod(temp, 0o644)  # mkstemp makes the file private; results are for everyone who reads the folder
         for path, temp in temps.items():
             os.replace(temp, path)
     finally:
@@ -256,6 +258,12 @@ def parse_args(argv):
     parser.add_argument(
         "--frontier-bins", type=int, help="fit the lowest y in each of K log10-x bins (Cherti et al. 2023)"
     )
+    parser.add_argument(
+        "--points",
+        choices=POINTS,
+        help="which evaluations of each run directory are points: all (the learning curve), last, or cooldown "
+        "(final evaluations of annealed runs); default: all with --frontier-bins, else last",
+    )
     parser.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples per group")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--extrapolate", type=float, nargs="+", default=[], metavar="X", help="predict y at these x")
@@ -268,8 +276,8 @@ def fit_and_write(args) -> str:
     """Read, fit, render, then write DIR/report.json and DIR/scaling.png together; returns the table text."""
     from eval.scaling_plot import render_png
 
-    columns = set().union(*(referenced_columns(e) for e in (args.x, args.y, args.group) if e))
-    df = load_points(args.inputs, columns, referenced_columns(args.y))
+    points = args.points or ("all" if args.frontier_bins else "last")
+    df = load_points(args.inputs, args.y, points)
     report = fit(
         df,
         args.x,

@@ -11,6 +11,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+from matplotlib import ticker
 
 from eval.scaling_fit import predict
 
@@ -24,10 +25,23 @@ def _formula(params) -> str:
     return text + (rf" + {c:.3g}$" if c else "$")
 
 
-def render_png(report: dict, df: pd.DataFrame) -> bytes:
-    """PNG bytes: one colour per group; points (frontier points filled, others hollow when a frontier
-    was fitted), the fit over the shared x range, its 95% band (2.5/97.5 percentiles of the bootstrap
-    fits' predictions per x) and extrapolated predictions with their intervals."""
+def plain_ticks(ax) -> None:
+    """Log axes labelled 0.2, 0.3, 0.5 rather than 2x10^-1 where a decade or less is shown."""
+    for axis in (ax.xaxis, ax.yaxis):
+        low, high = ax.get_xlim() if axis is ax.xaxis else ax.get_ylim()
+        if 0 < low < high <= 10 * low:
+            axis.set_major_formatter(ticker.FormatStrFormatter("%g"))
+            axis.set_minor_formatter(ticker.FormatStrFormatter("%g"))
+
+
+def render_png(
+    report: dict, df: pd.DataFrame, xlabel: str | None = None, ylabel: str | None = None, colours: dict | None = None
+) -> bytes:
+    """PNG bytes: one colour per group (tab10 in group order, or `colours` {group: colour}); points (frontier
+    points filled, others hollow when a frontier was fitted), the fit over the shared x range, its 95% band
+    (2.5/97.5 percentiles of the bootstrap fits' predictions per x) and extrapolated predictions with their
+    intervals. The y range is that of the points and predictions (a band may leave it). Axis labels: the
+    expressions fitted unless given (say the units, e.g. "compute (GMACs x samples)")."""
     from eval.scaling import group_points
 
     with warnings.catch_warnings():
@@ -35,32 +49,39 @@ def render_png(report: dict, df: pd.DataFrame) -> bytes:
         warnings.simplefilter("ignore")
         points = group_points(df, report["x"], report["y"], report["group"])
     fig, ax = plt.subplots(figsize=(7, 5), dpi=120)
-    colours = plt.get_cmap("tab10")
+    shown = []
     for i, (name, g) in enumerate(report["groups"].items()):
-        colour = colours(i % 10)
-        x, y = points[name]
-        hollow = "frontier" in g
-        ax.scatter(x, y, s=22, facecolors="none" if hollow else colour, edgecolors=colour, alpha=0.8)
-        if hollow:
-            fx, fy = np.array(g["frontier"]).T
-            ax.scatter(fx, fy, s=30, color=colour)
-        band = g["band"]
-        grid = np.array(band["x"])
-        params = [g["alpha"], g["beta"], g.get("c", 0.0)]
-        ax.plot(grid, predict(params, grid), color=colour, label=f"{name}: {_formula(params)} (n={g['n_points']})")
-        ax.fill_between(grid, band["lo"], band["hi"], color=colour, alpha=0.2, linewidth=0)
-        for e in g["extrapolation"]:
-            err = [[e["y"] - e["y_ci"][0]], [e["y_ci"][1] - e["y"]]]
-            ax.errorbar([e["x"]], [e["y"]], yerr=err, fmt="D", color=colour, capsize=3)
+        colour = (colours or {}).get(name, plt.get_cmap("tab10")(i % 10))
+        shown += _draw_group(ax, name, g, *points[name], colour)
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlabel(report["x"])
-    ax.set_ylabel(report["y"])
+    ax.set_ylim(min(shown) / 1.25, max(shown) * 1.25)
+    ax.set_xlabel(xlabel or report["x"])
+    ax.set_ylabel(ylabel or report["y"])
     frontier = f", frontier of {report['frontier_bins']} bins" if report["frontier_bins"] else ""
     ax.set_title(f"{report['form']} fit{frontier}; bands: 95% bootstrap ({report['n_boot']} resamples)", fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
+    plain_ticks(ax)
     ax.legend(fontsize=8)
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", bbox_inches="tight")
     plt.close(fig)
     return buffer.getvalue()
+
+
+def _draw_group(ax, name: str, g: dict, x: np.ndarray, y: np.ndarray, colour) -> list[float]:
+    """One group's points, fit, band and extrapolations; returns the y values that must stay in view."""
+    hollow = "frontier" in g
+    ax.scatter(x, y, s=22, facecolors="none" if hollow else colour, edgecolors=colour, alpha=0.8)
+    if hollow:
+        fx, fy = np.array(g["frontier"]).T
+        ax.scatter(fx, fy, s=30, color=colour)
+    band = g["band"]
+    grid = np.array(band["x"])
+    params = [g["alpha"], g["beta"], g.get("c", 0.0)]
+    ax.plot(grid, predict(params, grid), color=colour, label=f"{name}: {_formula(params)} (n={g['n_points']})")
+    ax.fill_between(grid, band["lo"], band["hi"], color=colour, alpha=0.2, linewidth=0)
+    for e in g["extrapolation"]:
+        err = [[e["y"] - e["y_ci"][0]], [e["y_ci"][1] - e["y"]]]
+        ax.errorbar([e["x"]], [e["y"]], yerr=err, fmt="D", color=colour, capsize=3)
+    return [*y, *(e["y"] for e in g["extrapolation"])]

@@ -31,7 +31,8 @@ from pathlib import Path
 
 import yaml
 
-from eval import benchmarks, checkpoint, datasets, metadata, retrieval, zeroshot
+import models
+from eval import benchmarks, checkpoint, datasets, retrieval, zeroshot
 from eval.datasets import EvalInputError
 from eval.sharding import Shard, init_from_environment
 
@@ -189,7 +190,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         loaded = checkpoint.load_from_args(args)
         out = output_folder(args, loaded)
         opened = [open_entry(entry, loaded.transform) for entry in entries]
-        summary = {**loaded.info, **metadata.describe(loaded.model, loaded.model_cfg), "world_size": shard.world_size}
+        summary = {**loaded.info, **models.summary(loaded.model), "world_size": shard.world_size}
         results = []
         for entry, data in zip(entries, opened):
             result = evaluate_entry(entry, data, loaded, args, shard)

@@ -114,7 +114,7 @@ def train_run(spec: dict) -> dict | None:
     accelerator = make_accelerator(cfg)
     model_cfg = ModelConfig(name=spec["model"], grad_checkpointing=spec["distributed"] == "fsdp")
     model = build_clip(model_cfg)
-    gmacs = gmacs_per_sample(model)["gmacs"]
+    gmacs = gmacs_per_sample(model)["gmacs_per_sample"]
     if accelerator.distributed_type.name == "FSDP":
         model = shard_model(model, cfg, accelerator.device.type)
     cuda = accelerator.device.type == "cuda"

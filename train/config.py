@@ -91,6 +91,7 @@ class EvalConfig:
     templates: str | None = None  # null: from the dataset folder; else a file or openai | simple
     every: int = 0  # steps between evaluations; 0 = only at the end
     batch_size: int = 64
+    val_shards: str | None = None  # held-out webdataset shards (training format): val_loss at every evaluation
     workers: int = 0
 
 

@@ -284,7 +284,9 @@ class Trainer:
             self.log.log({"step": self.progress.step, "samples_seen": self.progress.samples_seen, **results})
             self.message(
                 f"step {self.progress.step}: "
-                + ", ".join(f"{k}={results[k]:.4f}" for k in ("zeroshot/top1", "zeroshot/top5") if k in results)
+                + ", ".join(
+                    f"{k}={results[k]:.4f}" for k in ("val_loss", "zeroshot/top1", "zeroshot/top5") if k in results
+                )
             )
 
     def save(self) -> Path:

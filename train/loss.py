@@ -35,7 +35,23 @@ def gather_with_grad(x: Tensor) -> Tensor:
     return torch.cat(dist_fn.all_gather(x.contiguous()), dim=0)
 
 
-class ClipLoss(nn.Module):
+class ContrastiveLoss(nn.Module):
+    """A loss over the global batch; `gather=False` scores each rank's batch on its own (the validation loss,
+    which must not depend on the number of ranks)."""
+
+    def __init__(self, gather: bool = True):
+        super().__init__()
+        self.gather = gather
+
+    def rank(self) -> int:
+        return world()[0] if self.gather else 0
+
+    def all_rows(self, x: Tensor) -> Tensor:
+        """[b, D] -> [W*b, D] gathered with gradients, or [b, D] itself without gathering."""
+        return gather_with_grad(x) if self.gather else x
+
+
+class ClipLoss(ContrastiveLoss):
     """Symmetric InfoNCE (Radford et al. 2021, CLIP; van den Oord et al. 2018).
 
     loss = (CE(s * I T^T, labels) + CE(s * T I^T, labels)) / 2 over the global batch, where I, T are
@@ -47,15 +63,15 @@ class ClipLoss(nn.Module):
     ) -> Tensor:
         """image_features, text_features [b, D] (this rank's rows), logit_scale scalar (exp'd) -> scalar."""
         image_features, text_features = image_features.float(), text_features.float()
-        rank, _ = world()
-        all_images, all_texts = gather_with_grad(image_features), gather_with_grad(text_features)  # [W*b, D]
+        rank = self.rank()
+        all_images, all_texts = self.all_rows(image_features), self.all_rows(text_features)  # [W*b, D]
         logits_per_image = logit_scale * image_features @ all_texts.T  # [b, W*b]
         logits_per_text = logit_scale * text_features @ all_images.T  # [b, W*b]
         labels = torch.arange(len(image_features), device=image_features.device) + rank * len(image_features)
         return (F.cross_entropy(logits_per_image, labels) + F.cross_entropy(logits_per_text, labels)) / 2
 
 
-class SigLipLoss(nn.Module):
+class SigLipLoss(ContrastiveLoss):
     """Pairwise sigmoid loss (Zhai et al. 2023, SigLIP, eq. 1).
 
     loss = -1/|B| sum_i sum_j log sigmoid(z_ij (s <I_i, T_j> + b)), z_ij = 1 if i == j else -1, over the
@@ -69,8 +85,8 @@ class SigLipLoss(nn.Module):
         if logit_bias is None:
             raise ValueError("the siglip loss needs the model's logit_bias; build the model with train.loss=siglip")
         image_features, text_features = image_features.float(), text_features.float()
-        rank, _ = world()
-        all_texts = gather_with_grad(text_features)  # [W*b, D]
+        rank = self.rank()
+        all_texts = self.all_rows(text_features)  # [W*b, D]
         logits = logit_scale * image_features @ all_texts.T + logit_bias  # [b, W*b]
         b = len(image_features)
         signs = -torch.ones_like(logits)
@@ -81,5 +97,5 @@ class SigLipLoss(nn.Module):
 LOSSES = {"clip": ClipLoss, "siglip": SigLipLoss}
 
 
-def build_loss(name: str) -> nn.Module:
-    return LOSSES[name]()
+def build_loss(name: str, gather: bool = True) -> nn.Module:
+    return LOSSES[name](gather=gather)

@@ -11,6 +11,7 @@ Exit codes: 0 done, 75 pre-empted (SIGTERM/SIGUSR1: checkpoint written after the
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import sys
@@ -23,15 +24,16 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from data import DataConfig, build_train_data
 from data.errors import DataError
 from eval.sharding import Shard, random_state_kept
+from eval.val_loss import check_val_shards, validation_loss
 from eval.zeroshot import evaluate
-from models import ModelConfig, build_clip, gmacs_per_sample, tokenizer, transforms
+from models import ModelConfig, build_clip, summary, tokenizer, transforms
 from models.layout import CheckpointError, is_url, read_meta
 from train.branch import starting_point
 from train.checkpoint import load_checkpoint
 from train.config import Config, ConfigError, dump, load_config, to_dict
 from train.dist import StopFlag, make_accelerator, shard_model, world_size_from_env
 from train.log import RunLog, check_wandb, git_commit, trim_metrics
-from train.loop import DataStream, Progress, Trainer
+from train.loop import DataStream, Progress, Trainer, plain_param
 from train.loss import build_loss
 from train.optim import build_optimizer, check_schedule, follow_schedule
 from train.storage import RunStorage
@@ -54,7 +56,7 @@ def fit(cfg: Config, stop: StopFlag) -> int:
     accelerator = make_accelerator(cfg.train)
     data = build_data(cfg.data, cfg.model, cfg.train.augment, accelerator)
     model = build_model(cfg.model, cfg.train.loss, cfg.train.compile)
-    gmacs = gmacs_per_sample(model)["gmacs"]
+    sizes = summary(model)  # before sharding: whole-model parameter counts and GMACs
     if accelerator.distributed_type.name == "FSDP":
         model = shard_model(model, cfg.train, accelerator.device.type)
     cuda = accelerator.device.type == "cuda"
@@ -64,7 +66,7 @@ def fit(cfg: Config, stop: StopFlag) -> int:
     storage = RunStorage.of(cfg.train.run_dir, cfg.train.stage_dir)
     resume(cfg, accelerator, storage, stream, progress)
     follow_schedule(schedule.scheduler)
-    log = start_run_dir(cfg, accelerator, storage, progress.step)
+    log = start_run_dir(cfg, accelerator, storage, progress.step, sizes)
     trainer = Trainer(
         accelerator,
         model,
@@ -79,7 +81,7 @@ def fit(cfg: Config, stop: StopFlag) -> int:
         evaluate=make_evaluator(cfg, accelerator, model),
         eval_every=cfg.eval.every,
         progress=progress,
-        gmacs_per_sample=gmacs,
+        gmacs_per_sample=sizes["gmacs_per_sample"],
     )
     code = trainer.run(stop)
     if accelerator.is_main_process:
@@ -94,6 +96,11 @@ def preflight(cfg: Config, world_size: int) -> None:
         cfg.data.validate(world_size)
     except DataError as e:
         raise ConfigError(str(e)) from None
+    if cfg.eval.val_shards:
+        try:
+            check_val_shards(cfg.eval.val_shards)
+        except DataError as e:
+            raise ConfigError(f"eval.val_shards: {e}") from None
     if cfg.eval.dataset and "://" not in cfg.eval.dataset and not Path(cfg.eval.dataset).exists():
         raise ConfigError(
             f"eval.dataset={cfg.eval.dataset} does not exist; point it at an ImageFolder tree or set eval.dataset=null"
@@ -183,12 +190,14 @@ def resume(cfg: Config, accelerator, storage: RunStorage, stream: DataStream, pr
         print(f"{verb} from {folder} at step {progress.step} ({progress.samples_seen} samples seen)", file=sys.stderr)
 
 
-def start_run_dir(cfg: Config, accelerator, storage: RunStorage, step: int) -> RunLog:
-    """RUN/config.yaml, RUN/git_commit.txt, metrics.jsonl trimmed to the resumed step, and the run's log."""
+def start_run_dir(cfg: Config, accelerator, storage: RunStorage, step: int, sizes: dict) -> RunLog:
+    """RUN/config.yaml, RUN/summary.json (models.summary: parameters, GMACs per sample, attentions),
+    RUN/git_commit.txt, metrics.jsonl trimmed to the resumed step, and the run's log."""
     run_dir = storage.local
     if accelerator.is_main_process:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(dump(cfg))
+        (run_dir / "summary.json").write_text(json.dumps(sizes, indent=1) + "\n")
         (run_dir / "git_commit.txt").write_text(git_commit() + "\n")
         trim_metrics(run_dir / "metrics.jsonl", step)
         storage.upload_run_files()
@@ -207,6 +216,45 @@ def start_run_dir(cfg: Config, accelerator, storage: RunStorage, step: int) -> R
 
 
 def make_evaluator(cfg: Config, accelerator, model: nn.Module):
+    """A callable returning {"val_loss": ..., "zeroshot/top1": ...} on rank 0 ({} on the others), called on every
+    rank; None without eval.dataset and eval.val_shards."""
+    zeroshot, val = make_zeroshot(cfg, accelerator, model), make_val_loss(cfg, accelerator, model)
+    if zeroshot is None and val is None:
+        return None
+
+    def run() -> dict:
+        results = val() if val is not None else {}
+        results.update(zeroshot() if zeroshot is not None else {})
+        return results if accelerator.is_main_process else {}
+
+    return run
+
+
+def make_val_loss(cfg: Config, accelerator, model: nn.Module):
+    """A callable returning {"val_loss": ...} on every rank (eval/val_loss.py), or None without eval.val_shards."""
+    if not cfg.eval.val_shards:
+        return None
+    _, eval_transform = transforms(cfg.model)
+    tok, loss_fn = tokenizer(cfg.model), build_loss(cfg.train.loss, gather=False)
+
+    def run() -> dict:
+        net = accelerator.unwrap_model(model)
+        loss = validation_loss(
+            net,
+            cfg.eval.val_shards,
+            loss_fn,
+            batch_size=cfg.eval.batch_size,
+            image_transform=eval_transform,
+            tokenizer=tok,
+            device=accelerator.device,
+            logit_bias=plain_param(getattr(net, "logit_bias", None)),
+        )
+        return {"val_loss": loss}
+
+    return run
+
+
+def make_zeroshot(cfg: Config, accelerator, model: nn.Module):
     """A callable returning {"zeroshot/top1": ...} on rank 0 ({} on the others), or None without eval.dataset.
 
     Every rank scores its slice of the images and the counts are summed over the ranks (eval.sharding), which gives

@@ -34,7 +34,7 @@ from pathlib import Path
 from models import layout
 from models.layout import CHECKPOINTS, LATEST, MANIFEST, Check, is_url
 
-RUN_FILES = ("config.yaml", "git_commit.txt", "metrics.jsonl", "wandb_id.txt")
+RUN_FILES = ("config.yaml", "summary.json", "git_commit.txt", "metrics.jsonl", "wandb_id.txt")
 
 
 def default_stage(url: str) -> Path:
@@ -96,7 +96,7 @@ class RunStorage:
             fs.rm(f"{root}/{CHECKPOINTS}/{old}", recursive=True)
 
     def upload_run_files(self) -> None:
-        """config.yaml, git_commit.txt, metrics.jsonl, wandb_id.txt, whichever exist (each a whole object)."""
+        """config.yaml, summary.json, git_commit.txt, metrics.jsonl, wandb_id.txt, whichever exist (each whole)."""
         if self.remote is None:
             return
         fs, root = self.filesystem()

@@ -50,3 +50,20 @@ def test_command_line_writes_data_the_loader_reads(tmp_path):
     )
     images = [images for images, _ in data.loader]
     assert len(images) == 5 and images[0].shape == (8, 3, 16, 16)
+
+
+def test_validation_split_is_held_out_and_captions_fit_a_short_context(tmp_path):
+    """The validation shards have the training format and their own samples; every caption fits the 16-token
+    context of the demo sizes (configs/models/demo-*.json), start and end tokens included."""
+    import open_clip
+
+    import models  # noqa: F401 (registers the demo sizes with open_clip)
+
+    make_synthetic(tmp_path, train_samples=200, val_samples=150, eval_per_class=1, shard_size=100, image_size=16)
+    assert json.loads((tmp_path / "val" / "sizes.json").read_text()) == {"00000.tar": 100, "00001.tar": 50}
+    val = list(wds.WebDataset(str(tmp_path / "val" / "{00000..00001}.tar"), shardshuffle=False).decode("pil"))
+    train = list(wds.WebDataset(str(tmp_path / "train" / "{00000..00001}.tar"), shardshuffle=False).decode("pil"))
+    assert len(val) == 150 and all(v["jpg"].size == (16, 16) for v in val)
+    assert [v["txt"] for v in val[:20]] != [t["txt"] for t in train[:20]]
+    tokens = open_clip.get_tokenizer("demo-w32")([s["txt"] for s in train + val])
+    assert tokens.shape[1] == 16 and bool((tokens[:, -1] == 0).all()), "a caption was cut at 16 tokens"

@@ -9,6 +9,7 @@ from PIL import Image
 
 from eval.scaling import ScalingInputError, ScalingWarning, fit, load_points, main, plot
 from eval.scaling_fit import fit_procedure, frontier
+from eval.scaling_io import evaluate
 
 N_BOOT = 200
 
@@ -121,9 +122,9 @@ def test_derived_columns_compute_and_error():
     # Points (20, 0.5), (200, 0.4), (4000, 0.1).
     expected = np.polyfit(np.log([20, 200, 4000]), np.log([0.5, 0.4, 0.1]), 1)[0]
     assert report["groups"]["all"]["alpha"] == pytest.approx(expected)
-    # models.summary names the per-sample cost `gmacs`; compute falls back to it.
-    renamed = df.rename(columns={"gmacs_per_sample": "gmacs"})
-    assert fit(renamed, "compute", "error", n_boot=N_BOOT)["groups"]["all"]["alpha"] == pytest.approx(expected)
+    # One vocabulary (models.summary): the per-sample cost is gmacs_per_sample, and nothing else stands in for it.
+    with pytest.raises(ScalingInputError, match=r"column 'gmacs_per_sample' \(in 'compute = "):
+        fit(df.rename(columns={"gmacs_per_sample": "gmacs"}), "compute", "error", n_boot=N_BOOT)
 
 
 def test_numeric_groups_in_natural_order():
@@ -219,7 +220,7 @@ def test_read_json_files(tmp_path):
     df = load_points(sorted(tmp_path.glob("*.json")))
     assert df["image_attention"].tolist() == ["softmax", "linear"]
     assert df["params"].tolist() == [1e6, 2e6] and df["extra.k"].tolist() == [0, 1]
-    assert df["source"].tolist() == [str(tmp_path / "r0.json"), str(tmp_path / "r1.json")]
+    assert df["@source"].tolist() == [str(tmp_path / "r0.json"), str(tmp_path / "r1.json")]
 
 
 def write_run(run, lines, config=None, evals=None):
@@ -235,28 +236,49 @@ def write_run(run, lines, config=None, evals=None):
 def test_read_run_directory(tmp_path):
     lines = [
         {"step": 10, "samples_seen": 640, "loss": 3.0},
+        {"step": 10, "samples_seen": 640, "zeroshot/top1": 0.05, "val_loss": 2.0},
         {"step": 20, "samples_seen": 1280, "loss": 2.5},
-        {"step": 20, "samples_seen": 1280, "val_top1": 0.2},
+        {"step": 20, "samples_seen": 1280, "zeroshot/top1": 0.2, "val_loss": 1.5},
     ]
     evals = {
         "eval/step10.json": {"step": 10, "samples_seen": 640, "top1": 0.1, "params": 5e6},
         "zeroshot.json": {"step": 15, "samples_seen": 960, "top1": 0.15},
     }
-    write_run(tmp_path / "runs" / "a", lines, "model:\n  image_attention: linear_elu\n  width: 64\n", evals)
-    (row,) = load_points([tmp_path / "runs"], columns={"loss", "samples_seen"}, y_columns={"loss"}).to_dict("records")
-    # The last metrics line holding loss, not the very last line; config flattened; newest eval JSON wins.
-    assert (row["loss"], row["samples_seen"], row["model.image_attention"], row["model.width"]) == (
-        2.5,
-        1280,
-        "linear_elu",
-        64,
-    )
-    assert (row["top1"], row["params"]) == (0.15, 5e6)
-    # With y = top1 (only in the eval JSONs), samples_seen comes from the same eval record as top1.
-    (row,) = load_points([tmp_path / "runs" / "a" / "metrics.jsonl"], {"top1", "samples_seen"}, {"top1"}).to_dict(
-        "records"
-    )
-    assert (row["top1"], row["samples_seen"], row["step"]) == (0.15, 960, 15)
+    config = "model:\n  image_attention: linear_elu\n  width: 64\noptim:\n  schedule: cosine\ntrain:\n  max_steps: 20\n"
+    write_run(tmp_path / "runs" / "a", lines, config, evals)
+    (tmp_path / "runs" / "a" / "summary.json").write_text(json.dumps({"params": 4e6, "gmacs_per_sample": 0.5}))
+    # Every evaluation is a point: the two zero-shot lines of metrics.jsonl and the two eval JSONs, in record order.
+    df = load_points([tmp_path / "runs"], y="error", points="all")
+    assert df["step"].tolist() == [10, 20, 10, 15]
+    assert evaluate(df, "error") == pytest.approx([0.95, 0.8, 0.9, 0.85])
+    assert evaluate(df, "compute") == pytest.approx([320, 640, 320, 480])  # summary.json's GMACs x samples seen
+    # The run's config and summary go with every point; a record's own values win (params of eval/step10.json).
+    assert set(df["model.image_attention"]) == {"linear_elu"} and df["params"].tolist() == [4e6, 4e6, 5e6, 4e6]
+    assert set(df["@source"]) == {str(tmp_path / "runs" / "a")}
+    # The training loss is read from the per-step lines; val_loss from the evaluation lines.
+    assert load_points([tmp_path / "runs"], y="loss", points="all")["loss"].tolist() == [3.0, 2.5]
+    (row,) = load_points([tmp_path / "runs" / "a" / "metrics.jsonl"], y="val_loss", points="last").to_dict("records")
+    assert (row["val_loss"], row["step"]) == (1.5, 20)
+    # cooldown: the final evaluation of a finished run with a decaying schedule; none of a constant one.
+    (row,) = load_points([tmp_path / "runs"], y="error", points="cooldown").to_dict("records")
+    assert (row["zeroshot/top1"], row["step"]) == (0.2, 20)
+    config = config.replace("cosine", "constant")
+    write_run(tmp_path / "const" / "b", lines, config)
+    with pytest.raises(ScalingInputError, match="no annealed points"):
+        load_points([tmp_path / "const"], y="error", points="cooldown")
+
+
+def test_csv_keeps_its_own_source_column(tmp_path, capsys):
+    df = pd.concat([synthetic(-0.3, 40.0, source="lab-a"), synthetic(-0.5, 40.0, seed=1, source="lab-b")])
+    df.to_csv(tmp_path / "runs.csv", index=False)
+    points = load_points([tmp_path / "runs.csv"])
+    assert points["source"].tolist() == df["source"].tolist()
+    assert set(points["@source"]) == {str(tmp_path / "runs.csv")}
+    args = [str(tmp_path / "runs.csv"), "--x", "params", "--y", "loss", "--group", "source", "--n-boot", "50"]
+    assert main([*args, "--out", str(tmp_path / "out")]) == 0
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["groups"]["lab-a"]["alpha"] == pytest.approx(-0.3, abs=0.02)
+    assert report["groups"]["lab-b"]["alpha"] == pytest.approx(-0.5, abs=0.02)
 
 
 def test_read_csv_and_mixed_inputs(tmp_path):

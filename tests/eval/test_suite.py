@@ -6,6 +6,7 @@ import csv
 import json
 import shutil
 
+import numpy as np
 import pytest
 import yaml
 
@@ -64,8 +65,23 @@ def test_suite_writes_a_json_per_set_and_a_csv(sets, capsys):
     # eval.scaling reads each JSON as one point with its model summary
     points = scaling_io.load_points([str(out / "imagenet-r.json"), str(out / "shapes.json")])
     assert list(points["dataset"]) == ["imagenet-r", "shapes"]
-    assert list(scaling_io.evaluate(points, "error")) == [1 - imagenet_r["top1"], 1 - shapes["top1"]]
     assert list(scaling_io.evaluate(points, "compute")) == [shapes["gmacs_per_sample"] * 160] * 2
+    # --y error@NAME: one data set's points; plain `error` over several data sets is refused
+    on_shapes = scaling_io.evaluate(points, "error@shapes")
+    assert np.isnan(on_shapes[0]) and on_shapes[1] == 1 - shapes["top1"]
+    assert scaling_io.evaluate(points, "error@imagenet-r")[0] == 1 - imagenet_r["top1"]
+    with pytest.raises(scaling_io.ScalingInputError, match=r"2 data sets .*imagenet-r, shapes.*error@imagenet-r"):
+        scaling_io.evaluate(points, "error")
+    with pytest.raises(scaling_io.ScalingInputError, match=r"no evaluation on data set 'objectnet'.*imagenet-r"):
+        scaling_io.evaluate(points, "error@objectnet")
+    # results.csv is one point per data set too, retrieval metrics named with their own "@"
+    table = scaling_io.load_points(str(out / "results.csv"))
+    assert scaling_io.evaluate(table, "text_to_image_R@1@coco")[2] == coco["text_to_image_R@1"]
+    # a training run folder: its own evaluations in metrics.jsonl and the suite's under RUN/eval/<checkpoint>/
+    (sets["run"] / "metrics.jsonl").write_text(json.dumps({"step": 5, "samples_seen": 160, "zeroshot/top1": 0.5}))
+    run = scaling_io.load_points(str(sets["run"]), y="error@shapes", points="all")
+    assert list(run["dataset"]) == ["shapes"] and scaling_io.evaluate(run, "error@shapes")[0] == 1 - shapes["top1"]
+    assert scaling_io.evaluate(run, "compute")[0] == shapes["gmacs_per_sample"] * 160
 
 
 def test_dataset_option_replaces_a_suite_entry_and_names_its_task(sets, tmp_path):

@@ -146,10 +146,10 @@ def test_parameter_counts_match_open_clip(name, total):
     with torch.device("meta"):
         ours = models.summary(create_model(name), macs=False)
         theirs = sum(p.numel() for p in open_clip.model.CLIP(**cfg).parameters())
-    assert ours["total"] == theirs
-    assert ours["total"] == pytest.approx(total, abs=0.005e6)
-    assert ours["image"] + ours["text"] + 1 == ours["total"]
-    assert ours["without_token_embedding"] == ours["total"] - 49408 * cfg["text_cfg"]["width"]
+    assert ours["params"] == theirs
+    assert ours["params"] == pytest.approx(total, abs=0.005e6)
+    assert ours["params_image"] + ours["params_text"] + 1 == ours["params"]
+    assert ours["params_without_token_embedding"] == ours["params"] - 49408 * cfg["text_cfg"]["width"]
 
 
 def test_gmacs_match_open_clip_profile():
@@ -158,8 +158,26 @@ def test_gmacs_match_open_clip_profile():
         s = models.gmacs_per_sample(create_model("ViT-B-16"))
     assert s["image_gmacs"] == pytest.approx(17.58, rel=0.01)
     assert s["text_gmacs"] == pytest.approx(2.91, rel=0.03)
-    tiny = [models.summary(create_model(n))["gmacs"] for n in ("tiny-s", "tiny-m", "tiny-l")]
+    tiny = [models.summary(create_model(n))["gmacs_per_sample"] for n in ("tiny-s", "tiny-m", "tiny-l")]
     assert 0 < tiny[0] < tiny[1] < tiny[2]
+
+
+def test_summary_is_one_vocabulary_for_our_models_and_open_clip_models():
+    """The keys every run summary, eval result and scaling fit reads; an open_clip model of the same size
+    gives the same numbers as ours, both counted on the meta device."""
+    import open_clip
+
+    from models.summary import KEYS
+
+    ours = models.summary(create_model("tiny-s", image_attention="softmax", text_attention="softmax"))
+    theirs = models.summary(open_clip.create_model("tiny-s"))
+    assert list(ours) == list(theirs) == list(KEYS)
+    for key in ("params", "params_image", "params_text", "params_without_token_embedding"):
+        assert ours[key] == theirs[key], key
+    assert theirs["gmacs_per_sample"] == pytest.approx(theirs["image_gmacs"] + theirs["text_gmacs"])
+    assert (theirs["image_gmacs"], theirs["text_gmacs"]) == (ours["image_gmacs"], ours["text_gmacs"])
+    assert models.summary(create_model("tiny-s", image_attention="linear_elu"))["image_attention"] == "linear_elu"
+    assert "gmacs_per_sample" not in models.summary(create_model("tiny-s"), macs=False)
 
 
 @pytest.mark.parametrize("name", [n for n in NAMES if n != "softmax"])

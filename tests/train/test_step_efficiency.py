@@ -69,7 +69,7 @@ def test_one_host_sync_per_step_outside_logging_steps(tmp_path, synthetic, count
 
 def test_speed_figures_in_metrics(tmp_path, synthetic):
     assert run(tiny_config(tmp_path, synthetic, train={"max_steps": 3})) == 0
-    gmacs = gmacs_per_sample(build_clip(ModelConfig(name="tiny-s")))["gmacs"]
+    gmacs = gmacs_per_sample(build_clip(ModelConfig(name="tiny-s")))["gmacs_per_sample"]
     for r in train_records(tmp_path / "run"):
         assert r["samples_per_s"] > 0 and r["samples_per_s_per_gpu"] == r["samples_per_s"]  # one process
         assert r["tflops_per_gpu"] == pytest.approx(6 * gmacs * r["samples_per_s_per_gpu"] / 1e3)

@@ -1,0 +1,122 @@
+"""The main job's figures: learning curves of every run, and one summary figure comparing the attentions.
+
+The fits themselves are drawn by eval.scaling.plot (points, frontier, fits, 95% bands). Here: one colour per
+attention (the same in every figure), one line style per model size.
+"""
+
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+from matplotlib.lines import Line2D
+
+from eval.scaling_plot import plain_ticks
+
+STYLES = ["-", "--", "-.", ":", (0, (5, 1, 1, 1, 1, 1)), (0, (1, 1)), (0, (8, 2))]
+ATTENTION, SIZE = "model.image_attention", "model.name"
+
+
+def colour(attentions: list[str], attention: str):
+    return plt.get_cmap("tab10")(attentions.index(attention) % 10)
+
+
+def style(sizes: list[str], size: str):
+    return STYLES[sizes.index(size) % len(STYLES)]
+
+
+def legend(ax, attentions: list[str], sizes: list[str]) -> None:
+    """Two keys: colour = attention, line style = size."""
+    handles = [Line2D([], [], color=colour(attentions, a), lw=2, label=a) for a in attentions]
+    handles += [Line2D([], [], color="0.3", linestyle=style(sizes, s), label=s) for s in sizes]
+    ax.legend(handles=handles, fontsize=7, ncol=2)
+
+
+def learning_curves(panels: list[tuple[pd.DataFrame, str, str]], attentions, sizes, path) -> None:
+    """One log-log panel per (points, y column, y label): y against samples seen, one line per run."""
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.2 * len(panels), 4.8), dpi=110, squeeze=False)
+    for ax, (frame, column, label) in zip(axes[0], panels):
+        for (attention, size), run in frame.groupby([ATTENTION, SIZE], sort=False):
+            run = run.sort_values("samples_seen")
+            ax.plot(
+                run["samples_seen"],
+                run[column],
+                color=colour(attentions, attention),
+                linestyle=style(sizes, size),
+                lw=1.4,
+                marker=".",
+                ms=3,
+            )
+        ax.set(xscale="log", yscale="log", xlabel="samples seen (image-text pairs)", ylabel=label)
+        ax.grid(True, which="both", alpha=0.3)
+        plain_ticks(ax)
+        legend(ax, attentions, sizes)
+    axes[0][0].set_title("learning curves: every evaluation of every run", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def exponent_panel(ax, fits: dict[str, dict], attentions: list[str]) -> None:
+    """Forest plot: each fit's exponent per attention with its 95% bootstrap interval."""
+    names = list(fits)
+    width = 0.8 / max(1, len(attentions))
+    for i, attention in enumerate(attentions):
+        for j, name in enumerate(names):
+            g = fits[name]["groups"].get(attention)
+            if g is None:
+                continue
+            y = j + (i - (len(attentions) - 1) / 2) * width
+            lo, hi = g["alpha_ci"]
+            ax.errorbar(
+                g["alpha"],
+                y,
+                xerr=[[g["alpha"] - lo], [hi - g["alpha"]]],
+                fmt="o",
+                capsize=3,
+                color=colour(attentions, attention),
+                label=attention if j == 0 else None,
+            )
+    ax.axvline(0, color="0.5", lw=0.8)
+    ax.set_yticks(range(len(names)), names, fontsize=8)
+    ax.set_xlabel("fitted exponent alpha (y = beta x^alpha), 95% bootstrap interval")
+    ax.legend(fontsize=7)
+    ax.set_title("scaling exponents per attention", fontsize=9)
+
+
+def final_panel(ax, finals: pd.DataFrame, attentions: list[str]) -> None:
+    """End-of-training zero-shot error against non-embedding parameters, one line per attention."""
+    for attention, rows in finals.groupby(ATTENTION, sort=False):
+        rows = rows.sort_values("params_without_token_embedding")
+        ax.plot(
+            rows["params_without_token_embedding"],
+            1 - rows["top1"],
+            "o-",
+            color=colour(attentions, attention),
+            label=attention,
+        )
+    ax.set(xscale="log", yscale="log", xlabel="parameters without the token embedding")
+    ax.set_ylabel("zero-shot top-1 error at the end of training")
+    ax.grid(True, which="both", alpha=0.3)
+    plain_ticks(ax)
+    ax.legend(fontsize=7)
+    ax.set_title("error against model size (same samples for every size)", fontsize=9)
+
+
+def summary_figure(fits: dict[str, dict], finals: pd.DataFrame, attentions: list[str], path) -> None:
+    """Left: exponents with intervals per fit and attention; right: final error against size."""
+    fig, axes = plt.subplots(1, 2, figsize=(12.4, 4.6), dpi=110)
+    exponent_panel(axes[0], fits, attentions)
+    final_panel(axes[1], finals, attentions)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def log_slope(x, y) -> float:
+    """Least-squares slope of log y against log x (nan with fewer than 2 points)."""
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    return float(np.polyfit(np.log(x), np.log(y), 1)[0]) if len(x) >= 2 else float("nan")

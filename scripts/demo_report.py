@@ -1,0 +1,242 @@
+"""The main job's report: the runs, the checks of what the study must show, the fits, and what the data support.
+
+Every number comes from the runs of this study (runs.json) and the fits (eval.scaling reports). The sentences
+that compare with the paper (Gerami, Madani, Duraiswami 2026) follow fixed rules stated in the report itself.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import numpy as np
+
+PAPER = "Gerami, Madani, Duraiswami 2026"
+NODENOM, NORMALISED = "linear_affine_nodenom", "linear_affine"
+CLOSE = 1.25  # "trains like softmax": final error at most this many times softmax's at the largest size
+
+
+def fit_digest(report: dict) -> dict:
+    """The numbers of a fit a reader needs: per group alpha, its interval, beta, points; the comparisons."""
+    if "groups" not in report:
+        return report
+    groups = {
+        name: {k: g[k] for k in ("alpha", "alpha_ci", "beta", "beta_ci", "n_points", "formula")}
+        for name, g in report["groups"].items()
+    }
+    comparisons = [
+        {k: c[k] for k in ("a", "b", "alpha_diff", "alpha_diff_ci", "verdict")} for c in report["comparisons"]
+    ]
+    return {"x": report["x"], "y": report["y"], "form": report["form"], "groups": groups, "comparisons": comparisons}
+
+
+def by_attention(runs: list[dict]) -> dict[str, list[dict]]:
+    """Runs per attention, smallest model first."""
+    out: dict[str, list[dict]] = {}
+    for run in sorted(runs, key=lambda r: r["params_without_token_embedding"]):
+        out.setdefault(run["attention"], []).append(run)
+    return out
+
+
+def exponent_below_zero(fits: dict, name: str, attention: str) -> tuple[bool, str]:
+    g = fits.get(name, {}).get("groups", {}).get(attention)
+    if g is None:
+        return False, "not fitted"
+    return g["alpha_ci"][1] < 0, f"alpha {g['alpha']:+.3f} [{g['alpha_ci'][0]:+.3f}, {g['alpha_ci'][1]:+.3f}]"
+
+
+def criteria(runs: list[dict], fits: dict, num_classes: int) -> list[tuple[str, bool, str]]:
+    """(what must hold, whether it does, the numbers) for the study's checks (issue: the study shows science)."""
+    groups = by_attention(runs)
+    softmax = groups.get("softmax", [])
+    best = max(softmax, key=lambda r: r["top1"], default=None)
+    checks = [
+        ("chance level <= 5%", 1 / num_classes <= 0.05, f"{num_classes} classes: {100 / num_classes:.1f}%"),
+        (
+            "best softmax run >= 80% zero-shot top-1",
+            best is not None and best["top1"] >= 0.8,
+            f"{best['size']}: {100 * best['top1']:.1f}%" if best else "no softmax run",
+        ),
+    ]
+    for attention in [a for a in ("softmax", NODENOM) if a in groups]:
+        rows = groups[attention]
+        largest = rows[-1]
+        checks.append(
+            (
+                f"{attention}: the largest model's learning curve still falls at the end",
+                largest["tail_slope"] < 0,
+                f"log-log slope of error over the second half of training {largest['tail_slope']:+.2f}",
+            )
+        )
+        errors = [1 - r["top1"] for r in rows]
+        checks.append(
+            (
+                f"{attention}: final error falls with model size",
+                errors[-1] < errors[0] and exponent_below_zero(fits, "error_params", attention)[0],
+                "smallest to largest: "
+                + " > ".join(f"{100 * e:.1f}%" for e in errors)
+                + f"; error vs parameters {exponent_below_zero(fits, 'error_params', attention)[1]}",
+            )
+        )
+        ok, numbers = exponent_below_zero(fits, "error_frontier", attention)
+        checks.append((f"{attention}: compute-frontier exponent's 95% interval below 0", ok, numbers))
+    return checks
+
+
+def comparison(fits: dict, name: str, attention: str) -> dict | None:
+    return next((c for c in fits.get(name, {}).get("comparisons", []) if c["a"] == attention), None)
+
+
+def compute_to_reach(rows: list[dict], level: float) -> float:
+    """The least compute (GMACs x samples) at which any run of `rows` has zero-shot error <= level (inf: never)."""
+    reached = [r["gmacs_per_sample"] * seen for r in rows for seen, top1 in r["curve"] if 1 - top1 <= level]
+    return min(reached, default=float("inf"))
+
+
+def exponent_sentence(fits: dict, name: str, attention: str, what: str) -> str:
+    c = comparison(fits, name, attention)
+    if c is None:
+        return f"the {what} exponents were not compared"
+    lo, hi = c["alpha_diff_ci"]
+    if lo <= 0 <= hi:
+        return (
+            f"its {what} exponent follows softmax's within [{lo:+.3f}, {hi:+.3f}] (difference {c['alpha_diff']:+.3f})"
+        )
+    steeper = "steeper" if hi < 0 else "shallower"
+    return f"its {what} exponent is {steeper} than softmax's by {c['alpha_diff']:+.3f} [{lo:+.3f}, {hi:+.3f}]"
+
+
+def support(runs: list[dict], fits: dict) -> list[str]:
+    """One paragraph per linear attention: exponents, error level, compute multiplier, and the paper's claim."""
+    groups = by_attention(runs)
+    if "softmax" not in groups:
+        return ["No softmax runs: nothing to compare with."]
+    soft = {r["size"]: 1 - r["top1"] for r in groups["softmax"]}
+    level = float(np.median(list(soft.values())))
+    soft_compute = compute_to_reach(groups["softmax"], level)
+    lines = []
+    for attention, rows in groups.items():
+        if attention == "softmax":
+            continue
+        ratios = [(1 - r["top1"]) / soft[r["size"]] for r in rows if r["size"] in soft and soft[r["size"]] > 0]
+        last = ratios[-1] if ratios else float("nan")
+        multiplier = compute_to_reach(rows, level) / soft_compute
+        reach = (
+            f"it first reaches {100 * level:.1f}% error (softmax's median final error) with {multiplier:.2f}x the "
+            f"compute softmax needs ({soft_compute:.3g} GMACs x samples)"
+            if np.isfinite(multiplier)
+            else f"no run of it reaches {100 * level:.1f}% error (softmax's median final error)"
+        )
+        parts = [
+            exponent_sentence(fits, "error_frontier", attention, "compute-frontier (zero-shot error)"),
+            exponent_sentence(fits, "val_loss_frontier", attention, "validation-loss frontier"),
+            "its final error is " + ", ".join(f"{x:.2f}x" for x in ratios) + " softmax's, size by size",
+            reach,
+        ]
+        text = f"- **{attention}**: " + "; ".join(parts) + ".\n  " + claim(attention, fits, last, multiplier)
+        lines.append(text)
+    return lines
+
+
+def claim(attention: str, fits: dict, last_ratio: float, multiplier: float) -> str:
+    """The paper's qualitative claim for this attention and whether these runs support it (rules in the text)."""
+    c = comparison(fits, "error_frontier", attention)
+    same_exponent = c is not None and c["alpha_diff_ci"][0] <= 0 <= c["alpha_diff_ci"][1]
+    more_steps = multiplier > 1
+    how = "it does not reach that error" if not np.isfinite(multiplier) else f"{multiplier:.2f}x softmax's compute"
+    steps = f"'LA needs more steps': {'supported' if more_steps else 'not seen'} here ({how})."
+    if attention == NODENOM:
+        close = last_ratio <= CLOSE
+        verdict = (
+            "supported"
+            if same_exponent and close
+            else "partly supported"
+            if same_exponent or close
+            else "not supported"
+        )
+        return (
+            f"{PAPER}: Eq. 7 without the denominator trains and scales like softmax -> {verdict} "
+            f"(same exponent within the interval: {'yes' if same_exponent else 'no'}; final error of the "
+            f"largest model within {CLOSE}x softmax's: {'yes' if close else 'no'}). " + steps
+        )
+    if attention == NORMALISED:
+        worse = last_ratio > 1
+        return (
+            f"{PAPER}: the normalised form over-smooths and trains worse -> "
+            f"{'supported' if worse else 'not supported'} (final error of the largest model "
+            f"{last_ratio:.2f}x softmax's). " + steps
+        )
+    return steps
+
+
+def runs_table(runs: list[dict]) -> str:
+    rows = [
+        "| size | attention | params (no embedding) | GMACs/sample | samples seen | zero-shot top-1 | top-5 | "
+        "val loss | tail slope | wall (s) | CPU (s) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in sorted(runs, key=lambda r: (r["attention"], r["params_without_token_embedding"])):
+        rows.append(
+            f"| {r['size']} | {r['attention']} | {r['params_without_token_embedding'] / 1e6:.3f}M | "
+            f"{r['gmacs_per_sample']:.4f} | {r['samples_seen']} | {100 * r['top1']:.1f}% | {100 * r['top5']:.1f}% | "
+            f"{r['val_loss']:.3f} | {r['tail_slope']:+.2f} | {r['wall_seconds']:.0f} | {r['cpu_seconds']:.0f} |"
+        )
+    return "\n".join(rows) + "\n"
+
+
+def best_table(runs: list[dict]) -> str:
+    rows = ["| attention | best zero-shot top-1 | run |", "|---|---|---|"]
+    for attention, group in by_attention(runs).items():
+        best = max(group, key=lambda r: r["top1"])
+        rows.append(f"| {attention} | {100 * best['top1']:.1f}% | {best['size']} |")
+    return "\n".join(rows) + "\n"
+
+
+def report_md(runs, fits, specs, bench, study, args, clock, format_table, num_classes: int) -> str:
+    """The whole report.md."""
+    loads = clock["load"]
+    head = (
+        f"# Softmax vs linear attention on the embedded synthetic data\n\n"
+        f"Made by `python -m scripts.demo{' --quick' if args.quick else ''} --seed {args.seed}` on "
+        f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC: {len(runs)} runs ({len(study.sizes)} sizes x "
+        f"{len(study.attentions)} attentions, the same attention in both towers), {study.jobs} at a time. "
+        f"The study took {clock['wall'] / 60:.1f} minutes wall and {clock['cpu'] / 60:.1f} CPU-minutes on "
+        f"{_cores()} cores; the 1-minute load average was {np.mean(loads):.1f} on average (max {max(loads):.1f}) "
+        f"while it ran (a load above {_cores()} means other jobs shared the cores).\n"
+    )
+    parts = [
+        head,
+        "## What the study must show\n",
+        check_table(criteria(runs, fits, num_classes)),
+        "## Runs\n",
+        best_table(runs),
+        runs_table(runs),
+        "Tail slope: the log-log slope of zero-shot error against samples seen over the second half of the "
+        "run (negative: still improving).\n",
+        "![learning curves](learning_curves.png)\n",
+        "## What the data support\n",
+        "\n".join(support(runs, fits)) + "\n",
+        f"Rules: exponents 'follow' softmax's when the 95% interval of their difference contains 0; Eq. 7 "
+        f"'trains like softmax' when the largest model's final error is within {CLOSE}x softmax's; 'needs "
+        f"more steps' when its runs need more compute than softmax's to first reach softmax's median final error.\n",
+        "![summary](summary.png)\n",
+    ]
+    for name, (_, _, _, _, _, title) in specs.items():
+        report = fits[name]
+        table = format_table(report) if "groups" in report else f"not fitted: {report['error']}"
+        parts += [f"## Fit: {title}\n", f"```\n{table}\n```\n"]
+        if "groups" in report:
+            parts.append(f"![{name}]({name}.png)\n")
+    parts += ["## Attention layers (forward + backward, B=1, H=6, D=64, fp32, this machine)\n", bench]
+    return "\n".join(parts)
+
+
+def check_table(checks: list[tuple[str, bool, str]]) -> str:
+    rows = ["| check | holds | numbers |", "|---|---|---|"]
+    rows += [f"| {what} | {'yes' if ok else '**no**'} | {numbers} |" for what, ok, numbers in checks]
+    return "\n".join(rows) + "\n"
+
+
+def _cores() -> int:
+    import os
+
+    return os.cpu_count() or 1

@@ -1,0 +1,176 @@
+"""The study of the main job as data, and its training runs: several `python -m train` processes at a time.
+
+configs/study/demo.yaml holds the grid (sizes x attentions), the embedded data set's size, per-size settings,
+how many runs share the machine, and the fits; `quick:` overrides it for `--quick`. Each run is
+`python -m train RUN_CONFIG size-overrides run-overrides paths` in its own process with `threads_per_job`
+threads: tiny models use a core far better alone than split over two threads, so two one-thread runs at
+a time finish the grid sooner than one two-thread run at a time.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class StudyError(ValueError):
+    """A study config that cannot run; one line naming the key and the fix."""
+
+
+@dataclass
+class Study:
+    """What configs/study/demo.yaml may hold (see that file for the meaning of each key)."""
+
+    data: dict  # keyword arguments of data.make_synthetic
+    attentions: list[str]
+    sizes: dict[str, dict]  # size -> {dotted.key: value} overrides of the run config for that size
+    run_config: str = "configs/demo.yaml"
+    run: dict = field(default_factory=dict)  # {dotted.key: value} overrides of the run config for every run
+    jobs: int = 2
+    threads_per_job: int = 1
+    fits: dict = field(default_factory=dict)
+    bench: list = field(default_factory=list)  # arguments of scripts.bench_attention
+
+
+def merge(base: dict, changes: dict) -> dict:
+    """Nested dict update: mappings merge key by key, anything else replaces."""
+    merged = dict(base)
+    for key, value in changes.items():
+        merged[key] = merge(base[key], value) if isinstance(value, dict) and isinstance(base.get(key), dict) else value
+    return merged
+
+
+def load_study(path: str | Path, quick: bool = False) -> Study:
+    """The study of a YAML file (with its `quick:` section merged in when quick)."""
+    path = Path(path)
+    if not path.is_file():
+        raise StudyError(f"study config {path} does not exist; use configs/study/demo.yaml or a copy of it")
+    raw = yaml.safe_load(path.read_text()) or {}
+    quick_part = raw.pop("quick", {}) or {}
+    if quick:
+        raw = merge(raw, quick_part)
+    known = {f.name for f in fields(Study)}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise StudyError(f"{path}: unknown key {unknown[0]!r}; valid keys: {', '.join(sorted(known))}, quick")
+    try:
+        study = Study(**raw)
+    except TypeError as e:
+        raise StudyError(f"{path}: {e}") from None
+    if not study.sizes or not study.attentions or study.jobs < 1 or study.threads_per_job < 1:
+        raise StudyError(f"{path}: needs sizes and attentions, jobs >= 1 and threads_per_job >= 1")
+    return study
+
+
+def overrides(values: dict) -> list[str]:
+    """{"optim.lr": 0.001} -> ["optim.lr=0.001"] (values as YAML, as python -m train parses them)."""
+    return [
+        f"{key}={yaml.safe_dump(value, default_flow_style=True).strip().removesuffix('...').strip()}"
+        for key, value in values.items()
+    ]
+
+
+@dataclass
+class Job:
+    """One training run: its folder, its command line and, once finished, its wall and CPU seconds."""
+
+    size: str
+    attention: str
+    run_dir: Path
+    argv: list[str]
+    process: subprocess.Popen | None = None
+    started: float = 0.0
+    wall_seconds: float = 0.0
+    cpu_seconds: float = 0.0
+
+
+def jobs_of(study: Study, out: Path, paths: dict[str, str], seed: int) -> list[Job]:
+    """Every (size, attention) run of the grid, the biggest sizes first (they take longest)."""
+    jobs = []
+    for size in reversed(list(study.sizes)):
+        for attention in study.attentions:
+            run_dir = out / "runs" / f"{size}-{attention}"
+            settings = {
+                **study.run,
+                **(study.sizes[size] or {}),
+                "model.name": size,
+                "model.image_attention": attention,
+                "model.text_attention": attention,
+                "data.train_shards": paths["train"],
+                "eval.val_shards": paths["val"],
+                "eval.dataset": paths["eval"],
+                "train.run_dir": str(run_dir),
+                "train.seed": seed,
+                "data.seed": seed,
+                "train.resume": "none",
+                "train.progress": False,
+            }
+            argv = [sys.executable, "-m", "train", study.run_config, *overrides(settings)]
+            jobs.append(Job(size, attention, run_dir, argv))
+    return jobs
+
+
+def start(job: Job, threads: int) -> None:
+    job.run_dir.mkdir(parents=True, exist_ok=True)
+    threads_env = {name: str(threads) for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    env = {**os.environ, **threads_env, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    log = open(job.run_dir / "train.log", "w")  # noqa: SIM115 (closed when the child has it)
+    job.process = subprocess.Popen(job.argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    log.close()
+    job.started = time.perf_counter()
+
+
+def reap(running: list[Job]) -> Job | None:
+    """A finished job (with its own CPU time, children included, from wait4), or None if all still run."""
+    for job in running:
+        pid, status, usage = os.wait4(job.process.pid, os.WNOHANG)
+        if pid:
+            job.process.returncode = os.waitstatus_to_exitcode(status)
+            job.wall_seconds = time.perf_counter() - job.started
+            job.cpu_seconds = usage.ru_utime + usage.ru_stime
+            return job
+    return None
+
+
+def run_jobs(jobs: list[Job], parallel: int, threads: int, report=print) -> list[float]:
+    """Run every job, `parallel` at a time; stop all on the first failure. Returns the 1-minute load averages
+    sampled while they ran (how busy the machine was)."""
+    waiting, running, loads, done = list(jobs), [], [], 0
+    # A terminated study stops its runs too (the finally below), instead of leaving them running.
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    try:
+        while waiting or running:
+            while waiting and len(running) < parallel:
+                running.append(waiting.pop(0))
+                start(running[-1], threads)
+            finished = reap(running)
+            if finished is None:
+                loads.append(os.getloadavg()[0])
+                time.sleep(1.0)
+                continue
+            running.remove(finished)
+            done += 1
+            if finished.process.returncode != 0:
+                raise SystemExit(
+                    f"training {finished.size} with {finished.attention} stopped with exit code "
+                    f"{finished.process.returncode}; see {finished.run_dir / 'train.log'}"
+                )
+            report(
+                f"run {done}/{len(jobs)} done: {finished.size} {finished.attention} in "
+                f"{finished.wall_seconds:.0f} s ({finished.cpu_seconds:.0f} CPU s)"
+            )
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        for job in running:
+            job.process.terminate()
+            job.process.wait()
+    return loads
