@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import math
 import warnings
 
 import matplotlib
@@ -26,12 +27,22 @@ def _formula(params) -> str:
 
 
 def plain_ticks(ax) -> None:
-    """Log axes labelled 0.2, 0.3, 0.5 rather than 2x10^-1 where a decade or less is shown."""
+    """Log axes that span at most two decades labelled 0.2, 0.5, 1 (or 20000, 50000) rather than 2x10^-1, with
+    minor labels only at 2 and 5 (and 3 within one decade) so that they never run into each other."""
     for axis in (ax.xaxis, ax.yaxis):
         low, high = ax.get_xlim() if axis is ax.xaxis else ax.get_ylim()
-        if 0 < low < high <= 10 * low:
+        if 0 < low < high <= 100 * low:
+            shown = (2, 3, 5) if high <= 10 * low else (2, 5)
+            if high <= 3 * low:  # too few decade ticks to read a value: finer ones, all labelled
+                shown = (1.2, 1.4, 1.6, 1.8, 2, 2.5, 3, 4, 5, 6, 7, 8, 9)
+                axis.set_minor_locator(ticker.LogLocator(10, subs=shown))
             axis.set_major_formatter(ticker.FormatStrFormatter("%g"))
-            axis.set_minor_formatter(ticker.FormatStrFormatter("%g"))
+            axis.set_minor_formatter(ticker.FuncFormatter(lambda v, _, shown=shown: _minor_label(v, shown)))
+
+
+def _minor_label(value: float, shown: tuple[int, ...]) -> str:
+    mantissa = value / 10 ** math.floor(math.log10(value)) if value > 0 else 0
+    return f"{value:g}" if any(abs(mantissa - m) < 1e-6 for m in shown) else ""
 
 
 def render_png(

@@ -6,6 +6,7 @@ that compare with the paper (Gerami, Madani, Duraiswami 2026) follow fixed rules
 
 from __future__ import annotations
 
+import itertools
 from datetime import UTC, datetime
 
 import numpy as np
@@ -45,7 +46,7 @@ def exponent_below_zero(fits: dict, name: str, attention: str) -> tuple[bool, st
 
 
 def criteria(runs: list[dict], fits: dict, num_classes: int) -> list[tuple[str, bool, str]]:
-    """(what must hold, whether it does, the numbers) for the study's checks (issue: the study shows science)."""
+    """(what must hold, whether it does, the numbers) for the checks the study must pass (README, "The main job")."""
     groups = by_attention(runs)
     softmax = groups.get("softmax", [])
     best = max(softmax, key=lambda r: r["top1"], default=None)
@@ -68,13 +69,15 @@ def criteria(runs: list[dict], fits: dict, num_classes: int) -> list[tuple[str, 
             )
         )
         errors = [1 - r["top1"] for r in rows]
+        falls = sum(b < a for a, b in itertools.pairwise(errors))
         checks.append(
             (
-                f"{attention}: final error falls with model size",
+                f"{attention}: final error falls with model size (largest below smallest, exponent's interval < 0)",
                 errors[-1] < errors[0] and exponent_below_zero(fits, "error_params", attention)[0],
                 "smallest to largest: "
-                + " > ".join(f"{100 * e:.1f}%" for e in errors)
-                + f"; error vs parameters {exponent_below_zero(fits, 'error_params', attention)[1]}",
+                + ", ".join(f"{100 * e:.1f}%" for e in errors)
+                + f" (falls at {falls} of {len(errors) - 1} steps up in size); error vs parameters "
+                + exponent_below_zero(fits, "error_params", attention)[1],
             )
         )
         ok, numbers = exponent_below_zero(fits, "error_frontier", attention)

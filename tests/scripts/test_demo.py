@@ -64,7 +64,7 @@ def test_study_config_errors_are_one_line(tmp_path):
 @pytest.mark.slow
 @pytest.mark.skipif(not os.environ.get("RUN_SLOW"), reason="the full study takes ~15 minutes of 2 cores; RUN_SLOW=1")
 def test_full_study_shows_scaling(tmp_path):
-    """What issue 14 asks of the study, read back from the files it wrote (not a timing)."""
+    """What the study must show (README, "The main job"), read back from the files it wrote (not a timing)."""
     out = demo.main(["--out", str(tmp_path / "demo")])
     runs, fits, _ = read(out)
     classes = (out / "data" / "eval" / "classnames.txt").read_text().splitlines()
