@@ -204,7 +204,8 @@ def report_md(runs, fits, specs, bench, study, args, clock, format_table, num_cl
         f"{len(study.attentions)} attentions, the same attention in both towers), {study.jobs} at a time. "
         f"The study took {clock['wall'] / 60:.1f} minutes wall and {clock['cpu'] / 60:.1f} CPU-minutes on "
         f"{_cores()} cores; the 1-minute load average was {np.mean(loads):.1f} on average (max {max(loads):.1f}) "
-        f"while it ran (a load above {_cores()} means other jobs shared the cores).\n"
+        f"while it ran (the study's own {study.jobs} runs and their data-loader workers count; a load well above "
+        f"{study.jobs * study.threads_per_job + study.jobs} means other jobs shared the cores).\n"
     )
     parts = [
         head,
