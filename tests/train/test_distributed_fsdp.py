@@ -7,7 +7,17 @@ accelerate treats FSDP as GPU-only; train.dist's test hook (CLIP_TEST_FSDP_ON_CP
 
 import pytest
 
-from tests.train.common import TORCHRUN, checkpoints, cli, finish, max_difference, run, tiny_config, train_records
+from tests.train.common import (
+    TORCHRUN,
+    checkpoints,
+    cli,
+    finish,
+    max_difference,
+    metrics,
+    run,
+    tiny_config,
+    train_records,
+)
 from tests.train.common import weights as read_weights
 from train.dist import FSDP_ON_CPU
 
@@ -24,13 +34,15 @@ def fsdp(config, *overrides: str) -> None:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, synthetic):
-    """{"fsdp": 3 steps, checkpoints at 2 and 3; "resumed": from its step 2 to 3; "one": one process} run dirs."""
+    """{"fsdp": 3 steps, checkpoints at 2 and 3; "resumed": from its step 2 to 3; "one": one process} run dirs.
+    "fsdp" and "one" evaluate at the end: zero-shot and the validation loss (batches of 32, 2 per rank)."""
     tmp = tmp_path_factory.mktemp("fsdp")
     config = tiny_config(tmp, synthetic)
     dirs = {name: tmp / name for name in ("fsdp", "resumed", "one")}
-    fsdp(config, f"train.run_dir={dirs['fsdp']}", "train.save_every=2", "train.keep_last=2")
+    evals = [f"eval.dataset={synthetic['eval']}", f"eval.val_shards={synthetic['val']}", "eval.batch_size=32"]
+    fsdp(config, f"train.run_dir={dirs['fsdp']}", "train.save_every=2", "train.keep_last=2", *evals)
     fsdp(config, f"train.run_dir={dirs['resumed']}", f"train.resume={checkpoints(dirs['fsdp'])[0]}")
-    assert run(config, f"train.run_dir={dirs['one']}", "data.batch_size=16", *COMMON) == 0
+    assert run(config, f"train.run_dir={dirs['one']}", "data.batch_size=16", *COMMON, *evals) == 0
     return dirs
 
 
@@ -42,6 +54,11 @@ def test_fsdp_equals_one_process(runs):
     final = read_weights(checkpoints(runs["fsdp"])[-1])  # the full state dict, gathered from the shards
     assert max_difference(read_weights(checkpoints(runs["one"])[-1]), final) < 1e-5
     assert final["logit_scale"].shape == (1,)  # what fully_shard can shard
+    # the evaluations of the sharded model (each rank a slice, results summed) equal one process's
+    ends = [[r for r in metrics(runs[name]) if "val_loss" in r][-1] for name in ("one", "fsdp")]
+    assert ends[0]["step"] == ends[1]["step"] == 3
+    assert abs(ends[0]["val_loss"] - ends[1]["val_loss"]) < 1e-5
+    assert ends[0]["zeroshot/top1"] == ends[1]["zeroshot/top1"]
 
 
 def test_checkpoint_is_sharded_and_resumes_exactly(runs):
