@@ -4,6 +4,7 @@ Each wait is bounded; a job that fails or hangs is cancelled and its .out file s
 
 import json
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -77,7 +78,9 @@ def tiny_jobs(slurm_cluster, shards, tmp_path_factory) -> dict[str, tuple[str, P
         ]
     )
     jobs["eval"] = re.search(r"submitted job (\d+)", out).group(1), single_dir / "eval"
-    return jobs
+    yield jobs
+    for _, run_dir in jobs.values():  # checkpoints of 50 MB each
+        shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def finished(tiny_jobs, name: str) -> Path:

@@ -4,6 +4,7 @@ requeued alone), and cooldown branches chained to their constant run with --depe
 import csv
 import json
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -32,7 +33,7 @@ def sweeps(slurm_cluster, shards, tmp_path_factory) -> dict[str, tuple[Path, dic
     keep_last 2."""
     array_dir, cooldown_dir = tmp_path_factory.mktemp("array") / "sweep", tmp_path_factory.mktemp("cd") / "sweep"
     data = f"data.train_shards={shards}"
-    return {
+    yield {
         "array": (array_dir, submit_sweep(array_dir, data, "--samples", f"32,{LONG_STEPS * 8}")),
         "cooldown": (
             cooldown_dir,
@@ -49,6 +50,8 @@ def sweeps(slurm_cluster, shards, tmp_path_factory) -> dict[str, tuple[Path, dic
             ),
         ),
     }
+    for folder in (array_dir, cooldown_dir):  # 900 MB of checkpoints
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def manifest(sweep_dir: Path) -> list[dict]:

@@ -1,6 +1,8 @@
 """Cooldown branches (train/branch.py): a new run from another run's checkpoint, the same training up to its
 cooldown, then the cooldown; kept branch points; refused branches."""
 
+import shutil
+
 import pytest
 import torch
 
@@ -21,7 +23,8 @@ def parent(tmp_path_factory, synthetic):
         tmp, synthetic, optim={"schedule": "constant"}, train={**DETERMINISTIC, "max_steps": 6, "keep_steps": [3, 4, 5]}
     )
     assert run(path) == 0
-    return tmp / "run"
+    yield tmp / "run"
+    shutil.rmtree(tmp, ignore_errors=True)  # 200 MB of checkpoints
 
 
 def branch_config(tmp_path, synthetic, parent, **optim):

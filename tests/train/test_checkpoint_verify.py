@@ -28,7 +28,8 @@ def three_steps(tmp_path_factory, synthetic):
     folder = tmp_path_factory.mktemp("three")
     path = tiny_config(folder, synthetic, train={"max_steps": 3, "save_every": 1, "keep_last": 3})
     assert run(path) == 0
-    return folder
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)  # 150 MB of checkpoints
 
 
 def corrupt(path, kind: str, marker) -> None:

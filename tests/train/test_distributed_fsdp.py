@@ -5,6 +5,8 @@ accelerate treats FSDP as GPU-only; train.dist's test hook (CLIP_TEST_FSDP_ON_CP
 (train.dist.shard_model, accelerate's FSDP2 prepare, sharded save_state/load_state, no_sync) run on the CPU.
 """
 
+import shutil
+
 import pytest
 
 from tests.train.common import (
@@ -43,7 +45,8 @@ def runs(tmp_path_factory, synthetic):
     fsdp(config, f"train.run_dir={dirs['fsdp']}", "train.save_every=2", "train.keep_last=2", *evals)
     fsdp(config, f"train.run_dir={dirs['resumed']}", f"train.resume={checkpoints(dirs['fsdp'])[0]}")
     assert run(config, f"train.run_dir={dirs['one']}", "data.batch_size=16", *COMMON, *evals) == 0
-    return dirs
+    yield dirs
+    shutil.rmtree(tmp, ignore_errors=True)  # 200 MB of checkpoints
 
 
 def test_fsdp_equals_one_process(runs):

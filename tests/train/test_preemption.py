@@ -89,6 +89,7 @@ def test_resume_from_each_checkpoint_equals_uninterrupted(tmp_path, synthetic):
         resumed = crashed_copy(tmp_path / "run", step, tmp_path / f"resumed-{step}")
         assert run(reference, f"train.run_dir={resumed}") == 0
         assert_same_run(resumed, tmp_path / "run")
+        shutil.rmtree(resumed)  # 50 MB a checkpoint: keep the suite's disk footprint small
 
 
 def test_kill_9_and_crash_in_checkpoint_write_then_resume_equals_uninterrupted(tmp_path, synthetic):
@@ -180,3 +181,4 @@ def test_resume_with_evaluation_and_augmentation_equals_uninterrupted(tmp_path, 
         resumed = crashed_copy(tmp_path / "run", step, tmp_path / f"resumed-{step}")
         assert run(path, f"train.run_dir={resumed}") == 0
         assert_same_run(resumed, tmp_path / "run")
+        shutil.rmtree(resumed)

@@ -105,7 +105,8 @@ def test_fused_adamw_takes_the_same_steps():
                 p.grad = grads[name].clone()
             optimizer.step()
         weights.append(twin.state_dict())
-    assert max((weights[0][k] - weights[1][k]).abs().max().item() for k in weights[0]) < 1e-7
+    for k in weights[0]:  # a few ulp apart at most: the two kernels round differently (2^-23 = 1.2e-7 seen near 1)
+        torch.testing.assert_close(weights[0][k], weights[1][k], rtol=1e-6, atol=1e-8, msg=k)
     assert build_optimizer(model, OptimConfig(fused=False), 10, cuda=True)[0].defaults["fused"] is None
 
 
