@@ -33,13 +33,14 @@ AIMS = {
 
 
 def cpu_extras(args) -> dict:
-    """Which nodenom kernel ran, the cost of fresh pages, and the chunkwise form against a Python loop over chunks."""
+    """Which kernels ran, the cost of fresh pages, and the chunkwise form against a Python loop over chunks."""
     chunk_n = 1024 if args.quick else 16384
     cumsum_ms, loop_ms = chunk_loop_ms(chunk_n, args)
     kernel = (
-        "the fused C kernel (models/attention/ops/linear_affine_nodenom/nodenom_cpu.c)"
+        "the fused C kernels (models/attention/ops/<op>/*_cpu.c non-causal, ops/causal_cpu.c causal up to 256 "
+        "tokens; the CSV's impl column says which ran)"
         if cpu_build.library()
-        else "PyTorch ops (ops/linear_affine_nodenom/torch.py; no C kernel was built)"
+        else "PyTorch ops (ops/<op>/torch.py; no C kernel was built)"
     )
     info = dict(kernel=kernel, fresh_ms_per_100mb=fresh_page_ms(repeats=3 if args.quick else 9), chunk_n=chunk_n)
     return info | dict(chunk_cumsum_ms=cumsum_ms, chunk_loop_ms=loop_ms)

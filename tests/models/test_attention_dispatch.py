@@ -32,8 +32,9 @@ def like(device: str, dtype=torch.float32, d: int = 64):
 
 def test_auto_on_the_cpu():
     q = torch.randn(1, 2, 5, 64)
-    assert [dispatch.resolve(op, "auto", q, False) for op in OPS] == ["cpu", "cpu", "torch"]  # elu has no C kernel
-    for other, causal in ((q, True), (q.double(), False), (q[..., :48], False)):
+    assert [dispatch.resolve(op, "auto", q, False) for op in OPS] == ["cpu", "cpu", "torch"]  # elu's: causal only
+    assert {dispatch.resolve(op, "auto", q, True) for op in OPS} == {"cpu"}  # causal_cpu.c
+    for other, causal in ((q.double(), False), (q.double(), True), (q[..., :48], False), (q[..., :48], True)):
         assert {dispatch.resolve(op, "auto", other, causal) for op in OPS} == {"torch"}
     assert [dispatch.resolve(op, "auto", q.bfloat16(), False) for op in OPS] == ["cpu", "cpu", "torch"]  # upcast
 
@@ -78,17 +79,16 @@ def test_triton_files_are_used_once_they_exist(stand_in_triton, monkeypatch):
     out = attend("linear_elu", q, k, v, causal=True, key_mask=mask, impl="triton")
     assert stand_in_triton == [(True, mask)]
     torch.testing.assert_close(out, reference.linear_elu(q, k, v, causal=True, key_mask=mask))
-    assert dispatch.resolve("linear_elu", "auto", q, True) == "torch"  # auto takes Triton on CUDA only
+    assert dispatch.resolve("linear_elu", "auto", q, True) == "cpu"  # auto takes Triton on CUDA only
 
 
 def test_explicit_impls_that_cannot_run_say_what_is_missing(monkeypatch):
     q = torch.randn(1, 2, 5, 64)
     with pytest.raises(ValueError, match="unknown impl 'trition'; pick one of auto, reference, torch, cpu, triton"):
         build_attention("linear_affine", 128, 2, impl="trition")
-    with pytest.raises(ValueError, match="'linear_elu' has no cpu impl"):
+    with pytest.raises(ValueError, match="'linear_elu' cannot use impl=cpu: linear_elu's C kernel is the causal form"):
         build_attention("linear_elu", 128, 2, impl="cpu")
-    with pytest.raises(ValueError, match="impl=cpu: the C kernels are non-causal only"):
-        build_attention("linear_affine_nodenom", 128, 2, causal=True, impl="cpu")
+    assert build_attention("linear_elu", 128, 2, causal=True, impl="cpu") is not None
     for op in OPS:
         if dispatch.triton_missing(op):
             with pytest.raises(ValueError, match=f"impl=triton: models/attention/ops/{op}/triton.py is not in"):
@@ -146,8 +146,9 @@ def test_model_config_attention_impl_reaches_every_linear_layer():
         image_attention_options={"impl": "torch"},  # the tower's own option wins
     )
     assert {m.options.get("impl") for m in mixed.visual.modules() if hasattr(m, "options")} == {"torch"}
-    with pytest.raises(ValueError, match="impl=cpu: the C kernels are non-causal only"):
-        create_model("tiny-s", image_attention="linear_affine", text_attention="linear_affine", attention_impl="cpu")
+    with pytest.raises(ValueError, match="impl=cpu: linear_elu's C kernel is the causal form only"):
+        create_model("tiny-s", image_attention="linear_elu", text_attention="linear_elu", attention_impl="cpu")
+    create_model("tiny-s", image_attention="linear_affine", text_attention="linear_elu", attention_impl="cpu")
 
 
 def test_torch_compile_traces_every_op_through_auto():

@@ -1,13 +1,14 @@
-"""The fused C kernels of non-causal linear_affine_nodenom and linear_affine (models/attention/ops/*/*_cpu.c):
-built where a compiler exists, the path auto takes on the CPU in fp32, they agree with the O(N^2) reference and
-with the PyTorch paths (ops/linear_affine_nodenom/torch.py, ops/normalised.py) at every head size they support,
-and fall back cleanly when they cannot be built."""
+"""The fused C kernels of non-causal linear_affine_nodenom and linear_affine (models/attention/ops/*/*_cpu.c) and of
+the causal forms of all three linear ops (ops/causal_cpu.c): built where a compiler exists, the path auto takes on
+the CPU in fp32, they agree with the O(N^2) reference and with the PyTorch paths (ops/linear_affine_nodenom/torch.py,
+ops/normalised.py, ops/causal.py) at every head size they support, and fall back cleanly when they cannot be
+built."""
 
 import pytest
 import torch
 
 from models.attention import attend, reference
-from models.attention.ops import cpu_build, dispatch, normalised
+from models.attention.ops import causal, cpu_build, dispatch, normalised
 from models.attention.ops.linear_affine import cpu as affine_cpu
 from models.attention.ops.linear_affine_nodenom import cpu as nodenom_cpu
 from models.attention.ops.linear_affine_nodenom import torch as nodenom_torch
@@ -64,6 +65,61 @@ def test_kernel_equals_reference(kernel_only, name, d, b, h, n, threads):
         assert (fast[1].grad[-1, :, -(n // 3) :] == 0).all()  # a padded key gets no gradient
 
 
+CAUSAL_NAMES = [NAME, "linear_affine", "linear_elu"]
+
+
+@pytest.fixture
+def causal_kernel_only(monkeypatch):
+    """Makes the PyTorch causal form raise, so a passing test proves causal_cpu.c computed the result."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("PyTorch causal path used where the C kernel should run")
+
+    monkeypatch.setattr(causal.CausalLinear, "apply", refuse)
+
+
+@pytest.mark.parametrize("d", [16, 32, 64, 128])
+@pytest.mark.parametrize("b,h,n", [(1, 1, 1), (2, 3, 7), (1, 2, 63), (2, 1, 77), (1, 2, causal.QUADRATIC_MAX)])
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("name", CAUSAL_NAMES)
+def test_causal_kernel_equals_reference(causal_kernel_only, name, d, b, h, n, threads):
+    """fp32 causal kernel vs fp64 reference, outputs and all three gradients, padded keys in the last batch row;
+    with 2 threads the heads are split over threads."""
+    torch.set_num_threads(threads)
+    base = [torch.randn(b, h, n, d, dtype=torch.float64) for _ in range(3)]
+    key_mask = torch.ones(b, n, dtype=torch.bool)
+    if n > 2:
+        key_mask[-1, -(n // 3) :] = False
+    fast = [t.float().requires_grad_() for t in base]
+    exact = [t.clone().requires_grad_() for t in base]
+    out = attend(name, *fast, causal=True, key_mask=key_mask)
+    ref = getattr(reference, name)(*exact, causal=True, key_mask=key_mask)
+    assert rel_err(out, ref) <= 1e-5
+    grad = torch.randn_like(ref)
+    out.backward(grad.float())
+    ref.backward(grad)
+    for which, a, r in zip("qkv", fast, exact):
+        assert rel_err(a.grad, r.grad) <= 1e-5, f"grad of {which}"
+    if n > 2:
+        assert (fast[1].grad[-1, :, -(n // 3) :] == 0).all()  # a padded key gets no gradient
+
+
+@pytest.mark.parametrize("name", CAUSAL_NAMES)
+def test_causal_kernel_hands_longer_sequences_and_bf16_on(name, monkeypatch):
+    """Beyond QUADRATIC_MAX tokens the chunked PyTorch form runs (O(N)); bf16 inputs are upcast to the kernel and
+    their result agrees with the PyTorch path's."""
+    calls = []
+    real = causal.CausalLinear.apply
+    monkeypatch.setattr(causal.CausalLinear, "apply", lambda *a: calls.append(a[1].shape[1]) or real(*a))
+    long = torch.randn(3, 1, 2, causal.QUADRATIC_MAX + 1, 32).unbind(0)
+    assert rel_err(attend(name, *long, causal=True), attend(name, *long, causal=True, impl="torch")) <= 1e-5
+    assert calls == [causal.QUADRATIC_MAX + 1] * 2  # auto's cpu impl handed it on, like impl=torch
+    short = [t[..., :77, :].bfloat16() for t in long]
+    fast, slow = attend(name, *short, causal=True), attend(name, *short, causal=True, impl="torch")
+    assert fast.dtype == torch.bfloat16 and len(calls) == 3  # only the torch call above
+    assert rel_err(fast, slow) <= 1e-2
+
+
 def kernel_and_tiled(n, m, d, keep):
     """Forward + backward of both paths on [G, N, D] queries and [G, M, D] keys (cross lengths)."""
     g = 3
@@ -110,15 +166,15 @@ def test_non_temporal_stores_give_identical_results(monkeypatch):
 
 def test_unsupported_inputs_take_the_pytorch_path():
     q = torch.randn(1, 4, 10, 64)
-    assert cpu_build.why_not(q, causal=False) == ""
-    assert "float32" in cpu_build.why_not(q.double(), causal=False) and not cpu_build.why_not(q.bfloat16(), False)
-    assert "head sizes" in cpu_build.why_not(q[..., :48], causal=False)  # D = 48
-    assert "non-causal" in cpu_build.why_not(q, causal=True)
+    assert cpu_build.why_not(q) == ""
+    assert "float32" in cpu_build.why_not(q.double()) and not cpu_build.why_not(q.bfloat16())
+    assert "head sizes" in cpu_build.why_not(q[..., :48])  # D = 48
     for other in (q.double(), q[..., :48]):
         assert dispatch.resolve(NAME, "auto", other, False) == "torch"
-    empty = torch.randn(0, 2, 10, 64, requires_grad=True)  # a batch of none
-    attend(NAME, empty, empty, empty, causal=False).sum().backward()
-    assert empty.grad.shape == empty.shape
+    for is_causal in (False, True):
+        empty = torch.randn(0, 2, 10, 64, requires_grad=True)  # a batch of none
+        attend(NAME, empty, empty, empty, causal=is_causal).sum().backward()
+        assert empty.grad.shape == empty.shape
 
 
 def test_a_second_build_reuses_the_cached_library(tmp_path, monkeypatch):

@@ -92,8 +92,9 @@ def remove_radial(grad_hat: Tensor, x_hat: Tensor, r: Tensor) -> Tensor:
 
 
 def elu_feature(x: Tensor) -> Tensor:
-    """phi(x) = elu(x) + 1 (Katharopoulos et al. 2020)."""
-    return torch.nn.functional.elu(x).add_(1)
+    """phi(x) = elu(x) + 1 (Katharopoulos et al. 2020) = exp(min(x, 0)) + max(x, 0): torch's elu goes through a
+    scalar expm1 on the CPU (300 us for 30k floats, measured), exp is vectorised (40 us)."""
+    return x.clamp(max=0).exp_().add_(x.clamp(min=0))
 
 
 def elu_feature_grad(phi: Tensor, grad_phi: Tensor) -> Tensor:

@@ -1,10 +1,11 @@
-"""Builds the fused CPU kernels (linear_affine_nodenom/nodenom_cpu.c, linear_affine/affine_cpu.c, with linear_cpu.h)
-with the system C compiler on first use and loads them through ctypes; each op's cpu.py calls them.
+"""Builds the fused CPU kernels (linear_affine_nodenom/nodenom_cpu.c, linear_affine/affine_cpu.c, with linear_cpu.h;
+causal_cpu.c) with the system C compiler on first use and loads them through ctypes; each op's cpu.py calls them.
 
-The kernels compute non-causal linear_affine_nodenom and linear_affine, forward and backward, in one
-OpenMP region each (see the C files' headers); each op's torch.py is the same math in PyTorch ops, which
-the dispatcher (dispatch.py) takes where a kernel cannot run: no C compiler, a GPU, fp64, a head size other
-than 16/32/64/128, a causal layer, torch.compile, or CLIP_CPU_KERNEL=0. bf16 and fp16 inputs are upcast to
+The kernels compute non-causal linear_affine_nodenom and linear_affine, and the causal forms of those two and of
+linear_elu up to causal.QUADRATIC_MAX tokens, forward and backward, in one OpenMP region each (see the C files'
+headers); each op's torch.py is the same math in PyTorch ops, which the dispatcher (dispatch.py) takes where a
+kernel cannot run: no C compiler, a GPU, fp64, a head size other than 16/32/64/128, non-causal linear_elu,
+torch.compile, or CLIP_CPU_KERNEL=0. bf16 and fp16 inputs are upcast to
 fp32 for the kernels (one pass, far cheaper on the CPU than the many small ops of the PyTorch path).
 
 The library is compiled with -march=native into a cache folder ($CLIP_KERNEL_CACHE, else
@@ -33,7 +34,11 @@ from torch import Tensor
 from models.attention.ops.common import dtype_name
 
 HERE = Path(__file__).parent
-SOURCES = [HERE / "linear_affine_nodenom" / "nodenom_cpu.c", HERE / "linear_affine" / "affine_cpu.c"]  # one library
+SOURCES = [  # one library
+    HERE / "linear_affine_nodenom" / "nodenom_cpu.c",
+    HERE / "linear_affine" / "affine_cpu.c",
+    HERE / "causal_cpu.c",
+]
 HEADERS = [HERE / "linear_cpu.h"]
 FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fopenmp", "-shared", "-fPIC", "-std=gnu11"]
 HEAD_DIMS = (16, 32, 64, 128)
@@ -116,7 +121,16 @@ def load() -> tuple[ctypes.CDLL | None, str]:
     lib.nodenom_backward.argtypes = [p, p, p, p, p, p, p, p, i64, i64, i64, i64, p, p, p, i32, i32]
     lib.affine_forward.argtypes = [p, p, p, p, p, i64, i64, i64, i64, p, p, p, p, p, i32]
     lib.affine_backward.argtypes = [p, p, p, p, p, p, p, p, p, p, i64, i64, i64, i64, p, p, p, i32]
-    for entry in (lib.nodenom_forward, lib.nodenom_backward, lib.affine_forward, lib.affine_backward):
+    lib.causal_forward.argtypes = [p, p, p, p, i64, i64, i64, i32, p, p, p, p, i32]
+    lib.causal_backward.argtypes = [p, p, p, p, p, p, p, p, p, i64, i64, i64, i32, p, p, p, i32]
+    for entry in (
+        lib.nodenom_forward,
+        lib.nodenom_backward,
+        lib.affine_forward,
+        lib.affine_backward,
+        lib.causal_forward,
+        lib.causal_backward,
+    ):
         entry.restype = i32
     return lib, ""
 
@@ -126,16 +140,14 @@ def library() -> ctypes.CDLL | None:
     return load()[0]
 
 
-def why_not(q: Tensor, causal: bool) -> str:
-    """Why the C kernels cannot take q [..., N, D] ("" when they can): device, dtype, head size, causality, build."""
+def why_not(q: Tensor) -> str:
+    """Why the C kernels cannot take q [..., N, D] ("" when they can): device, dtype, head size, build."""
     if q.device.type != "cpu":
         return f"the C kernels run on the CPU, the inputs are on {q.device.type}"
     if q.dtype not in LOW_PRECISION:
         return f"the C kernels take float32 (bf16 and fp16 upcast to it), the inputs are {dtype_name(q.dtype)}"
     if q.shape[-1] not in HEAD_DIMS:
         return f"the C kernels take head sizes {', '.join(map(str, HEAD_DIMS))}, not {q.shape[-1]}"
-    if causal:
-        return "the C kernels are non-causal only"
     if torch.compiler.is_compiling():
         return "torch.compile cannot trace the C kernels' ctypes call"
     return load()[1]

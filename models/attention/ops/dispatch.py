@@ -2,8 +2,9 @@
 
 - reference: the naive O(N^2) definition (reference.py); for checking, never fast.
 - torch: PyTorch ops (<op>/torch.py): any device and dtype, fp64, torch.compile.
-- cpu: the fused C kernels (<op>/cpu.py): non-causal linear_affine_nodenom and linear_affine on the CPU in fp32
-  (bf16 and fp16 inputs upcast to it), head sizes 16/32/64/128, a C compiler, CLIP_CPU_KERNEL not 0.
+- cpu: the fused C kernels (<op>/cpu.py): non-causal linear_affine_nodenom and linear_affine, and the causal form of
+  all three (causal_cpu.c, up to causal.QUADRATIC_MAX tokens; longer ones take torch.py's O(N) chunked form), on the
+  CPU in fp32 (bf16 and fp16 inputs upcast to it), head sizes 16/32/64/128, a C compiler, CLIP_CPU_KERNEL not 0.
 - triton: the Triton kernels (<op>/triton.py, `attend(q, k, v, *, causal, key_mask)`): CUDA tensors (or CPU ones
   under TRITON_INTERPRET=1) in fp32, bf16 or fp16, and the triton package.
 - auto: triton for CUDA inputs when it can run, else cpu where the C kernels apply, else torch; under
@@ -35,8 +36,9 @@ IMPLS = ("auto", "reference", "torch", "cpu", "triton")
 OPS = {  # the impls each op has besides auto
     "linear_affine_nodenom": ("reference", "torch", "cpu", "triton"),
     "linear_affine": ("reference", "torch", "cpu", "triton"),
-    "linear_elu": ("reference", "torch", "triton"),
+    "linear_elu": ("reference", "torch", "cpu", "triton"),
 }
+CAUSAL_ONLY_CPU = ("linear_elu",)  # its C kernel is the causal form's
 TRITON_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 log = logging.getLogger("models.attention")
 choices: dict[tuple, str] = {}
@@ -49,9 +51,14 @@ def check(op: str, impl: str, causal: bool) -> None:
         raise ValueError(f"attention {op!r}: unknown impl {impl!r}; pick one of {', '.join(IMPLS)}")
     if impl != "auto" and impl not in OPS[op]:
         raise ValueError(f"attention {op!r} has no {impl} impl; pick one of auto, {', '.join(OPS[op])}")
-    why = {"cpu": "the C kernels are non-causal only" if causal else "", "triton": triton_missing(op)}.get(impl, "")
+    why = {"cpu": cpu_mode_missing(op, causal), "triton": triton_missing(op)}.get(impl, "")
     if why:
         raise ValueError(f"attention {op!r} cannot use impl={impl}: {why}; use impl=auto or impl=torch")
+
+
+def cpu_mode_missing(op: str, causal: bool) -> str:
+    """Why the op's C kernel cannot compute this causality ("" when it can)."""
+    return f"{op}'s C kernel is the causal form only" if op in CAUSAL_ONLY_CPU and not causal else ""
 
 
 @functools.cache
@@ -87,7 +94,7 @@ def triton_why_not(op: str, q: Tensor) -> str:
 def why_not(op: str, impl: str, q: Tensor, causal: bool) -> str:
     """Why `impl` cannot run this op on q ("" when it can)."""
     if impl == "cpu":
-        return cpu_build.why_not(q, causal)
+        return cpu_mode_missing(op, causal) or cpu_build.why_not(q)
     if impl == "triton":
         return triton_why_not(op, q)
     return ""
@@ -101,7 +108,7 @@ def choose(op: str, q: Tensor, causal: bool) -> tuple[str, str]:
             return "triton", "CUDA inputs"
         return "torch", why
     if "cpu" in OPS[op]:
-        why = cpu_build.why_not(q, causal)
+        why = cpu_mode_missing(op, causal) or cpu_build.why_not(q)
         return ("cpu", "on the CPU: the fused C kernel") if not why else ("torch", why)
     return "torch", f"{op} has no C kernel" if q.device.type == "cpu" else f"inputs on {q.device.type}"
 

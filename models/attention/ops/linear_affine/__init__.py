@@ -1,7 +1,8 @@
 """linear_affine: o_i = sum_n (1 + q^_i.k^_n) v_n / sum_n (1 + q^_i.k^_n), q^, k^ L2-normalised per head.
 
 Its implementations side by side: torch.py (PyTorch, ops/normalised.py and ops/causal.py), cpu.py + affine_cpu.c
-(fused C kernel, non-causal fp32), triton.py (Triton kernels, where present); reference.linear_affine defines it.
+(fused C kernel, non-causal fp32; the causal form in ../causal_cpu.c), triton.py (Triton kernels, where present);
+reference.linear_affine defines it.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """linear_affine_nodenom (Gerami, Madani, Duraiswami 2026, Eq. 7): o_i = sum_n (1 + q^_i.k^_n) / 2 v_n.
 
 Its implementations side by side: torch.py (PyTorch blocks, causal chunkwise), cpu.py + nodenom_cpu.c (fused C
-kernel, non-causal fp32), triton.py (Triton kernels, where present); reference.linear_affine_nodenom defines it.
+kernel, non-causal fp32; the causal form in ../causal_cpu.c), triton.py (Triton kernels, where present);
+reference.linear_affine_nodenom defines it.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
-"""linear_affine_nodenom on the fused C kernel (nodenom_cpu.c): non-causal, fp32 (bf16 and fp16
-upcast to it), CPU, D in 16/32/64/128.
+"""linear_affine_nodenom on the fused C kernels: nodenom_cpu.c non-causal, ../causal_cpu.c causal up to
+causal.QUADRATIC_MAX tokens; fp32 (bf16 and fp16 upcast to it), CPU, D in 16/32/64/128.
 
 The dispatcher only sends what the kernel takes (ops/cpu_build.py: why_not); forward and backward are one
-OpenMP region each. Empty inputs (a batch of none) take torch.py's blocks, which handle them.
+OpenMP region each. Empty inputs (a batch of none) and longer causal ones take torch.py, which handles them.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from models.attention.ops import cpu_build
+from models.attention.ops import causal_cpu, cpu_build
 from models.attention.ops.common import flatten, fresh, key_weights
 from models.attention.ops.linear_affine_nodenom import torch as torch_path
 
@@ -46,8 +46,10 @@ def backward(grad, q, k, v, keep, rq, rk, state) -> tuple[Tensor, Tensor, Tensor
 
 
 def attend(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, key_mask: Tensor | None, chunk_size: int = 64) -> Tensor:
-    """[B, H, N, D] x3 -> [B, H, N, D]; non-causal only (the dispatcher refuses causal here)."""
-    if q.numel() == 0 or k.numel() == 0:
+    """[B, H, N, D] x3 -> [B, H, N, D]."""
+    if causal and causal_cpu.takes(q):
+        return causal_cpu.attend(q, k, v, key_mask, "nodenom")
+    if causal or q.numel() == 0 or k.numel() == 0:
         return torch_path.attend(q, k, v, causal=causal, key_mask=key_mask, chunk_size=chunk_size)
     qf, kf, vf = (t.float() for t in flatten(q, k, v))  # bf16 / fp16 upcast: the kernels compute in fp32
     keep = key_weights(key_mask, q, torch.float32)

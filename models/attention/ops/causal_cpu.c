@@ -1,0 +1,217 @@
+/* Fused CPU kernel for the causal forms of the three linear ops at short lengths (the text tower's 77 tokens).
+
+   On one head's [N, D] rows, with phi(q), phi(k) the features and padded keys (keep_n = 0) left out:
+     nodenom (kind 0, Gerami et al. 2026, Eq. 7):  o_i = sum_{n <= i} w_in v_n,          w_in = (1 + q^_i.k^_n) / 2
+     affine  (kind 1):                            o_i = sum_{n <= i} w_in v_n / den_i,  w_in = 1 + q^_i.k^_n
+     elu     (kind 2):                            o_i = sum_{n <= i} w_in v_n / den_i,  w_in = phi(q_i).phi(k_n)
+   with den_i = sum_{n <= i} w_in and q^ = q / |q|, phi(x) = elu(x) + 1. For elu, q and k arrive as phi(q), phi(k)
+   and the gradients leave as dL/dphi: ops/causal_cpu.py applies elu + 1 and its derivative in PyTorch, whose
+   exponential is vectorised. This is ops/causal.py's quadratic form
+   (the same math in PyTorch ops, and its definitions of the corner cases: |x| clamped at 1e-12, 1 / den = 0 where
+   den <= 0), computed pair by pair over the lower triangle only, so the N x N weights are never stored: a dozen
+   PyTorch ops each way cost more than the O(N^2 D) work at N = 77. One OpenMP region per call, heads split over
+   threads; ops/causal_cpu.py calls it for N up to causal.QUADRATIC_MAX and tests compare it with the fp64
+   reference. Shapes: q, k, v, o [G, N, D] fp32, keep [G, N] or NULL, D in {16, 32, 64, 128}. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define INLINE static inline __attribute__((always_inline))
+enum { NODENOM = 0, AFFINE = 1, ELU = 2 };
+
+INLINE float dot(const float *x, const float *y, const int D) {
+  float s = 0.f;
+#pragma omp simd reduction(+ : s)
+  for (int d = 0; d < D; d++) s += x[d] * y[d];
+  return s;
+}
+
+INLINE void axpy(float a, const float *x, float *y, const int D) {
+#pragma omp simd
+  for (int d = 0; d < D; d++) y[d] += a * x[d];
+}
+
+/* 1 / max(|x_n|, 1e-12) of N rows, times keep_n when given (unit features only). */
+INLINE void scales(const float *x, const float *keep, int64_t N, float *r, const int D) {
+  for (int64_t n = 0; n < N; n++) r[n] = (keep ? keep[n] : 1.f) / fmaxf(sqrtf(dot(x + n * D, x + n * D, D)), 1e-12f);
+}
+
+/* phi(x) of N rows into f [N, D]: x r (unit features) or x keep (elu: x is phi already). */
+INLINE void features(const float *x, const float *keep, const float *r, int64_t N, int kind, float *f, const int D) {
+  for (int64_t n = 0; n < N; n++) {
+    const float *xn = x + n * D;
+    float *fn = f + n * D;
+    const float kn = kind == ELU ? (keep ? keep[n] : 1.f) : r[n];
+    if (kind == ELU) {
+#pragma omp simd
+      for (int d = 0; d < D; d++) fn[d] = xn[d] * kn;
+    } else {
+#pragma omp simd
+      for (int d = 0; d < D; d++) fn[d] = xn[d] * kn;
+    }
+  }
+}
+
+/* The transpose xt [D, P] of x [N, D], P = N rounded up to 16, the padding columns zero. */
+INLINE void transpose(const float *x, int64_t N, int64_t P, float *xt, const int D) {
+  for (int d = 0; d < D; d++) {
+    for (int64_t n = 0; n < N; n++) xt[d * P + n] = x[n * D + d];
+    for (int64_t n = N; n < P; n++) xt[d * P + n] = 0.f;
+  }
+}
+
+/* s_n = x . (yt[:, n] - b) (b NULL: 0) for n < m rounded up to 16: yt [D, P] holds the rows as columns. Blocks of
+   16 columns with four partial sums in registers (no reductions, no store-to-load chains through s). */
+INLINE void row_times(const float *x, const float *yt, const float *b, int64_t P, int64_t m, float *s, const int D) {
+  for (int64_t n0 = 0; n0 < m; n0 += 16) {
+    float acc[4][16] = {{0.f}};
+    for (int d = 0; d < D; d += 4)
+      for (int u = 0; u < 4; u++) {
+        const float a = x[d + u], c = b ? b[d + u] : 0.f, *y = yt + (d + u) * P + n0;
+#pragma omp simd
+        for (int j = 0; j < 16; j++) acc[u][j] += a * (y[j] - c);
+      }
+#pragma omp simd
+    for (int j = 0; j < 16; j++) s[n0 + j] = (acc[0][j] + acc[1][j]) + (acc[2][j] + acc[3][j]);
+  }
+}
+
+/* y = sum_{n < m} w_n x_n for rows x [m, D], 64 columns at a time accumulated in registers and stored once. */
+INLINE void rows_times(const float *w, const float *x, int64_t m, float *y, const int D) {
+  const int W = D < 64 ? D : 64;
+  for (int d0 = 0; d0 < D; d0 += W) {
+    float acc[W];
+#pragma omp simd
+    for (int j = 0; j < W; j++) acc[j] = 0.f;
+    for (int64_t n = 0; n < m; n++) {
+      const float a = w[n], *xn = x + n * D + d0;
+#pragma omp simd
+      for (int j = 0; j < W; j++) acc[j] += a * xn[j];
+    }
+#pragma omp simd
+    for (int j = 0; j < W; j++) y[d0 + j] = acc[j];
+  }
+}
+
+/* w_in = (1 + s) / 2 keep_n (nodenom), (1 + s) keep_n (affine) or s (elu, whose phi(k) is zero for padding) for
+   n < m, in place. */
+INLINE void weights(float *s, const float *keep, int64_t m, int kind) {
+  if (kind == ELU) return;
+  const float c = kind == NODENOM ? 0.5f : 1.f;
+#pragma omp simd
+  for (int64_t n = 0; n < m; n++) s[n] = c * (1.f + s[n]) * (keep ? keep[n] : 1.f);
+}
+
+INLINE void head_forward(const float *q, const float *k, const float *v, const float *keep, int64_t N, int kind,
+                         float *o, float *rq, float *rk, float *inv_den, float *s, const int D) {
+  const int64_t P = (N + 15) / 16 * 16;
+  float *qf = s, *kf = s + N * D, *kft = s + 2 * N * D, *w = kft + D * P;
+  if (kind != ELU) {
+    scales(q, NULL, N, rq, D);
+    scales(k, keep, N, rk, D);
+  }
+  features(q, NULL, rq, N, kind, qf, D);
+  features(k, keep, rk, N, kind, kf, D);
+  transpose(kf, N, P, kft, D);
+  for (int64_t i = 0; i < N; i++) {
+    float *oi = o + i * D, den = 0.f;
+    row_times(qf + i * D, kft, NULL, P, i + 1, w, D);
+    weights(w, keep, i + 1, kind);
+    for (int64_t n = 0; n <= i; n++) den += w[n];
+    rows_times(w, v, i + 1, oi, D);
+    if (kind != NODENOM) {
+      const float inv = den > 0.f ? 1.f / den : 0.f; /* no real key yet (padding, never used): o = 0 */
+      inv_den[i] = inv;
+      for (int d = 0; d < D; d++) oi[d] *= inv;
+    }
+  }
+}
+
+/* dL/dx from dL/dphi(x) in gf: unit features remove the radial part and scale by r; elu's are dL/dphi(x) times
+   keep (its caller applies elu's derivative). */
+INLINE void feature_grads(const float *f, const float *r, int64_t N, int kind, const float *gf, float *gx,
+                          const int D) {
+  for (int64_t n = 0; n < N; n++) {
+    const float *fn = f + n * D, *gn = gf + n * D;
+    float *out = gx + n * D;
+    if (kind == ELU) {
+      for (int d = 0; d < D; d++) out[d] = gn[d] * (r ? r[n] : 1.f);
+    } else {
+      const float radial = dot(fn, gn, D), rn = r[n];
+      for (int d = 0; d < D; d++) out[d] = (gn[d] - radial * fn[d]) * rn;
+    }
+  }
+}
+
+/* dL/dw_in = g_i . v_n (nodenom) or g_i . (v_n - o_i) / den_i; dL/ds = dL/dw_in dw/ds. g_i . (v_n - o_i) rather
+   than g_i . v_n - g_i . o_i: exactly zero where o_i = v_n (a single key gets no gradient). */
+INLINE void head_backward(const float *g, const float *q, const float *k, const float *v, const float *keep,
+                          const float *rq, const float *rk, const float *inv_den, const float *o, int64_t N, int kind,
+                          float *gq, float *gk, float *gv, float *s, const int D) {
+  const int64_t P = (N + 15) / 16 * 16;
+  float *qf = s, *kf = s + N * D, *gkf = s + 2 * N * D, *kft = s + 3 * N * D, *vt = kft + D * P, *w = vt + D * P;
+  float *gw = w + P, *gqi = gw + P;
+  features(q, NULL, rq, N, kind, qf, D); /* from the forward's scales */
+  features(k, keep, rk, N, kind, kf, D);
+  transpose(kf, N, P, kft, D);
+  transpose(v, N, P, vt, D);
+  memset(gkf, 0, N * D * sizeof(float));
+  memset(gv, 0, N * D * sizeof(float));
+  for (int64_t i = 0; i < N; i++) {
+    const float *gi = g + i * D, *qi = qf + i * D;
+    const float inv = kind == NODENOM ? 1.f : inv_den[i], c = kind == NODENOM ? 0.5f : 1.f;
+    row_times(qi, kft, NULL, P, i + 1, w, D);
+    weights(w, keep, i + 1, kind);
+    row_times(gi, vt, kind == NODENOM ? NULL : o + i * D, P, i + 1, gw, D);
+#pragma omp simd
+    for (int64_t n = 0; n <= i; n++) gw[n] *= inv * (kind == ELU ? 1.f : c * (keep ? keep[n] : 1.f));
+    rows_times(gw, kf, i + 1, gqi, D);
+    for (int64_t n = 0; n <= i; n++) {
+      axpy(gw[n], qi, gkf + n * D, D);
+      axpy(w[n] * inv, gi, gv + n * D, D);
+    }
+    feature_grads(qi, kind == ELU ? NULL : rq + i, 1, kind, gqi, gq + i * D, D);
+  }
+  feature_grads(kf, kind == ELU ? keep : rk, N, kind, gkf, gk, D);
+}
+
+#define HEAD_DIM_OK(D) ((D) == 16 || (D) == 32 || (D) == 64 || (D) == 128)
+
+/* Heads split over threads, each with its own scratch of `rows` [N, D] blocks; 1 when it cannot be allocated. */
+#define FOR_EACH_HEAD(rows, call)                                                                   \
+  int status = 0;                                                                                   \
+  _Pragma("omp parallel num_threads(threads) reduction(| : status)") {                              \
+    float *s = malloc(((size_t)(rows) * (N + 16) * D + 3 * (N + 16) + D) * sizeof(float));                                      \
+    if (!s) status = 1;                                                                             \
+    else {                                                                                          \
+      _Pragma("omp for schedule(static)") for (int64_t h = 0; h < G; h++) switch (D) {             \
+          case 16: call(16); break;                                                                 \
+          case 32: call(32); break;                                                                 \
+          case 64: call(64); break;                                                                 \
+          default: call(128); break;                                                                \
+        }                                                                                           \
+    }                                                                                               \
+    free(s);                                                                                        \
+  }                                                                                                 \
+  return status;
+
+int causal_forward(const float *q, const float *k, const float *v, const float *keep, int64_t G, int64_t N, int64_t D,
+                   int kind, float *o, float *rq, float *rk, float *inv_den, int threads) {
+  if (!HEAD_DIM_OK(D)) return 2;
+#define FORWARD(d)                                                                                              \
+  head_forward(q + h * N * d, k + h * N * d, v + h * N * d, keep ? keep + h * N : NULL, N, kind, o + h * N * d, \
+               rq + h * N, rk + h * N, inv_den + h * N, s, d)
+  FOR_EACH_HEAD(3, FORWARD)
+}
+
+int causal_backward(const float *g, const float *q, const float *k, const float *v, const float *keep,
+                    const float *rq, const float *rk, const float *inv_den, const float *o, int64_t G, int64_t N,
+                    int64_t D, int kind, float *gq, float *gk, float *gv, int threads) {
+  if (!HEAD_DIM_OK(D)) return 2;
+#define BACKWARD(d)                                                                                               \
+  head_backward(g + h * N * d, q + h * N * d, k + h * N * d, v + h * N * d, keep ? keep + h * N : NULL, rq + h * N, \
+                rk + h * N, inv_den + h * N, o + h * N * d, N, kind, gq + h * N * d, gk + h * N * d, gv + h * N * d, \
+                s, d)
+  FOR_EACH_HEAD(6, BACKWARD)
+}

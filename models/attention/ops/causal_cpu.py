@@ -1,0 +1,68 @@
+"""The causal forms of the three linear ops on the fused C kernel (causal_cpu.c): CPU, fp32 (bf16 and fp16 upcast
+to it), D in 16/32/64/128, up to causal.QUADRATIC_MAX tokens.
+
+At the text tower's 77 tokens the PyTorch quadratic form (ops/causal.py) is a dozen small ops each way whose fixed
+cost, not the O(N^2 D) work, sets the time; the kernel does the lower triangle pair by pair, heads over threads.
+Longer sequences take the op's torch.py (causal.py's chunked O(N) form), as do empty inputs. Saved for the
+backward: q, k, v (fp32), 1/|q|, 1/|k| and 1 / normaliser [G, N] and, normalised, the output.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from models.attention.ops import causal, cpu_build
+from models.attention.ops.common import elu_feature, elu_feature_grad, flatten, fresh, key_weights
+
+KIND_CODES = {"nodenom": 0, "affine": 1, "elu": 2}
+
+
+class CausalKernel(torch.autograd.Function):
+    """forward(q, k, v [G, N, D] fp32 contiguous, keep [G, N, 1] or None, kind) -> o [G, N, D]. For elu, phi = elu + 1
+    and its derivative are applied here (PyTorch's exp is vectorised), the kernel works on the features."""
+
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, kind: str) -> Tensor:
+        G, N, D = q.shape
+        if kind == "elu":  # the kernel takes phi(q), phi(k) and returns dL/dphi
+            q, k = elu_feature(q), elu_feature(k)
+        out = fresh(q, G, N, D)
+        rq, rk, inv_den = (q.new_empty(G, N) for _ in range(3))
+        status = cpu_build.library().causal_forward(
+            q.data_ptr(), k.data_ptr(), v.data_ptr(), cpu_build.pointer(keep), G, N, D, KIND_CODES[kind],
+            *(t.data_ptr() for t in (out, rq, rk, inv_den)), torch.get_num_threads(),
+        )  # fmt: skip
+        cpu_build.check(status, G, D)
+        ctx.kind = kind
+        ctx.save_for_backward(q, k, v, keep, rq, rk, inv_den, out if kind != "nodenom" else None)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        q, k, v, keep, rq, rk, inv_den, out = ctx.saved_tensors
+        G, N, D = q.shape
+        grad = grad.contiguous()
+        grads = [fresh(x, G, N, D) for x in (q, k, v)]
+        status = cpu_build.library().causal_backward(
+            grad.data_ptr(), *(t.data_ptr() for t in (q, k, v)), cpu_build.pointer(keep),
+            *(t.data_ptr() for t in (rq, rk, inv_den)), cpu_build.pointer(out), G, N, D, KIND_CODES[ctx.kind],
+            *(t.data_ptr() for t in grads), torch.get_num_threads(),
+        )  # fmt: skip
+        cpu_build.check(status, G, D)
+        if ctx.kind == "elu":  # q, k are phi(q), phi(k) here
+            grads[0], grads[1] = elu_feature_grad(q, grads[0]), elu_feature_grad(k, grads[1])
+        return *grads, None, None
+
+
+def takes(q: Tensor) -> bool:
+    """Whether the kernel computes these inputs: non-empty, at most causal.QUADRATIC_MAX tokens (longer ones take the
+    op's torch.py, whose chunked form is O(N))."""
+    return q.numel() > 0 and q.shape[-2] <= causal.QUADRATIC_MAX
+
+
+def attend(q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None, kind: str) -> Tensor:
+    """[B, H, N, D] x3 -> [B, H, N, D] causal in q's dtype, kind in nodenom / affine / elu; see takes()."""
+    qf, kf, vf = (t.float().contiguous() for t in flatten(q, k, v))
+    keep = key_weights(key_mask, q, torch.float32)
+    return CausalKernel.apply(qf, kf, vf, keep, kind).reshape(q.shape).to(q.dtype)
