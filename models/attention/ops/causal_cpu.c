@@ -6,12 +6,14 @@
      elu     (kind 2):                            o_i = sum_{n <= i} w_in v_n / den_i,  w_in = phi(q_i).phi(k_n)
    with den_i = sum_{n <= i} w_in and q^ = q / |q|, phi(x) = elu(x) + 1. For elu, q and k arrive as phi(q), phi(k)
    and the gradients leave as dL/dphi: ops/causal_cpu.py applies elu + 1 and its derivative in PyTorch, whose
-   exponential is vectorised. This is ops/causal.py's quadratic form
-   (the same math in PyTorch ops, and its definitions of the corner cases: |x| clamped at 1e-12, 1 / den = 0 where
-   den <= 0), computed pair by pair over the lower triangle only, so the N x N weights are never stored: a dozen
-   PyTorch ops each way cost more than the O(N^2 D) work at N = 77. One OpenMP region per call, heads split over
-   threads; ops/causal_cpu.py calls it for N up to causal.QUADRATIC_MAX and tests compare it with the fp64
-   reference. Shapes: q, k, v, o [G, N, D] fp32, keep [G, N] or NULL, D in {16, 32, 64, 128}. */
+   exponential is vectorised. This is ops/causal.py's quadratic form (the same math in PyTorch ops, and its
+   definitions of the corner cases: |x| clamped at 1e-12, 1 / den = 0 where den <= 0), computed row by row over
+   the lower triangle only, so the N x N weights are never stored: a dozen PyTorch ops each way cost more than the
+   O(N^2 D) work at N = 77. Keys and values are transposed once per head, so a row's scores are products along
+   the keys in registers, with no horizontal reductions and no store-to-load chains (perf showed both dominating
+   a first version built on dot products). One OpenMP region per call, heads split over threads;
+   ops/causal_cpu.py calls it for N up to causal.QUADRATIC_MAX and tests compare it with the fp64 reference.
+   Shapes: q, k, v, o [G, N, D] fp32, keep [G, N] or NULL, D in {16, 32, 64, 128}. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -43,13 +45,8 @@ INLINE void features(const float *x, const float *keep, const float *r, int64_t 
     const float *xn = x + n * D;
     float *fn = f + n * D;
     const float kn = kind == ELU ? (keep ? keep[n] : 1.f) : r[n];
-    if (kind == ELU) {
 #pragma omp simd
-      for (int d = 0; d < D; d++) fn[d] = xn[d] * kn;
-    } else {
-#pragma omp simd
-      for (int d = 0; d < D; d++) fn[d] = xn[d] * kn;
-    }
+    for (int d = 0; d < D; d++) fn[d] = xn[d] * kn;
   }
 }
 
@@ -182,7 +179,7 @@ INLINE void head_backward(const float *g, const float *q, const float *k, const 
 #define FOR_EACH_HEAD(rows, call)                                                                   \
   int status = 0;                                                                                   \
   _Pragma("omp parallel num_threads(threads) reduction(| : status)") {                              \
-    float *s = malloc(((size_t)(rows) * (N + 16) * D + 3 * (N + 16) + D) * sizeof(float));                                      \
+    float *s = malloc(((size_t)(rows) * (N + 16) * D + 3 * (N + 16) + D) * sizeof(float));         \
     if (!s) status = 1;                                                                             \
     else {                                                                                          \
       _Pragma("omp for schedule(static)") for (int64_t h = 0; h < G; h++) switch (D) {             \
@@ -211,7 +208,7 @@ int causal_backward(const float *g, const float *q, const float *k, const float 
   if (!HEAD_DIM_OK(D)) return 2;
 #define BACKWARD(d)                                                                                               \
   head_backward(g + h * N * d, q + h * N * d, k + h * N * d, v + h * N * d, keep ? keep + h * N : NULL, rq + h * N, \
-                rk + h * N, inv_den + h * N, o + h * N * d, N, kind, gq + h * N * d, gk + h * N * d, gv + h * N * d, \
-                s, d)
+                rk + h * N, inv_den + h * N, o ? o + h * N * d : NULL, N, kind, gq + h * N * d, gk + h * N * d,         \
+                gv + h * N * d, s, d)
   FOR_EACH_HEAD(6, BACKWARD)
 }
