@@ -38,6 +38,27 @@ def kernel_only(monkeypatch):
     monkeypatch.setattr(normalised, "features", refuse)  # NormalisedLinear's first step
 
 
+def check_against_reference(name, causal, d, b, h, n, threads):
+    """fp32 impl vs fp64 reference, outputs and all three gradients, padded keys in the last batch row."""
+    torch.set_num_threads(threads)
+    base = [torch.randn(b, h, n, d, dtype=torch.float64) for _ in range(3)]
+    key_mask = torch.ones(b, n, dtype=torch.bool)
+    if n > 2:
+        key_mask[-1, -(n // 3) :] = False
+    fast = [t.float().requires_grad_() for t in base]
+    exact = [t.clone().requires_grad_() for t in base]
+    out = attend(name, *fast, causal=causal, key_mask=key_mask)
+    ref = getattr(reference, name)(*exact, causal=causal, key_mask=key_mask)
+    assert rel_err(out, ref) <= 1e-5
+    grad = torch.randn_like(ref)
+    out.backward(grad.float())
+    ref.backward(grad)
+    for which, a, r in zip("qkv", fast, exact):
+        assert rel_err(a.grad, r.grad) <= 1e-5, f"grad of {which}"
+    if n > 2:
+        assert (fast[1].grad[-1, :, -(n // 3) :] == 0).all()  # a padded key gets no gradient
+
+
 @pytest.mark.parametrize("d", [16, 32, 64, 128])
 @pytest.mark.parametrize("b,h,n", [(1, 1, 1), (2, 3, 7), (1, 2, 63), (2, 1, 1000)])
 @pytest.mark.parametrize("threads", [1, 2])
@@ -46,23 +67,7 @@ def test_kernel_equals_reference(kernel_only, name, d, b, h, n, threads):
     """fp32 kernel vs fp64 reference, outputs and all three gradients, padded keys in the last batch row.
 
     With 2 threads and a single head, rows are split over threads and the partial states summed."""
-    torch.set_num_threads(threads)
-    base = [torch.randn(b, h, n, d, dtype=torch.float64) for _ in range(3)]
-    key_mask = torch.ones(b, n, dtype=torch.bool)
-    if n > 2:
-        key_mask[-1, -(n // 3) :] = False
-    fast = [t.float().requires_grad_() for t in base]
-    exact = [t.clone().requires_grad_() for t in base]
-    out = attend(name, *fast, causal=False, key_mask=key_mask)
-    ref = getattr(reference, name)(*exact, causal=False, key_mask=key_mask)
-    assert rel_err(out, ref) <= 1e-5
-    grad = torch.randn_like(ref)
-    out.backward(grad.float())
-    ref.backward(grad)
-    for name, a, r in zip("qkv", fast, exact):
-        assert rel_err(a.grad, r.grad) <= 1e-5, f"grad of {name}"
-    if n > 2:
-        assert (fast[1].grad[-1, :, -(n // 3) :] == 0).all()  # a padded key gets no gradient
+    check_against_reference(name, False, d, b, h, n, threads)
 
 
 CAUSAL_NAMES = [NAME, "linear_affine", "linear_elu"]
@@ -85,23 +90,7 @@ def causal_kernel_only(monkeypatch):
 def test_causal_kernel_equals_reference(causal_kernel_only, name, d, b, h, n, threads):
     """fp32 causal kernel vs fp64 reference, outputs and all three gradients, padded keys in the last batch row;
     with 2 threads the heads are split over threads."""
-    torch.set_num_threads(threads)
-    base = [torch.randn(b, h, n, d, dtype=torch.float64) for _ in range(3)]
-    key_mask = torch.ones(b, n, dtype=torch.bool)
-    if n > 2:
-        key_mask[-1, -(n // 3) :] = False
-    fast = [t.float().requires_grad_() for t in base]
-    exact = [t.clone().requires_grad_() for t in base]
-    out = attend(name, *fast, causal=True, key_mask=key_mask)
-    ref = getattr(reference, name)(*exact, causal=True, key_mask=key_mask)
-    assert rel_err(out, ref) <= 1e-5
-    grad = torch.randn_like(ref)
-    out.backward(grad.float())
-    ref.backward(grad)
-    for which, a, r in zip("qkv", fast, exact):
-        assert rel_err(a.grad, r.grad) <= 1e-5, f"grad of {which}"
-    if n > 2:
-        assert (fast[1].grad[-1, :, -(n // 3) :] == 0).all()  # a padded key gets no gradient
+    check_against_reference(name, True, d, b, h, n, threads)
 
 
 @pytest.mark.parametrize("name", CAUSAL_NAMES)
