@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install lint test demo bench clean
+.PHONY: install lint test test-fast demo bench clean
 
 install: $(VENV)/.installed
 
@@ -18,8 +18,15 @@ lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
+# Two workers (pytest-xdist); a module's tests stay on one worker, so its module fixtures are built once.
+PYTEST := $(PY) -m pytest -q -n 2 --dist loadscope
+
 test: install lint
-	$(PY) -m pytest -q tests
+	$(PYTEST) tests
+
+# The quick loop: every test that trains nothing (models, kernels, data, configs, fits, Slurm rendering).
+test-fast: install
+	$(PYTEST) -m "not trains" tests
 
 demo: install
 	$(PY) -m scripts.demo

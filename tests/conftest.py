@@ -17,3 +17,60 @@ def _seed_and_one_thread():
     every test, so a test that changes it (a benchmark's --threads) leaks nothing."""
     torch.manual_seed(0)
     torch.set_num_threads(1)
+
+
+# The real Slurm cluster is one session fixture: its tests form one xdist scope, so one worker brings it up.
+CLUSTER_MODULES = (
+    "tests/slurm/test_cluster.py",
+    "tests/slurm/test_cluster_sweeps.py",
+    "tests/slurm/test_suite_cluster.py",
+)
+# The longest scopes go first, so the two workers finish together (pytest --durations on this machine).
+LONG_FIRST = (
+    *CLUSTER_MODULES,
+    "tests/scripts/test_demo.py",
+    "tests/train/test_distributed_fsdp.py",
+    "tests/models/test_triton_compile.py",
+    "tests/train/test_preemption.py",
+    "tests/eval/test_sharding.py",
+    "tests/train/test_distributed.py",
+)
+
+
+# Modules that train, launch processes or bring up a cluster: marked `trains`; `make test-fast` leaves them out.
+TRAINS = (
+    *LONG_FIRST,
+    "tests/train/test_train.py",
+    "tests/train/test_remote.py",
+    "tests/train/test_run_summary.py",
+    "tests/train/test_checkpoint_verify.py",
+    "tests/train/test_cli_errors.py",
+    "tests/train/test_branch.py",
+    "tests/train/test_step_efficiency.py",
+    "tests/scripts/test_gpu_train_check.py",
+    "tests/scripts/test_bench_attention.py",
+    "tests/scripts/test_bench_train.py",
+    "tests/eval/test_zeroshot.py",
+    "tests/eval/test_numbered_folders.py",
+    "tests/data/test_epochs.py",
+)
+
+
+def pytest_collection_modifyitems(items):
+    rank = {path: i for i, path in enumerate(LONG_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
+    for item in items:
+        if item.nodeid.split("::")[0] in TRAINS:
+            item.add_marker(pytest.mark.trains)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """`make test` runs `pytest -n 2 --dist loadscope`: the tests of one module run on one worker, so a module
+    fixture is built once, and the cluster modules share one scope."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Scheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "slurm-cluster" if nodeid.startswith(CLUSTER_MODULES) else super()._split_scope(nodeid)
+
+    return Scheduling(config, log)
