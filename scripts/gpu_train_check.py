@@ -118,7 +118,7 @@ def train_run(spec: dict) -> dict | None:
     if accelerator.distributed_type.name == "FSDP":
         model = shard_model(model, cfg, accelerator.device.type)
     cuda = accelerator.device.type == "cuda"
-    optimizer, schedule = build_optimizer(model, OptimConfig(lr=1e-4, warmup_steps=2), spec["steps"], cuda=cuda)
+    optimizer, schedule = build_optimizer(model, OptimConfig(lr=1e-4, warmup_steps=2), spec["steps"])
     model, optimizer, schedule = accelerator.prepare(model, optimizer, schedule)
     data = SyntheticData(model_cfg, spec["batch"], seed=accelerator.process_index, pin=cuda)
     Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)

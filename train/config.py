@@ -47,7 +47,7 @@ class OptimConfig:
     cooldown_fraction: float = 0.2  # const-cooldown: the cooldown is this fraction of train.max_steps...
     cooldown_steps: int | None = None  # ...or, when set, this many steps
     grad_clip_norm: float | None = None  # max global gradient norm; null = no clipping
-    fused: bool | None = None  # AdamW as one fused kernel; null: on CUDA (torch's foreach elsewhere)
+    fused: bool | None = None  # AdamW as one fused kernel (null: yes, on CUDA and the CPU); false: torch's default
 
 
 @dataclass

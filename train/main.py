@@ -59,8 +59,7 @@ def fit(cfg: Config, stop: StopFlag) -> int:
     sizes = summary(model)  # before sharding: whole-model parameter counts and GMACs
     if accelerator.distributed_type.name == "FSDP":
         model = shard_model(model, cfg.train, accelerator.device.type)
-    cuda = accelerator.device.type == "cuda"
-    optimizer, schedule = build_optimizer(model, cfg.optim, cfg.train.max_steps, cuda=cuda)
+    optimizer, schedule = build_optimizer(model, cfg.optim, cfg.train.max_steps)
     model, optimizer, schedule = accelerator.prepare(model, optimizer, schedule)
     stream, progress = DataStream(data, accelerator.device), Progress()
     storage = RunStorage.of(cfg.train.run_dir, cfg.train.stage_dir)
