@@ -11,6 +11,9 @@ from datetime import UTC, datetime
 
 import numpy as np
 
+from eval.multiplier import multiplier
+from scripts.demo_claims import claims, claims_table
+
 PAPER = "Gerami, Madani, Duraiswami 2026"
 NODENOM, NORMALISED = "linear_affine_nodenom", "linear_affine"
 CLOSE = 1.25  # "trains like softmax": final error at most this many times softmax's at the largest size
@@ -171,6 +174,32 @@ def claim(attention: str, fits: dict, last_ratio: float, multiplier: float) -> s
     return steps
 
 
+def multiplier_table(runs: list[dict], targets: list[float], n_images: int, n_boot: int) -> str:
+    """Per linear attention, size and target error: the samples (and compute) multiplier over softmax of the same
+    size to first reach the target, with its 95% bootstrap interval (eval.multiplier)."""
+    groups = by_attention(runs)
+    soft = {r["size"]: r for r in groups.get("softmax", [])}
+    rows = [
+        "| attention | size | target error | samples to it | softmax's | samples multiplier [95% CI] | "
+        "compute multiplier |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for attention, group in groups.items():
+        for run, target in itertools.product(group if attention != "softmax" else [], targets):
+            ref = soft.get(run["size"])
+            if ref is None:
+                continue
+            curves = [([s for s, _ in r["curve"]], [1 - t for _, t in r["curve"]]) for r in (run, ref)]
+            m = multiplier(*curves, target, n_images=n_images, n_boot=n_boot)
+            compute = run["gmacs_per_sample"] / ref["gmacs_per_sample"]
+            k = "" if np.isnan(m.k) else f"{'>' if m.censored else ''}{m.k * compute:.2f}x"
+            rows.append(
+                f"| {attention} | {run['size']} | {100 * target:.0f}% | {m.samples:,.0f} | "
+                f"{m.reference_samples:,.0f} | {m.text()} | {k} |"
+            )
+    return "\n".join(rows) + "\n"
+
+
 def runs_table(runs: list[dict]) -> str:
     rows = [
         "| size | attention | params (no embedding) | GMACs/sample | samples seen | zero-shot top-1 | top-5 | "
@@ -197,6 +226,8 @@ def best_table(runs: list[dict]) -> str:
 def report_md(runs, fits, specs, bench, study, args, clock, format_table, num_classes: int) -> str:
     """The whole report.md."""
     loads = clock["load"]
+    targets = study.fits.get("targets", [0.5, 0.3])
+    n_images = num_classes * study.data.get("eval_per_class", 1)
     head = (
         f"# Softmax vs linear attention on the embedded synthetic data\n\n"
         f"Made by `python -m scripts.demo{' --quick' if args.quick else ''} --seed {args.seed}` on "
@@ -223,6 +254,14 @@ def report_md(runs, fits, specs, bench, study, args, clock, format_table, num_cl
         f"'trains like softmax' when the largest model's final error is within {CLOSE}x softmax's; 'needs "
         f"more steps' when its runs need more compute than softmax's to first reach softmax's median final error.\n",
         "![summary](summary.png)\n",
+        "## The paper's claims\n",
+        claims_table(claims(runs, fits, targets, n_images, study.fits.get("n_boot", 1000))),
+        "## Samples to a target error, against softmax of the same size\n",
+        multiplier_table(runs, targets, n_images, study.fits.get("n_boot", 1000)),
+        f"The samples at which a run's zero-shot error first reaches the target (log-linear between evaluations); the "
+        f"multiplier is that over softmax's, the interval a bootstrap over the noise of the {n_images} zero-shot "
+        f"images (eval/multiplier.py); '>' marks a run that never reaches the target within its budget (a lower "
+        f"bound). The compute multiplier also counts the GMACs per sample of each attention.\n",
     ]
     for name, (_, _, _, _, _, title) in specs.items():
         report = fits[name]

@@ -39,6 +39,9 @@ class Study:
     threads_per_job: int = 1
     fits: dict = field(default_factory=dict)
     bench: list = field(default_factory=list)  # arguments of scripts.bench_attention
+    # attention -> how it trains where it differs from the others: {lr_scale: x (times each size's optim.lr),
+    # run: {dotted.key: value} (e.g. a longer train.max_steps)}
+    per_attention: dict[str, dict] = field(default_factory=dict)
 
 
 def merge(base: dict, changes: dict) -> dict:
@@ -68,7 +71,30 @@ def load_study(path: str | Path, quick: bool = False) -> Study:
         raise StudyError(f"{path}: {e}") from None
     if not study.sizes or not study.attentions or study.jobs < 1 or study.threads_per_job < 1:
         raise StudyError(f"{path}: needs sizes and attentions, jobs >= 1 and threads_per_job >= 1")
+    for name, settings in study.per_attention.items():
+        unknown = sorted(set(settings or {}) - {"lr_scale", "run"})
+        if unknown or not (settings or {}).get("lr_scale", 1) > 0:
+            raise StudyError(
+                f"{path}: per_attention.{name}: "
+                + (f"unknown key {unknown[0]!r}; valid keys: lr_scale, run" if unknown else "lr_scale must be > 0")
+            )
     return study
+
+
+def attention_settings(study: Study, size: str) -> dict[str, dict]:
+    """attention -> {dotted.key: value} overrides of its runs at `size`: per_attention's run overrides, and
+    optim.lr scaled by its lr_scale from the size's (else the run config's) learning rate."""
+    out = {}
+    for attention in study.attentions:
+        settings = study.per_attention.get(attention) or {}
+        overrides = dict(settings.get("run") or {})
+        if settings.get("lr_scale", 1) != 1:
+            base = {**study.run, **(study.sizes[size] or {})}.get("optim.lr")
+            if base is None:
+                base = yaml.safe_load((REPO / study.run_config).read_text())["optim"]["lr"]
+            overrides["optim.lr"] = float(base) * settings["lr_scale"]
+        out[attention] = overrides
+    return out
 
 
 def overrides(values: dict) -> list[str]:
@@ -97,11 +123,12 @@ def jobs_of(study: Study, out: Path, paths: dict[str, str], seed: int) -> list[J
     """Every (size, attention) run of the grid, the biggest sizes first (they take longest)."""
     jobs = []
     for size in reversed(list(study.sizes)):
-        for attention in study.attentions:
+        for attention, own in attention_settings(study, size).items():
             run_dir = out / "runs" / f"{size}-{attention}"
             settings = {
                 **study.run,
                 **(study.sizes[size] or {}),
+                **own,
                 "model.name": size,
                 "model.image_attention": attention,
                 "model.text_attention": attention,

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from scripts import demo
-from scripts.demo_study import StudyError, load_study, overrides
+from scripts.demo_study import StudyError, jobs_of, load_study, overrides
 
 QUICK = ["--quick", "--sizes", "demo-w32", "demo-w48", "--attentions", "softmax", "linear_affine_nodenom"]
 
@@ -42,6 +42,10 @@ def test_demo_quick_writes_the_report(tmp_path):
         assert (out / f"{png}.png").stat().st_size > 0, png
         assert f"({png}.png)" in report or png == "bench_attention"
     assert "| 77 |" in report
+    # one multiplier row per linear run and target error (4 steps reach none of them: "n/a" or a lower bound)
+    section = report.split("## Samples to a target error", 1)[1].split("\n## ", 1)[0]
+    targets = load_study(demo.STUDY, quick=True).fits["targets"]
+    assert sum(line.startswith("| linear_affine_nodenom |") for line in section.splitlines()) == 2 * len(targets)
     assert sum(line.startswith("# ") for line in report.splitlines()) == 1  # the embedded benchmark's headings nest
 
 
@@ -59,6 +63,22 @@ def test_study_config_errors_are_one_line(tmp_path):
         "train.progress=false",
         "eval.val_shards=a/{0..1}.tar",
     ]
+
+
+def test_per_attention_settings_scale_the_learning_rate_and_override_the_run(tmp_path):
+    study = load_study(demo.STUDY)
+    study.per_attention = {"linear_affine_nodenom": {"lr_scale": 2.0, "run": {"train.max_steps": 2400}}}
+    paths = {"train": "t", "val": "v", "eval": "e"}
+    jobs = {(j.size, j.attention): j.argv for j in jobs_of(study, tmp_path, paths, seed=0)}
+    for size, settings in study.sizes.items():
+        nodenom, softmax = jobs[size, "linear_affine_nodenom"], jobs[size, "softmax"]
+        assert f"optim.lr={2.0 * settings['optim.lr']}" in nodenom and "train.max_steps=2400" in nodenom
+        assert f"optim.lr={settings['optim.lr']}" in softmax and not any("max_steps" in a for a in softmax)
+    (tmp_path / "bad.yaml").write_text(
+        "sizes: {demo-w32: {}}\nattentions: [softmax]\ndata: {}\nper_attention: {softmax: {lr: 2}}\n"
+    )
+    with pytest.raises(StudyError, match=r"per_attention.softmax: unknown key 'lr'; valid keys: lr_scale, run"):
+        load_study(tmp_path / "bad.yaml")
 
 
 @pytest.mark.slow

@@ -1,0 +1,155 @@
+"""The paper's claims (Gerami, Madani, Duraiswami 2026), one row each, judged from the study's runs by fixed rules.
+
+Each claim is "supported", "not supported" or "undetermined", with the numbers behind it; RULES states the rules
+and the report prints them. Sizes compare like with like: a linear attention against softmax at the largest size
+both were trained at. Step times beyond the study's 17 tokens come from the training-step benchmark
+(docs/bench_train.csv: ViT-S-16 with each image attention at 224 and 448 px, 197 and 785 tokens, on the CPU).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+
+import numpy as np
+
+from eval.multiplier import multiplier
+
+NODENOM, NORMALISED = "linear_affine_nodenom", "linear_affine"
+BENCH_TRAIN = Path(__file__).resolve().parents[1] / "docs" / "bench_train.csv"
+GAP, LOSS_RATIO, FLAT, MUCH_SLOWER, WIDTH = 0.05, 1.05, 0.2, 2.0, 0.2
+RULES = (
+    f"(a) supported when, at the largest size, Eq. 7's final top-1 is within {100 * GAP:.0f} points of softmax's and "
+    f"its validation loss within {LOSS_RATIO}x; not supported when it misses that although its curve has flattened "
+    f"(error over the last quarter of its run changed by < {100 * FLAT:.0f}% relative); else undetermined. "
+    f"(b) supported when linear_affine needs >= {MUCH_SLOWER:g}x softmax's samples to the hardest target softmax "
+    f"reaches at the largest size (lower interval bound, or never reaching it), not supported when the upper bound "
+    f"is below {MUCH_SLOWER:g}x. (c) supported when the 95% interval of the difference of the compute-frontier "
+    f"exponents contains 0 and is at most {WIDTH} wide, not supported when it excludes 0. (d) supported when Eq. 7 "
+    f"needs more samples than softmax (interval above 1) and less time at the longest length measured, 785 tokens "
+    f"(samples multiplier x step-time ratio, upper bound below 1); not supported when the time ratio's lower bound "
+    f"is above 1 or it needs no more samples."
+)
+
+
+def step_ratios(attention: str, study_ratio: float, path: Path = BENCH_TRAIN) -> dict[int, float]:
+    """{tokens: step time of `attention` / softmax's}: 17 from the study's own runs, 197 and 785 from the benchmark."""
+    out = {17: study_ratio}
+    if path.is_file():
+        with open(path) as f:
+            for row in csv.DictReader(f):
+                if row["part"] == "attention" and row["attention"] == attention and row["precision"] == "fp32":
+                    out[(int(row["pixels"]) // 16) ** 2 + 1] = float(row["ratio"])
+    return out
+
+
+def flattened(run: dict) -> tuple[bool, float]:
+    """(whether the error changed by < FLAT relative over the last quarter of the run, that change)."""
+    samples = np.array([s for s, _ in run["curve"]], dtype=float)
+    errors = np.array([1 - t for _, t in run["curve"]])
+    quarter = errors[int(np.argmin(np.abs(samples - 0.75 * samples[-1])))]
+    change = (errors[-1] - quarter) / max(quarter, 1e-9)
+    return abs(change) < FLAT, change
+
+
+def hardest_target(ref: dict, targets: list[float]) -> float | None:
+    """The lowest target error the reference run reaches."""
+    reached = [t for t in targets if any(1 - top1 <= t for _, top1 in ref["curve"])]
+    return min(reached, default=None)
+
+
+def samples_multiplier(run: dict, ref: dict, target: float, n_images: int, n_boot: int):
+    curves = [([s for s, _ in r["curve"]], [1 - t for _, t in r["curve"]]) for r in (run, ref)]
+    return multiplier(*curves, target, n_images=n_images, n_boot=n_boot)
+
+
+def claim_a(run: dict, ref: dict) -> tuple[str, str]:
+    gap, ratio = ref["top1"] - run["top1"], run["val_loss"] / ref["val_loss"]
+    flat, change = flattened(run)
+    numbers = (
+        f"{run['size']}: top-1 {100 * run['top1']:.1f}% vs {100 * ref['top1']:.1f}%, validation loss "
+        f"{run['val_loss']:.3f} vs {ref['val_loss']:.3f} ({ratio:.2f}x); error over its last quarter {change:+.0%}"
+    )
+    if gap <= GAP and ratio <= LOSS_RATIO:
+        return "supported", numbers
+    return ("not supported" if flat else "undetermined"), numbers
+
+
+def claim_b(m, size: str) -> tuple[str, str]:
+    numbers = f"{size}, target {100 * m.target:.0f}% error: {m.text()} softmax's samples"
+    if (m.k if m.censored else m.lo) >= MUCH_SLOWER:
+        return "supported", numbers
+    return ("not supported" if not m.censored and m.hi < MUCH_SLOWER else "undetermined"), numbers
+
+
+def claim_c(fits: dict) -> tuple[str, str]:
+    c = next((c for c in fits.get("error_frontier", {}).get("comparisons", []) if c["a"] == NODENOM), None)
+    if c is None:
+        return "undetermined", "the compute-frontier exponents were not fitted"
+    lo, hi = c["alpha_diff_ci"]
+    groups = fits["error_frontier"]["groups"]
+    numbers = (
+        f"compute-frontier exponents softmax {groups['softmax']['alpha']:+.3f}, Eq. 7 {groups[NODENOM]['alpha']:+.3f}; "
+        f"difference {c['alpha_diff']:+.3f} [{lo:+.3f}, {hi:+.3f}] (the paper: about -0.36 vs -0.33)"
+    )
+    if lo <= 0 <= hi:
+        return ("supported" if hi - lo <= WIDTH else "undetermined"), numbers
+    return "not supported", numbers
+
+
+def claim_d(m, ratios: dict[int, float]) -> tuple[str, str]:
+    """More samples (k's interval above 1) but less time at the longest length measured (k x step ratio < 1)."""
+    if not math.isfinite(m.reference_samples):
+        return "undetermined", "softmax reaches no target"
+    k_lo, k_hi = (m.k, math.inf) if m.censored else (m.lo, m.hi)
+    times = ", ".join(f"{n} tokens {m.k * r:.2f}x" for n, r in sorted(ratios.items()))
+    numbers = f"target {100 * m.target:.0f}% error: {m.text()} the samples; time to it vs softmax's: {times}"
+    longest = ratios[max(ratios)]
+    if k_hi <= 1 or k_lo * longest > 1:
+        return "not supported", numbers
+    return ("supported" if k_lo > 1 and k_hi * longest < 1 else "undetermined"), numbers
+
+
+def claims(
+    runs: list[dict], fits: dict, targets: list[float], n_images: int, n_boot: int, bench: Path = BENCH_TRAIN
+) -> list[tuple]:
+    """[(claim, verdict, numbers)] for the paper's four claims; `bench`: the training-step benchmark's CSV."""
+    largest = {}
+    for r in sorted(runs, key=lambda r: r["params_without_token_embedding"]):
+        largest.setdefault(r["attention"], {})[r["size"]] = r
+    soft = largest.get("softmax", {})
+    out = []
+    for claim, attention, judge in (
+        ("(a) Eq. 7 converges to a loss and accuracy comparable to softmax", NODENOM, "a"),
+        ("(b) the normalised form converges much more slowly or fails", NORMALISED, "b"),
+        ("(c) the scaling exponents are similar", NODENOM, "c"),
+        ("(d) LA needs more epochs but less total time", NODENOM, "d"),
+    ):
+        if judge == "c":
+            out.append((claim, *claim_c(fits)))
+            continue
+        shared = [s for s in largest.get(attention, {}) if s in soft]
+        if not shared:
+            out.append((claim, "undetermined", f"no {attention} and softmax runs of the same size"))
+            continue
+        run, ref = largest[attention][shared[-1]], soft[shared[-1]]
+        target = hardest_target(ref, targets)
+        if judge == "a":
+            out.append((claim, *claim_a(run, ref)))
+        elif target is None:
+            out.append((claim, "undetermined", f"softmax {ref['size']} reaches none of the targets {targets}"))
+        else:
+            m = samples_multiplier(run, ref, target, n_images, n_boot)
+            if judge == "b":
+                out.append((claim, *claim_b(m, run["size"])))
+            else:
+                per_sample = (run["cpu_seconds"] / run["samples_seen"]) / (ref["cpu_seconds"] / ref["samples_seen"])
+                out.append((claim, *claim_d(m, step_ratios(attention, per_sample, bench))))
+    return out
+
+
+def claims_table(rows: list[tuple]) -> str:
+    lines = ["| claim | verdict | numbers |", "|---|---|---|"]
+    lines += [f"| {claim} | **{verdict}** | {numbers} |" for claim, verdict, numbers in rows]
+    return "\n".join(lines) + "\n\nRules: " + RULES + "\n"
