@@ -71,7 +71,7 @@ def load_weights(model: torch.nn.Module, state: dict, source, model_name: str) -
     model.load_state_dict(state)
 
 
-def load_ours(path: Path, device) -> LoadedModel:
+def load_ours(path: Path, device, image_size: int | None = None, context_length: int | None = None) -> LoadedModel:
     """Rebuild `ModelConfig(**meta["config"]["model"])` -> build_clip -> load model.safetensors."""
     import models
 
@@ -80,12 +80,18 @@ def load_ours(path: Path, device) -> LoadedModel:
     try:
         # the weights come from model.safetensors, so no pretrained file named in the config is read again
         cfg = models.ModelConfig(**{**meta["config"]["model"], "pretrained": None})
+        # evaluated at another size: the position tables are resampled as model.pretrained does
+        cfg.image_size, cfg.context_length = image_size or cfg.image_size, context_length or cfg.context_length
     except (KeyError, TypeError) as e:
         raise EvalInputError(
             f"{folder / 'meta.json'} has no usable config.model ({e}); it was not written by this project's trainer"
         ) from None
-    model = models.build_clip(cfg)
-    load_weights(model, load_file(str(folder / "model.safetensors")), folder, cfg.name)
+    try:
+        model = models.build_clip(cfg)
+    except ValueError as e:
+        raise EvalInputError(str(e).replace("model.image_size", "--image-size")) from None
+    state = models.resample_positions(model, load_file(str(folder / layout.MODEL)), cfg.text_pos_keep)
+    load_weights(model, state, folder, cfg.name)
     _, transform = models.transforms(cfg)
     info = {
         "checkpoint": str(folder),
@@ -93,7 +99,7 @@ def load_ours(path: Path, device) -> LoadedModel:
         "samples_seen": meta.get("samples_seen"),
         "model": cfg.name,
     }
-    return LoadedModel(model.to(device).eval(), transform, models.tokenizer(cfg.name), info, cfg)
+    return LoadedModel(model.to(device).eval(), transform, models.tokenizer(cfg), info, cfg)
 
 
 class RandomInitWarning(logging.Filter):
@@ -114,7 +120,9 @@ def weights_follow():
         logging.getLogger().removeFilter(quiet)
 
 
-def load_open_clip(name: str, checkpoint: str | None, device) -> LoadedModel:
+def load_open_clip(
+    name: str, checkpoint: str | None, device, image_size: int | None = None, context_length: int | None = None
+) -> LoadedModel:
     """An open_clip architecture by name, random init or with weights from a file (.safetensors, .pt, .bin).
 
     Importing models registers this project's tiny sizes (configs/models/*.json) with open_clip too.
@@ -127,11 +135,15 @@ def load_open_clip(name: str, checkpoint: str | None, device) -> LoadedModel:
         raise EvalInputError(f"checkpoint file {checkpoint} does not exist")
     # with a checkpoint the random init is overwritten below, so open_clip's warning would say the opposite
     with weights_follow() if checkpoint else nullcontext():
-        model, _, transform = open_clip.create_model_and_transforms(name)
+        model, _, transform = open_clip.create_model_and_transforms(
+            name, force_image_size=image_size, force_context_length=context_length
+        )
     if checkpoint:
-        load_weights(model, models.read_state_dict(checkpoint), checkpoint, name)
+        state = models.resample_positions(model, models.read_state_dict(checkpoint), text_keep=0)
+        load_weights(model, state, checkpoint, name)
     info = {"checkpoint": checkpoint, "step": None, "samples_seen": None, "model": name}
-    return LoadedModel(model.to(device).eval(), transform, open_clip.get_tokenizer(name), info)
+    tokenizer = open_clip.get_tokenizer(name, context_length=context_length)
+    return LoadedModel(model.to(device).eval(), transform, tokenizer, info)
 
 
 def default_device() -> str:
@@ -147,11 +159,15 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         "checkpoint; random init without --checkpoint",
     )
     parser.add_argument("--device", default=default_device())
+    parser.add_argument("--image-size", type=int, help="evaluate at this resolution (position table resampled)")
+    parser.add_argument("--context-length", type=int, help="evaluate at this text length (positions stretched)")
 
 
 def load_from_args(args: argparse.Namespace) -> LoadedModel:
     if args.open_clip_model:
-        return load_open_clip(args.open_clip_model, args.checkpoint or args.path, args.device)
+        return load_open_clip(
+            args.open_clip_model, args.checkpoint or args.path, args.device, args.image_size, args.context_length
+        )
     path = args.path or args.checkpoint
     if not path:
         raise EvalInputError(
@@ -159,7 +175,7 @@ def load_from_args(args: argparse.Namespace) -> LoadedModel:
         )
     if not Path(path).is_dir():
         raise EvalInputError(f"{path} is not a folder; for an open_clip weights file add --open-clip-model NAME")
-    return load_ours(Path(path), args.device)
+    return load_ours(Path(path), args.device, args.image_size, args.context_length)
 
 
 @contextmanager

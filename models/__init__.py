@@ -2,7 +2,7 @@
 
 from models.clip import CLIP, build_clip, create_model, tokenizer, transforms
 from models.config import ModelConfig, tiny_model_names
-from models.pretrained import export_open_clip, load_pretrained, read_state_dict
+from models.pretrained import export_open_clip, load_pretrained, read_state_dict, resample_positions
 from models.summary import format_summary, gmacs_per_sample, summary
 
 __all__ = [
@@ -15,6 +15,7 @@ __all__ = [
     "gmacs_per_sample",
     "load_pretrained",
     "read_state_dict",
+    "resample_positions",
     "summary",
     "tiny_model_names",
     "tokenizer",

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from models.config import ModelConfig, layer_attentions, layer_options, size_config
+from models.config import ModelConfig, layer_attentions, layer_options, resolved_size
 from models.pretrained import load_pretrained
 from models.text import TextTower
 from models.vit import VisionTransformer
@@ -87,7 +87,7 @@ def tower_heads(name: str, tower: str, width: int, heads: int | None = None, hea
 
 def build_clip(cfg: ModelConfig) -> CLIP:
     """The CLIP that `cfg` names; loads `cfg.pretrained` (matching names and shapes) when set."""
-    size = size_config(cfg.name)
+    size = resolved_size(cfg)
     v, t = size["vision_cfg"], size["text_cfg"]
     quick_gelu = size.get("quick_gelu", False)
     image_names = layer_attentions("image", cfg.image_attention, v["layers"], causal=False)
@@ -120,7 +120,7 @@ def build_clip(cfg: ModelConfig) -> CLIP:
     model = CLIP(embed_dim=size["embed_dim"], visual=visual, text=text, config=cfg)
     model.set_grad_checkpointing(cfg.grad_checkpointing)
     if cfg.pretrained:
-        load_pretrained(model, cfg.pretrained)
+        load_pretrained(model, cfg.pretrained, text_keep=cfg.text_pos_keep)
     return model
 
 
@@ -141,8 +141,8 @@ def create_model(
 def image_size(model_or_cfg: CLIP | ModelConfig | str) -> int:
     if isinstance(model_or_cfg, CLIP):
         return model_or_cfg.visual.image_size[0]
-    name = model_or_cfg.name if isinstance(model_or_cfg, ModelConfig) else model_or_cfg
-    return size_config(name)["vision_cfg"]["image_size"]
+    cfg = model_or_cfg if isinstance(model_or_cfg, ModelConfig) else ModelConfig(name=model_or_cfg)
+    return resolved_size(cfg)["vision_cfg"]["image_size"]
 
 
 def transforms(model_or_cfg: CLIP | ModelConfig | str):
@@ -155,11 +155,11 @@ def transforms(model_or_cfg: CLIP | ModelConfig | str):
 
 
 def tokenizer(model_or_cfg: CLIP | ModelConfig | str):
-    """open_clip's tokenizer for the size (BPE, vocab 49408), padded to the size's context length."""
+    """open_clip's tokenizer for the size (BPE, vocab 49408), padded to the model's context length."""
     if isinstance(model_or_cfg, CLIP):
         model_or_cfg = model_or_cfg.config
-    name = model_or_cfg.name if isinstance(model_or_cfg, ModelConfig) else model_or_cfg
-    size_config(name)
+    cfg = model_or_cfg if isinstance(model_or_cfg, ModelConfig) else ModelConfig(name=model_or_cfg)
+    context_length = resolved_size(cfg)["text_cfg"]["context_length"]
     import open_clip
 
-    return open_clip.get_tokenizer(name)
+    return open_clip.get_tokenizer(cfg.name, context_length=context_length)

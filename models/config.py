@@ -10,6 +10,7 @@ that they equal open_clip's).
 
 from __future__ import annotations
 
+import copy
 import inspect
 import json
 from dataclasses import dataclass, field
@@ -83,6 +84,9 @@ class ModelConfig:
     variant has several (the linear ones, models/attention/ops/dispatch.py); an `impl` in the options dicts wins.
     `pretrained` is a softmax (or any) checkpoint, safetensors or torch file: every weight whose name
     and shape match is loaded, the rest keep their fresh initialisation (see `models.load_pretrained`).
+    `image_size` and `context_length` (null: the size's) train or evaluate the size at another resolution or
+    text length: the image grid, the position tables, the transforms and the tokenizer follow; a `pretrained`
+    model of another size has its position tables resampled (models/pretrained.py, `text_pos_keep`).
     """
 
     name: str = "tiny-s"
@@ -94,6 +98,9 @@ class ModelConfig:
     grad_checkpointing: bool = False
     patch_dropout: float = 0.0
     pretrained: str | None = None
+    image_size: int | None = None
+    context_length: int | None = None
+    text_pos_keep: int = 20  # loading into another context: the first K text positions kept (Long-CLIP); 0: open_clip
 
 
 def tiny_model_names() -> list[str]:
@@ -112,6 +119,30 @@ def size_config(name: str) -> dict:
     check_supported(name, "vision_cfg", cfg["vision_cfg"])
     check_supported(name, "text_cfg", cfg["text_cfg"])
     return cfg
+
+
+def resolved_size(cfg: ModelConfig) -> dict:
+    """size_config(cfg.name) with cfg.image_size and cfg.context_length in place of the size's own values."""
+    size = copy.deepcopy(size_config(cfg.name))
+    v, t = size["vision_cfg"], size["text_cfg"]
+    if cfg.image_size is not None:
+        patch = v["patch_size"]
+        if cfg.image_size < patch or cfg.image_size % patch:
+            below = max(patch, cfg.image_size // patch * patch)
+            nearest = sorted({below, below + patch})
+            raise ValueError(
+                f"model.image_size={cfg.image_size} is not a multiple of {cfg.name}'s patch size {patch}; "
+                f"nearest valid sizes: {', '.join(map(str, nearest))}"
+            )
+        v["image_size"] = cfg.image_size
+    if cfg.context_length is not None:
+        if cfg.context_length < 2:
+            raise ValueError(
+                f"model.context_length={cfg.context_length}: a caption needs at least 2 tokens (start and end); "
+                f"{cfg.name}'s own is {t['context_length']}"
+            )
+        t["context_length"] = cfg.context_length
+    return size
 
 
 def local_size_config(name: str) -> dict | None:

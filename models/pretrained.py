@@ -3,6 +3,12 @@
 Linearising a pretrained CLIP: build the model with any attention, then `load_pretrained` copies every
 weight whose name and shape match (qkv and output projections, MLPs, norms, embeddings); parameters only
 the new attention has keep their fresh initialisation and are listed in the log.
+
+Loading at another size (model.image_size, model.context_length): the image position table is resampled to
+the model's grid by open_clip's `resize_pos_embed` (bicubic, class token kept: its `force_image_size`), the
+text table stretched to the model's context keeping its first `text_keep` positions and interpolating the
+rest linearly (Long-CLIP's knowledge-preserved stretching, Zhang et al. 2024); text_keep = 0 is open_clip's
+`resize_text_pos_embed` (its `force_context_length`).
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ import logging
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from models import layout
@@ -68,8 +75,40 @@ def match_scalars(state: dict[str, Tensor], own: dict[str, Tensor]) -> dict[str,
     }
 
 
-def load_pretrained(model: nn.Module, source: str | Path | dict[str, Tensor]) -> tuple[list[str], list[str], list[str]]:
-    """Copy every weight of `source` whose name and shape match `model`'s.
+def resample_positions(model: nn.Module, sd: dict[str, Tensor], text_keep: int = 20) -> dict[str, Tensor]:
+    """`sd` with its position tables resampled to `model`'s image grid and context length (module docstring)."""
+    from open_clip.model import resize_pos_embed, resize_text_pos_embed
+
+    sd, own = dict(sd), model.state_dict()
+    key = "visual.positional_embedding"
+    if key in sd and key in own and sd[key].shape != own[key].shape:
+        before = tuple(sd[key].shape)
+        resize_pos_embed(sd, model)
+        log.info(
+            "pretrained: %s resampled from %s to %s (bicubic, class token kept)", key, before, tuple(sd[key].shape)
+        )
+    key = "positional_embedding"
+    if key in sd and key in own and sd[key].shape[0] != own[key].shape[0]:
+        old, length = sd[key], own[key].shape[0]
+        keep = min(text_keep, old.shape[0] - 1, length - 1)
+        if keep <= 0:
+            resize_text_pos_embed(sd, model)
+        else:
+            tail = F.interpolate(old[keep:].T[None].float(), size=length - keep, mode="linear", align_corners=False)
+            sd[key] = torch.cat([old[:keep], tail[0].T.to(old.dtype)])
+        log.info(
+            "pretrained: text positions stretched from %d to %d (first %d kept, the rest interpolated)",
+            old.shape[0],
+            length,
+            max(keep, 0),
+        )
+    return sd
+
+
+def load_pretrained(
+    model: nn.Module, source: str | Path | dict[str, Tensor], text_keep: int = 20
+) -> tuple[list[str], list[str], list[str]]:
+    """Copy every weight of `source` whose name and shape match `model`'s, position tables resampled first.
 
     Returns (loaded, missing, unexpected): names loaded; model names left at their initialisation
     (absent from the source, or present with another shape); source names the model has no slot for
@@ -77,7 +116,7 @@ def load_pretrained(model: nn.Module, source: str | Path | dict[str, Tensor]) ->
     """
     sd = read_state_dict(source) if isinstance(source, (str, Path)) else source
     own = model.state_dict()
-    sd = match_scalars(sd, own)
+    sd = match_scalars(resample_positions(model, sd, text_keep), own)
     loaded = [k for k, v in sd.items() if k in own and own[k].shape == v.shape]
     missing = [k for k in own if k not in set(loaded)]
     unexpected = [k for k in sd if k not in set(loaded)]

@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 import numpy as np
 
 from eval.multiplier import multiplier
-from scripts.demo_claims import claims, claims_table
+from scripts.demo_claims import FLAT, claims, claims_table, flattened
 
 PAPER = "Gerami, Madani, Duraiswami 2026"
 NODENOM, NORMALISED = "linear_affine_nodenom", "linear_affine"
@@ -200,6 +200,21 @@ def multiplier_table(runs: list[dict], targets: list[float], n_images: int, n_bo
     return "\n".join(rows) + "\n"
 
 
+def budget_lines(runs: list[dict]) -> list[str]:
+    """Per attention, whether its largest run's learning curve flattened within its budget, and by how much not."""
+    lines = []
+    for attention, group in by_attention(runs).items():
+        largest = group[-1]
+        flat, change = flattened(largest)
+        verdict = "flattened" if flat else "had not flattened: a longer budget would likely lower its error further"
+        lines.append(
+            f"- {attention}: the largest run ({largest['size']}, {largest['samples_seen']:,} samples) {verdict} "
+            f"(zero-shot error {change:+.0%} over the last quarter of its run; flattened: within "
+            f"{100 * FLAT:.0f}% relative)."
+        )
+    return lines
+
+
 def runs_table(runs: list[dict]) -> str:
     rows = [
         "| size | attention | params (no embedding) | GMACs/sample | samples seen | zero-shot top-1 | top-5 | "
@@ -248,6 +263,7 @@ def report_md(runs, fits, specs, bench, study, args, clock, format_table, num_cl
         "Tail slope: the log-log slope of zero-shot error against samples seen over the second half of the "
         "run (negative: still improving).\n",
         "![learning curves](learning_curves.png)\n",
+        "Budgets:\n\n" + "\n".join(budget_lines(runs)) + "\n",
         "## What the data support\n",
         "\n".join(support(runs, fits)) + "\n",
         f"Rules: exponents 'follow' softmax's when the 95% interval of their difference contains 0; Eq. 7 "

@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 
 from models import ModelConfig, build_clip, gmacs_per_sample
-from models.config import size_config
+from models.config import resolved_size
 from train.config import OptimConfig, TrainConfig
 from train.dist import FSDP_ON_CPU, StopFlag, make_accelerator, shard_model
 from train.log import RunLog
@@ -71,7 +71,7 @@ class SyntheticData:
     the text tower pools) at L/2, zeros after it."""
 
     def __init__(self, cfg: ModelConfig, batch: int, seed: int, pin: bool):
-        size = size_config(cfg.name)
+        size = resolved_size(cfg)
         pixels, length, vocab = (
             size["vision_cfg"]["image_size"],
             size["text_cfg"]["context_length"],

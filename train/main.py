@@ -165,8 +165,11 @@ def resume(cfg: Config, accelerator, storage: RunStorage, stream: DataStream, pr
     folder, branching = starting_point(cfg, storage, accelerator)
     if folder is None:
         return
-    saved = {k: v for k, v in read_meta(folder)["config"]["model"].items() if k != "pretrained"}
-    wanted = {k: v for k, v in to_dict(cfg)["model"].items() if k != "pretrained"}
+    # how the weights were first loaded is not the model; a field newer than the checkpoint has its default there
+    loading = ("pretrained", "text_pos_keep")
+    saved = {**to_dict(ModelConfig()), **read_meta(folder)["config"]["model"]}
+    saved = {k: v for k, v in saved.items() if k not in loading}
+    wanted = {k: v for k, v in to_dict(cfg)["model"].items() if k not in loading}
     if saved != wanted:
         changed = ", ".join(
             f"model.{k}={saved.get(k)!r} there" for k in sorted(wanted) if saved.get(k) != wanted.get(k)

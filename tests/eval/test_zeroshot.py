@@ -13,6 +13,7 @@ import pytest
 import torch
 from clip_benchmark.webdataset_builder import convert_dataset, path_to_bytes
 from open_clip import zero_shot_metadata
+from PIL import Image
 from safetensors.torch import load_file, save_file
 
 import models
@@ -275,3 +276,20 @@ def test_open_clip_checkpoint_loads_without_the_random_init_warning(synthetic, t
     assert done.returncode == 0, done.stderr[-2000:]
     assert "No pretrained weights" not in done.stderr and "initialized randomly" not in done.stderr
     assert json.loads(done.stdout)["checkpoint"] == str(weights_file)
+
+
+def test_a_checkpoint_is_evaluated_at_another_size(run_dir, synthetic, tmp_path):
+    """--image-size / --context-length: the position tables are resampled on load, the transform and tokenizer
+    follow; a size the patch does not divide is one line."""
+    loaded = checkpoint.load_ours(run_dir, "cpu", image_size=64, context_length=48)
+    assert loaded.model.visual.image_size == (64, 64) and loaded.tokenizer(["a"]).shape == (1, 48)
+    assert loaded.transform(Image.new("RGB", (50, 40))).shape == (3, 64, 64)
+    own = checkpoint.load_ours(run_dir, "cpu")
+    # the class token's position is kept; the text positions up to text_pos_keep (20) are the checkpoint's
+    torch.testing.assert_close(loaded.model.visual.positional_embedding[0], own.model.visual.positional_embedding[0])
+    torch.testing.assert_close(loaded.model.positional_embedding[:20], own.model.positional_embedding[:20])
+    args = [str(run_dir), "--dataset", str(synthetic[1]), "--workers", "0", "--image-size", "64"]
+    result = zeroshot.main([*args, "--context-length", "48", "--out", str(tmp_path / "r.json")])
+    assert result["num_images"] == CLASSES * PER_CLASS and 0 <= result["top1"] <= 1
+    with pytest.raises(EvalInputError, match=r"--image-size=70 is not a multiple of tiny-s's patch size 8"):
+        checkpoint.load_ours(run_dir, "cpu", image_size=70)

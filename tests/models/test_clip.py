@@ -277,3 +277,56 @@ def test_transforms_and_tokenizer():
     tokens = models.tokenizer("tiny-m")(["hello world"])
     assert tokens.shape == (1, 32) and tokens.dtype == torch.long
     assert tokens[0].argmax() == 3  # start, two words, end-of-text: the largest id
+
+
+def test_image_size_and_context_length_override_the_size():
+    """model.image_size / model.context_length: the grid, both position tables, the transforms, the tokenizer and
+    the compute figures follow; a size the patch does not divide is one line naming the nearest valid ones."""
+    cfg = ModelConfig(name="tiny-s", image_attention="linear_affine_nodenom", image_size=64, context_length=48)
+    model, own = build_clip(cfg), build_clip(ModelConfig(name="tiny-s"))
+    assert model.visual.image_size == (64, 64) and own.visual.image_size == (32, 32)
+    assert model.visual.positional_embedding.shape == ((64 // 8) ** 2 + 1, 64)
+    assert model.positional_embedding.shape[0] == 48 != own.positional_embedding.shape[0]
+    tokens = models.tokenizer(cfg)(["a red circle", "a blue square"])
+    assert tokens.shape == (2, 48) and models.tokenizer(model).context_length == 48
+    image = Image.new("RGB", (100, 80))
+    assert models.transforms(cfg)[1](image).shape == (3, 64, 64)
+    image_features, text_features, _ = model(torch.randn(2, 3, 64, 64), tokens)
+    assert image_features.shape == text_features.shape == (2, model.visual.proj.shape[1])
+    assert models.summary(model)["image_gmacs"] > 3.5 * models.summary(own)["image_gmacs"]  # 4x the patches
+    with pytest.raises(
+        ValueError,
+        match=r"^model.image_size=70 is not a multiple of tiny-s's patch size 8; nearest "
+        r"valid sizes: 64, 72$",
+    ):
+        build_clip(ModelConfig(name="tiny-s", image_size=70))
+    with pytest.raises(ValueError, match=r"model.context_length=1: a caption needs at least 2 tokens"):
+        build_clip(ModelConfig(name="tiny-s", context_length=1))
+
+
+def test_loading_at_another_size_resamples_the_position_tables_as_open_clip_does(tmp_path):
+    """A tiny-s checkpoint (32 px, context 16 ... its own) loaded at 64 px and another context: with text_pos_keep=0
+    our embeddings equal open_clip's create_model(force_image_size, force_context_length); with the Long-CLIP
+    default the first 20 text positions are the checkpoint's exactly."""
+    import open_clip
+    from safetensors.torch import save_file
+
+    torch.manual_seed(0)
+    source = open_clip.create_model("tiny-s")
+    path = tmp_path / "tiny-s.safetensors"
+    save_file({k: v.contiguous() for k, v in source.state_dict().items()}, str(path))
+    context = source.positional_embedding.shape[0] * 2
+    ours = create_model("tiny-s", pretrained=str(path), image_size=64, context_length=context, text_pos_keep=0).eval()
+    theirs = open_clip.create_model(
+        "tiny-s", pretrained=str(path), force_image_size=64, force_context_length=context
+    ).eval()
+    images = torch.randn(2, 3, 64, 64)
+    tokens = open_clip.get_tokenizer("tiny-s", context_length=context)(["a red circle", "a blue square " * 8])
+    with torch.no_grad():
+        torch.testing.assert_close(ours.encode_image(images), theirs.encode_image(images), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(ours.encode_text(tokens), theirs.encode_text(tokens), rtol=1e-5, atol=1e-5)
+    kept = create_model("tiny-s", pretrained=str(path), context_length=context)  # text_pos_keep: 20 by default
+    old = source.positional_embedding.detach()
+    keep = min(20, old.shape[0] - 1)
+    torch.testing.assert_close(kept.positional_embedding[:keep].detach(), old[:keep], rtol=0, atol=0)
+    assert not torch.equal(kept.positional_embedding[keep : 2 * keep], ours.positional_embedding[keep : 2 * keep])
