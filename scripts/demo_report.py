@@ -191,6 +191,8 @@ def multiplier_table(runs: list[dict], targets: list[float], n_images: int, n_bo
                 continue
             curves = [([s for s, _ in r["curve"]], [1 - t for _, t in r["curve"]]) for r in (run, ref)]
             m = multiplier(*curves, target, n_images=n_images, n_boot=n_boot)
+            if not np.isfinite(m.reference_samples):
+                continue  # softmax of this size never gets there: nothing to compare with
             compute = run["gmacs_per_sample"] / ref["gmacs_per_sample"]
             k = "" if np.isnan(m.k) else f"{'>' if m.censored else ''}{m.k * compute:.2f}x"
             rows.append(
@@ -206,10 +208,14 @@ def budget_lines(runs: list[dict]) -> list[str]:
     for attention, group in by_attention(runs).items():
         largest = group[-1]
         flat, change = flattened(largest)
-        verdict = "flattened" if flat else "had not flattened: a longer budget would likely lower its error further"
+        verdict = (
+            "looks flat: converged, or on a plateau it has not left yet (only a longer budget tells which)"
+            if flat
+            else "has not flattened: a longer budget would lower its error further"
+        )
         lines.append(
-            f"- {attention}: the largest run ({largest['size']}, {largest['samples_seen']:,} samples) {verdict} "
-            f"(zero-shot error {change:+.0%} over the last quarter of its run; flattened: within "
+            f"- {attention}: the largest run ({largest['size']}, {largest['samples_seen']:,} samples) {verdict}; "
+            f"its zero-shot error changed {change:+.0%} over the last quarter of the run (flat: within "
             f"{100 * FLAT:.0f}% relative)."
         )
     return lines
@@ -277,7 +283,8 @@ def report_md(runs, fits, specs, bench, study, args, clock, format_table, num_cl
         f"The samples at which a run's zero-shot error first reaches the target (log-linear between evaluations); the "
         f"multiplier is that over softmax's, the interval a bootstrap over the noise of the {n_images} zero-shot "
         f"images (eval/multiplier.py); '>' marks a run that never reaches the target within its budget (a lower "
-        f"bound). The compute multiplier also counts the GMACs per sample of each attention.\n",
+        f"bound); targets softmax of that size never reaches are left out. The compute multiplier also counts the "
+        f"GMACs per sample of each attention.\n",
     ]
     for name, (_, _, _, _, _, title) in specs.items():
         report = fits[name]

@@ -43,10 +43,7 @@ def test_demo_quick_writes_the_report(tmp_path):
         assert f"({png}.png)" in report or png == "bench_attention"
     assert "| 77 |" in report
     assert "- linear_affine_nodenom: the largest run (demo-w48, 64 samples)" in report
-    # one multiplier row per linear run and target error (4 steps reach none of them: "n/a" or a lower bound)
-    section = report.split("## Samples to a target error", 1)[1].split("\n## ", 1)[0]
-    targets = load_study(demo.STUDY, quick=True).fits["targets"]
-    assert sum(line.startswith("| linear_affine_nodenom |") for line in section.splitlines()) == 2 * len(targets)
+    assert "| attention | size | target error | samples to it |" in report and "| (d) LA needs more epochs" in report
     assert sum(line.startswith("# ") for line in report.splitlines()) == 1  # the embedded benchmark's headings nest
 
 

@@ -3,20 +3,22 @@
 import math
 
 from scripts.demo_claims import NODENOM, NORMALISED, claims, flattened, step_ratios
+from scripts.demo_report import multiplier_table
 
 SAMPLES = [1000, 2000, 4000, 8000]
 
 
-def run(attention: str, errors: list[float], val_loss: float, cpu: float = 80.0, size: str = "demo-w64") -> dict:
+def run(attention: str, errors: list[float], val_loss: float, cpu: float = 80.0, size: str = "demo-w64", budget=1):
     return {
         "attention": attention,
         "size": size,
         "params_without_token_embedding": 100,
-        "curve": [[s, 1 - e] for s, e in zip(SAMPLES, errors)],
+        "curve": [[budget * s, 1 - e] for s, e in zip(SAMPLES, errors)],
         "top1": 1 - errors[-1],
         "val_loss": val_loss,
         "cpu_seconds": cpu,
-        "samples_seen": SAMPLES[-1],
+        "samples_seen": budget * SAMPLES[-1],
+        "gmacs_per_sample": 0.01,
     }
 
 
@@ -53,9 +55,13 @@ def test_an_eq7_that_matches_softmax_with_more_samples_but_cheaper_steps(tmp_pat
 
 def test_a_flat_eq7_far_from_softmax_is_not_supported_and_a_falling_one_is_undetermined():
     soft = run("softmax", [0.7, 0.4, 0.2, 0.1], 1.0)
-    flat = run(NODENOM, [0.7, 0.62, 0.61, 0.6], 1.4)
+    flat = run(NODENOM, [0.7, 0.62, 0.61, 0.6], 1.4, budget=2)
     falling = run(NODENOM, [0.95, 0.9, 0.8, 0.6], 1.4)
     assert flattened(flat)[0] and not flattened(falling)[0]
+    # flat on softmax's budget may be a plateau: only with twice the samples is it judged
+    assert claims([soft, run(NODENOM, [0.7, 0.62, 0.61, 0.6], 1.4)], fits((0, 0.1)), [0.6], 1000, 50)[0][1] == (
+        "undetermined"
+    )
     wide = fits((-0.4, 0.3))
     assert [v for _, v, _ in claims([soft, flat], wide, [0.6, 0.4], 1000, 50)][:3] == [
         "not supported",
@@ -77,3 +83,10 @@ def test_step_ratios_read_the_training_benchmark(tmp_path):
     assert step_ratios(NODENOM, 0.9, bench) == {17: 0.9, 197: 0.97, 785: 0.76}
     assert step_ratios(NODENOM, 0.9, tmp_path / "none.csv") == {17: 0.9}
     assert math.isclose(step_ratios("softmax", 1.0, bench)[785], 1.0)
+
+
+def test_the_multiplier_table_has_a_row_where_softmax_of_that_size_reaches_the_target():
+    runs = [run("softmax", [0.7, 0.5, 0.35, 0.3], 1.0), run(NODENOM, [0.9, 0.7, 0.5, 0.45], 1.2)]
+    rows = [line for line in multiplier_table(runs, [0.6, 0.4, 0.2], 1000, 50).splitlines()[2:]]
+    # 60%: 2828 vs 1414 samples (log-linear); 40%: Eq. 7 never (a lower bound); 20%: softmax never gets there
+    assert len(rows) == 2 and "| 60% | 2,828 | 1,414 | 2.00x [" in rows[0] and "> 2.52x (never" in rows[1]
