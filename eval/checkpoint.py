@@ -17,7 +17,6 @@ from pathlib import Path
 
 import open_clip
 import torch
-from safetensors.torch import load_file
 
 from eval.datasets import EvalInputError
 from models import layout
@@ -90,7 +89,8 @@ def load_ours(path: Path, device, image_size: int | None = None, context_length:
         model = models.build_clip(cfg)
     except ValueError as e:
         raise EvalInputError(str(e).replace("model.image_size", "--image-size")) from None
-    state = models.resample_positions(model, load_file(str(folder / layout.MODEL)), cfg.text_pos_keep)
+    # the same loader as model.pretrained (models/pretrained.py)
+    state = models.resample_positions(model, models.read_state_dict(folder / layout.MODEL), cfg.text_pos_keep)
     load_weights(model, state, folder, cfg.name)
     _, transform = models.transforms(cfg)
     info = {

@@ -43,6 +43,8 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from models import layout
+
 
 class ScalingInputError(ValueError):
     """Input that cannot be fitted; the message is one line naming the problem and the fix."""
@@ -82,11 +84,11 @@ def _read_json_object(path: Path) -> dict:
 
 
 def _read_config(run: Path) -> dict:
-    if (run / "config.yaml").is_file():
+    if (run / layout.CONFIG).is_file():
         try:
-            config = yaml.safe_load((run / "config.yaml").read_text()) or {}
+            config = yaml.safe_load((run / layout.CONFIG).read_text()) or {}
         except yaml.YAMLError as err:
-            raise ScalingInputError(f"cannot parse {run / 'config.yaml'}: {err}".replace("\n", " ")) from None
+            raise ScalingInputError(f"cannot parse {run / layout.CONFIG}: {err}".replace("\n", " ")) from None
         return flatten(config) if isinstance(config, dict) else {}
     if (run / "config.json").is_file():
         return _read_json_object(run / "config.json")
@@ -117,14 +119,14 @@ def _records(run: Path) -> list[dict]:
     """A run's records: the lines of metrics.jsonl in order, then its eval JSON files oldest first."""
     files = sorted({p for pattern in EVAL_JSON_PATTERNS for p in run.glob(pattern) if p.is_file()})
     evals = [obj for _, obj in sorted(((p, _read_json_object(p)) for p in files), key=_eval_order)]
-    return _read_metrics(run / "metrics.jsonl") + evals
+    return _read_metrics(run / layout.METRICS) + evals
 
 
 def _run_columns(run: Path) -> dict:
     """What holds for every point of a run: its config and its model summary."""
     columns = _read_config(run)
-    if (run / "summary.json").is_file():
-        columns.update(_read_json_object(run / "summary.json"))
+    if (run / layout.SUMMARY).is_file():
+        columns.update(_read_json_object(run / layout.SUMMARY))
     return columns
 
 
@@ -166,7 +168,7 @@ def read_run(run: Path, y: str | None = None, points: str = "last") -> list[dict
 
 
 def _run_dirs(path: Path) -> list[Path]:
-    runs = [path] if (path / "metrics.jsonl").is_file() else sorted(p.parent for p in path.rglob("metrics.jsonl"))
+    runs = [path] if (path / layout.METRICS).is_file() else sorted(p.parent for p in path.rglob(layout.METRICS))
     if not runs:
         raise ScalingInputError(
             f"no metrics.jsonl in or below directory {path}; pass run directories, JSON or CSV files"
@@ -193,7 +195,7 @@ def load_points(inputs, y: str | None = None, points: str = "last") -> pd.DataFr
     frames, rows = [], []
     for item in [inputs] if isinstance(inputs, (str, Path)) else inputs:
         path = Path(item)
-        if path.name == "metrics.jsonl" and path.is_file():
+        if path.name == layout.METRICS and path.is_file():
             path = path.parent
         if path.is_dir():
             rows += [row for run in _run_dirs(path) for row in read_run(run, y, points)]

@@ -41,6 +41,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 CHECKPOINTS, LATEST, MANIFEST = "checkpoints", "latest", "manifest.json"
+# the run directory's own files (train/ writes them, eval/ and the scripts read them)
+CONFIG, SUMMARY, GIT_COMMIT = "config.yaml", "summary.json", "git_commit.txt"
+METRICS, WANDB_ID = "metrics.jsonl", "wandb_id.txt"
+RUN_FILES = (CONFIG, SUMMARY, GIT_COMMIT, METRICS, WANDB_ID)
 META, MODEL, STATE = "meta.json", "model.safetensors", "state"
 STEP_DIR = re.compile(r"^step_(\d{8})$")
 TMP_PREFIX = ".tmp_"

@@ -28,6 +28,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from data import make_synthetic
+from models import layout
 
 REPO = Path(__file__).resolve().parents[1]
 FIELDS = ["setting", "attention", "contender", "samples_per_s", "cpu_s_per_1k", "speedup"]
@@ -69,7 +70,7 @@ def finish(process: subprocess.Popen, run_dir: Path) -> tuple[float, float]:
     err = process.stderr.read().decode()
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"a benchmark run failed:\n{err[-2000:]}")
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (run_dir / layout.METRICS).read_text().splitlines()]
     rates = [r["samples_per_s"] for r in records if "samples_per_s" in r][1:]
     return statistics.median(rates), usage.ru_utime + usage.ru_stime
 

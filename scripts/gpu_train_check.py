@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from models import ModelConfig, build_clip, gmacs_per_sample
+from models import ModelConfig, build_clip, gmacs_per_sample, layout
 from models.config import resolved_size
 from train.config import OptimConfig, TrainConfig
 from train.dist import FSDP_ON_CPU, StopFlag, make_accelerator, shard_model
@@ -154,7 +154,7 @@ def train_run(spec: dict) -> dict | None:
     accelerator.end_training()
     if not accelerator.is_main_process:
         return None
-    return summarise(spec, Path(cfg.run_dir) / "metrics.jsonl", accelerator.num_processes, time.perf_counter() - start)
+    return summarise(spec, Path(cfg.run_dir) / layout.METRICS, accelerator.num_processes, time.perf_counter() - start)
 
 
 def summarise(spec: dict, metrics: Path, processes: int, seconds: float) -> dict:

@@ -7,7 +7,7 @@ anything left out keeps the dataclass default. Override values are parsed with `
 `3`, `1e-4`, `true`, `null` and `[a, b]` mean what they say. Unknown keys, values of the wrong type and
 values outside a field's `Literal` choices are a one-line `ConfigError` that names the key and the fix.
 
-A file may start from another: `base: laion400m_base.yaml` (a path relative to the file) loads that file
+A file may start from another: `base: base/laion400m.yaml` (a path relative to the file) loads that file
 first and merges this one over it, section by section and key by key (a value given here replaces the
 base's, lists included); a base may have its own base.
 """

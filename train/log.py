@@ -13,6 +13,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from models import layout
 from train.config import ConfigError
 
 
@@ -77,7 +78,7 @@ class RunLog:
         progress: bool,
     ):
         self.main, self.run, self.bar = main, None, None
-        self.path = Path(run_dir) / "metrics.jsonl"
+        self.path = Path(run_dir) / layout.METRICS
         if not main:
             return
         if wandb_mode != "disabled":
@@ -119,7 +120,7 @@ def start_wandb(run_dir: Path, config: dict, mode: str, project: str, name: str 
     """A wandb run that continues the same id when the run directory is resumed."""
     import wandb
 
-    id_file = run_dir / "wandb_id.txt"
+    id_file = run_dir / layout.WANDB_ID
     run_id = id_file.read_text().strip() if id_file.is_file() else uuid.uuid4().hex[:8]
     id_file.write_text(run_id + "\n")
     settings = wandb.Settings(init_timeout=90, silent=True, x_disable_stats=True)

@@ -26,7 +26,7 @@ from data.errors import DataError
 from eval.sharding import Shard, random_state_kept
 from eval.val_loss import check_val_shards, validation_loss
 from eval.zeroshot import evaluate
-from models import ModelConfig, build_clip, summary, tokenizer, transforms
+from models import ModelConfig, build_clip, layout, summary, tokenizer, transforms
 from models.layout import CheckpointError, is_url, read_meta
 from train.branch import starting_point
 from train.checkpoint import load_checkpoint
@@ -198,10 +198,10 @@ def start_run_dir(cfg: Config, accelerator, storage: RunStorage, step: int, size
     run_dir = storage.local
     if accelerator.is_main_process:
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.yaml").write_text(dump(cfg))
-        (run_dir / "summary.json").write_text(json.dumps(sizes, indent=1) + "\n")
-        (run_dir / "git_commit.txt").write_text(git_commit() + "\n")
-        trim_metrics(run_dir / "metrics.jsonl", step)
+        (run_dir / layout.CONFIG).write_text(dump(cfg))
+        (run_dir / layout.SUMMARY).write_text(json.dumps(sizes, indent=1) + "\n")
+        (run_dir / layout.GIT_COMMIT).write_text(git_commit() + "\n")
+        trim_metrics(run_dir / layout.METRICS, step)
         storage.upload_run_files()
     accelerator.wait_for_everyone()
     return RunLog(

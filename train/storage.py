@@ -32,9 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from models import layout
-from models.layout import CHECKPOINTS, LATEST, MANIFEST, Check, is_url
-
-RUN_FILES = ("config.yaml", "summary.json", "git_commit.txt", "metrics.jsonl", "wandb_id.txt")
+from models.layout import CHECKPOINTS, LATEST, MANIFEST, METRICS, RUN_FILES, WANDB_ID, Check, is_url
 
 
 def default_stage(url: str) -> Path:
@@ -111,7 +109,7 @@ class RunStorage:
             return
         fs, root = self.filesystem()
         self.local.mkdir(parents=True, exist_ok=True)
-        for name in ("metrics.jsonl", "wandb_id.txt"):
+        for name in (METRICS, WANDB_ID):
             if fs.isfile(f"{root}/{name}"):
                 fs.get_file(f"{root}/{name}", str(self.local / name))
 

@@ -28,6 +28,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from models import layout
+
 REPO = Path(__file__).resolve().parents[1]
 TEMPLATES = REPO / "slurm"
 
@@ -270,9 +272,9 @@ def timestamp() -> str:
 
 def run_of(target: Path) -> tuple[Path, str]:
     """(run directory, checkpoint name or 'latest') of a checkpoint folder or a run directory."""
-    if (target / "meta.json").is_file() and target.parent.name == "checkpoints":
+    if (target / layout.META).is_file() and target.parent.name == layout.CHECKPOINTS:
         return target.parent.parent, target.name
-    if (target / "checkpoints").is_dir() or (target / "train.sbatch").is_file():
+    if (target / layout.CHECKPOINTS).is_dir() or (target / "train.sbatch").is_file():
         # a submitted run may have no checkpoint yet: with --sbatch-arg=--dependency=afterok:JOB it will
         return target, "latest"
     raise SubmitError(
