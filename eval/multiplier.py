@@ -16,7 +16,7 @@ n_images, and recomputes the multiplier. It covers the noise of the zero-shot se
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -55,9 +55,6 @@ class Multiplier:
     samples: float
     reference_samples: float
     reference_missed: int = 0
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
     def text(self) -> str:
         """'2.31x [1.90, 2.80]', '> 3.00x (never reached)' or 'n/a'."""
