@@ -120,7 +120,7 @@ def build_clip(cfg: ModelConfig) -> CLIP:
     model = CLIP(embed_dim=size["embed_dim"], visual=visual, text=text, config=cfg)
     model.set_grad_checkpointing(cfg.grad_checkpointing)
     if cfg.pretrained:
-        load_pretrained(model, cfg.pretrained, text_keep=cfg.text_pos_keep)
+        load_pretrained(model, cfg.pretrained, text_keep=cfg.text_pos_keep, fresh=cfg.pretrained_fresh)
     return model
 
 

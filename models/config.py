@@ -86,7 +86,8 @@ class ModelConfig:
     and shape match is loaded, the rest keep their fresh initialisation (see `models.load_pretrained`).
     `image_size` and `context_length` (null: the size's) train or evaluate the size at another resolution or
     text length: the image grid, the position tables, the transforms and the tokenizer follow; a `pretrained`
-    model of another size has its position tables resampled (models/pretrained.py, `text_pos_keep`).
+    model of another size has its position tables resampled (models/pretrained.py, `text_pos_keep`); any other
+    tensor of another shape refuses the load unless a glob of `pretrained_fresh` names it (it then starts fresh).
     """
 
     name: str = "tiny-s"
@@ -101,6 +102,7 @@ class ModelConfig:
     image_size: int | None = None
     context_length: int | None = None
     text_pos_keep: int = 20  # loading into another context: the first K text positions kept (Long-CLIP); 0: open_clip
+    pretrained_fresh: list[str] = field(default_factory=list)  # glob patterns: tensors of another shape start fresh
 
 
 def tiny_model_names() -> list[str]:

@@ -14,6 +14,7 @@ rest linearly (Long-CLIP's knowledge-preserved stretching, Zhang et al. 2024); t
 from __future__ import annotations
 
 import logging
+from fnmatch import fnmatchcase
 from pathlib import Path
 
 import torch
@@ -106,17 +107,21 @@ def resample_positions(model: nn.Module, sd: dict[str, Tensor], text_keep: int =
 
 
 def load_pretrained(
-    model: nn.Module, source: str | Path | dict[str, Tensor], text_keep: int = 20
+    model: nn.Module, source: str | Path | dict[str, Tensor], text_keep: int = 20, fresh: list[str] | tuple = ()
 ) -> tuple[list[str], list[str], list[str]]:
     """Copy every weight of `source` whose name and shape match `model`'s, position tables resampled first.
 
+    A tensor both hold with shapes that no resampling reconciles (a patch embedding of another patch size, a
+    narrower MLP) is a CheckpointError naming it and both shapes, unless one of the `fresh` glob patterns
+    (model.pretrained_fresh, e.g. "visual.conv1.*") matches its name: then it keeps its initialisation.
     Returns (loaded, missing, unexpected): names loaded; model names left at their initialisation
-    (absent from the source, or present with another shape); source names the model has no slot for
-    (or another shape). Missing and unexpected names are logged.
+    (absent from the source, or allowed fresh); source names the model has no slot for (or another shape).
+    Missing and unexpected names are logged.
     """
     sd = read_state_dict(source) if isinstance(source, (str, Path)) else source
     own = model.state_dict()
     sd = match_scalars(resample_positions(model, sd, text_keep), own)
+    check_shapes(sd, own, fresh, source)
     loaded = [k for k, v in sd.items() if k in own and own[k].shape == v.shape]
     missing = [k for k in own if k not in set(loaded)]
     unexpected = [k for k in sd if k not in set(loaded)]
@@ -135,6 +140,18 @@ def load_pretrained(
             ", ".join(unexpected),
         )
     return loaded, missing, unexpected
+
+
+def check_shapes(sd: dict[str, Tensor], own: dict[str, Tensor], fresh, source) -> None:
+    """Refuse the first tensor that both hold with different shapes, unless a `fresh` pattern allows it."""
+    for key, value in sd.items():
+        if key in own and own[key].shape != value.shape and not any(fnmatchcase(key, p) for p in fresh):
+            where = f" {source}" if isinstance(source, (str, Path)) else ""
+            raise CheckpointError(
+                f"pretrained{where}: {key} is {tuple(value.shape)} in the checkpoint but {tuple(own[key].shape)} in "
+                "the model and cannot be resampled; build the checkpoint's architecture, or let it start fresh "
+                f"with model.pretrained_fresh=[{key}]"
+            )
 
 
 def attention_names(model: nn.Module) -> set[str]:

@@ -72,7 +72,7 @@ def check_branch(cfg: Config, meta: dict) -> None:
             "raise train.max_steps or branch from an earlier checkpoint"
         )
     mine = to_dict(cfg)
-    for section, free in (("model", {"pretrained", "text_pos_keep"}), ("optim", SCHEDULE_KEYS)):
+    for section, free in (("model", {"pretrained", "text_pos_keep", "pretrained_fresh"}), ("optim", SCHEDULE_KEYS)):
         ours, theirs = mine[section], parent[section]
         changed = sorted(k for k in (ours.keys() & theirs.keys()) - free if ours[k] != theirs[k])
         if changed:

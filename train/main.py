@@ -166,7 +166,7 @@ def resume(cfg: Config, accelerator, storage: RunStorage, stream: DataStream, pr
     if folder is None:
         return
     # how the weights were first loaded is not the model; a field newer than the checkpoint has its default there
-    loading = ("pretrained", "text_pos_keep")
+    loading = ("pretrained", "text_pos_keep", "pretrained_fresh")
     saved = {**to_dict(ModelConfig()), **read_meta(folder)["config"]["model"]}
     saved = {k: v for k, v in saved.items() if k not in loading}
     wanted = {k: v for k, v in to_dict(cfg)["model"].items() if k not in loading}

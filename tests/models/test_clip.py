@@ -330,3 +330,30 @@ def test_loading_at_another_size_resamples_the_position_tables_as_open_clip_does
     keep = min(20, old.shape[0] - 1)
     torch.testing.assert_close(kept.positional_embedding[:keep].detach(), old[:keep], rtol=0, atol=0)
     assert not torch.equal(kept.positional_embedding[keep : 2 * keep], ours.positional_embedding[keep : 2 * keep])
+
+
+def test_a_tensor_that_cannot_be_resampled_refuses_the_load_unless_allowed_fresh(tmp_path):
+    """Another patch size (conv1 of another shape) is one error naming the tensor and both shapes; with
+    model.pretrained_fresh matching it, it keeps its initialisation and everything else loads."""
+    from safetensors.torch import save_file
+
+    from models.layout import CheckpointError
+
+    source = create_model("tiny-s").state_dict()
+    conv = source["visual.conv1.weight"]
+    source["visual.conv1.weight"] = conv[:, :, :-1, :-1].contiguous()
+    path = tmp_path / "other-patch.safetensors"
+    save_file({k: v.contiguous() for k, v in source.items()}, str(path))
+    shape = tuple(conv.shape)
+    with pytest.raises(CheckpointError, match=r"visual\.conv1\.weight is .* in the checkpoint but " + re_shape(shape)):
+        create_model("tiny-s", pretrained=str(path))
+    torch.manual_seed(3)
+    model = create_model("tiny-s", pretrained=str(path), pretrained_fresh=["visual.conv1.*"])
+    torch.manual_seed(3)
+    init = create_model("tiny-s")
+    torch.testing.assert_close(model.visual.conv1.weight, init.visual.conv1.weight, rtol=0, atol=0)
+    torch.testing.assert_close(model.state_dict()["visual.proj"], source["visual.proj"], rtol=0, atol=0)
+
+
+def re_shape(shape: tuple) -> str:
+    return str(shape).replace("(", r"\(").replace(")", r"\)")
