@@ -1,7 +1,7 @@
 """The embedded default dataset: procedurally drawn shapes with captions that describe them.
 
     python -m data.synthetic OUT [--train-samples 10000] [--val-samples 1000] [--eval-per-class 20]
-                                 [--seed 0] [--image-size 32] [--shard-size 1000]
+                                 [--seed 0] [--image-size 32] [--shard-size 1000] [--captions short|long]
 
 Every image shows one shape (circle, square, triangle, cross) in one of six colours, in one of
 nine cells of a 3 x 3 grid (jittered), of a size drawn uniformly between 35% and 75% of the image
@@ -14,6 +14,12 @@ flipping at once: colour is a property of single patches (learnt first), positio
 (easy for a ViT), size is how many, and shape is the arrangement of several patches, harder the
 smaller the shape (a small shape covers a few pixels). The validation split has the training
 distribution; the zero-shot set asks for colour and shape only.
+
+`--captions long` (data.synthetic_long) writes, in the same layout, images of three to six smaller shapes whose
+captions describe each shape in turn (60-300 CLIP tokens, "shapes" in the JSON instead of one shape's fields),
+the same zero-shot set, and a retrieval set OUT/retrieval/test/ (clip_benchmark's retrieval webdataset, read by
+`python -m eval.retrieval ... --dataset OUT/retrieval`) of 24 x eval-per-class images in groups of four that
+differ only in the last shape, described after the 77th token. The default (`short`) never reaches that code.
 
 On-disk layout (the contract with the trainer and the zero-shot evaluation):
 
@@ -58,6 +64,7 @@ COLUMNS = ("left", "center", "right")
 EXTENT = (0.35, 0.75)  # shape size as a fraction of the image side, drawn uniformly
 LARGE = 0.55  # captions call a shape of at least this extent "large", else "small"
 CELL = 0.22  # distance of the outer grid cells' centres from the image centre, as a fraction of the side
+CAPTIONS = ("short", "long")  # --captions: one shape with a short caption, or data.synthetic_long
 TEMPLATES = (
     "a photo of a {c}.",
     "a drawing of a {c}.",
@@ -110,7 +117,12 @@ def draw(
     cx = side * (0.5 + CELL * (COLUMNS.index(column) - 1) + rng.uniform(-0.04, 0.04))
     cy = side * (0.5 + CELL * (ROWS.index(row) - 1) + rng.uniform(-0.04, 0.04))
     fill = tuple(int(np.clip(c + rng.integers(-20, 21), 0, 255)) for c in COLOURS[colour])
-    r = extent * side / 2
+    paint(pen, shape, fill, cx, cy, extent * side / 2)
+    return image.resize((image_size, image_size), Image.BOX) if scale > 1 else image
+
+
+def paint(pen: ImageDraw.ImageDraw, shape: str, fill: tuple, cx: float, cy: float, r: float) -> None:
+    """Paint one shape of half-width r (pixels) centred at (cx, cy)."""
     if shape == "circle":
         pen.ellipse((cx - r, cy - r, cx + r, cy + r), fill=fill)
     elif shape == "square":
@@ -121,7 +133,6 @@ def draw(
         bar = r * 0.35
         pen.rectangle((cx - r, cy - bar, cx + r, cy + bar), fill=fill)
         pen.rectangle((cx - bar, cy - r, cx + bar, cy + r), fill=fill)
-    return image.resize((image_size, image_size), Image.BOX) if scale > 1 else image
 
 
 def random_scene(rng: np.random.Generator) -> dict:
@@ -164,12 +175,19 @@ def write_shard(path: Path, first_key: int, count: int, seed: int, stream: int, 
             add_file(tar, f"{key:09d}.json", json.dumps(meta).encode("utf-8"))
 
 
-def write_split(out: Path, samples: int, shard_size: int, seed: int, split: int, image_size: int) -> str:
+def write_split(
+    out: Path, samples: int, shard_size: int, seed: int, split: int, image_size: int, captions: str = "short"
+) -> str:
     """Write the shards of one split (0 train, 2 validation) and sizes.json; return the brace spec of the shards."""
     out.mkdir(parents=True, exist_ok=True)
     counts = [min(shard_size, samples - start) for start in range(0, samples, shard_size)]
+    if captions == "long":
+        # imported here because data.synthetic_long builds on this module
+        from data.synthetic_long import write_long_shard as write
+    else:
+        write = write_shard
     for shard, count in enumerate(counts):
-        write_shard(out / f"{shard:05d}.tar", shard * shard_size, count, seed, (split, shard), image_size)
+        write(out / f"{shard:05d}.tar", shard * shard_size, count, seed, (split, shard), image_size)
     sizes = {f"{shard:05d}.tar": count for shard, count in enumerate(counts)}
     (out / "sizes.json").write_text(json.dumps(sizes, indent=1))
     last = len(counts) - 1
@@ -200,18 +218,25 @@ def make_synthetic(
     image_size: int = 32,
     shard_size: int = 1000,
     val_samples: int = 512,
+    captions: str = "short",
 ) -> str:
     """Write the whole data set under `out` (layout in the module docstring); return the train spec."""
+    if captions not in CAPTIONS:
+        raise ValueError(f"synthetic data: captions {captions!r} is not one of {', '.join(CAPTIONS)}")
     if train_samples < 1 or shard_size < 1 or eval_per_class < 0 or image_size < 8 or val_samples < 0:
         raise ValueError(
             "synthetic data: need train_samples >= 1, shard_size >= 1, eval_per_class >= 0, val_samples >= 0, "
             "image_size >= 8"
         )
     out = Path(out)
-    spec = write_split(out / "train", train_samples, shard_size, seed, 0, image_size)
+    spec = write_split(out / "train", train_samples, shard_size, seed, 0, image_size, captions)
     if val_samples:
-        write_split(out / "val", val_samples, shard_size, seed, 2, image_size)
-    write_eval(out / "eval", eval_per_class, seed, image_size)
+        write_split(out / "val", val_samples, shard_size, seed, 2, image_size, captions)
+    names = write_eval(out / "eval", eval_per_class, seed, image_size)
+    if captions == "long" and eval_per_class:
+        from data.synthetic_long import write_retrieval
+
+        write_retrieval(out / "retrieval", len(names) * eval_per_class, seed, image_size)
     return spec
 
 
@@ -233,6 +258,7 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--image-size", type=int, default=32)
     parser.add_argument("--shard-size", type=int, default=1000)
+    parser.add_argument("--captions", choices=CAPTIONS, default="short", help="long: several shapes, 60-300 tokens")
     args = parser.parse_args(argv)
     start = time.perf_counter()
     try:
@@ -245,11 +271,13 @@ def main(argv: list[str] | None = None) -> str:
             args.image_size,
             args.shard_size,
             val_samples=args.val_samples,
+            captions=args.captions,
         )
     except (ValueError, OSError) as e:
         raise SystemExit(f"error: {e}") from None
+    extra = f" with long captions and a retrieval set in {args.out}/retrieval" if args.captions == "long" else ""
     print(
-        f"wrote {args.train_samples} train samples ({spec}), {args.val_samples} validation samples and "
+        f"wrote {args.train_samples} train samples ({spec}){extra}, {args.val_samples} validation samples and "
         f"{args.eval_per_class} eval images per class to {args.out} in {time.perf_counter() - start:.1f}s"
     )
     return spec
