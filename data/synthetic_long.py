@@ -1,9 +1,10 @@
 """Long captions for the synthetic set (`python -m data.synthetic OUT --captions long`).
 
 Every image shows three to six shapes (the colours and shapes of data.synthetic), each in its own cell of the
-3 x 3 grid, of a size between 14% and 30% of the side. Its caption opens with one sentence on the scene and
-then describes each shape in turn, in its own sentence (colour, shape, size, position, in varied wording):
-60-300 tokens of the CLIP BPE tokenizer, so a 77-token text tower sees only the first few shapes.
+3 x 3 grid, of a size between 12% and 20% of the side so that neighbours do not touch (at 32 px a shape is a few
+pixels; --image-size 64 shows them better). Its caption opens with one sentence on the scene and then describes
+each shape in turn, in its own sentence (colour, shape, size, position, in varied wording): 60-300 tokens of the
+CLIP BPE tokenizer, so a 77-token text tower sees only the first few shapes.
 
 The retrieval set comes in groups of GROUP images that share the background, the first five shapes and the
 wording, and differ only in the colour and kind of the sixth shape, described after at least PREFIX tokens:
@@ -25,8 +26,8 @@ from PIL import Image, ImageDraw
 from data.synthetic import CELL, COLOURS, COLUMNS, ROWS, SHAPES, add_file, paint
 
 SHAPE_COUNTS = (3, 6)  # fewest and most shapes of a scene
-EXTENT = (0.14, 0.30)  # shape size as a fraction of the image side, drawn uniformly
-LARGE = 0.22  # captions call a shape of at least this extent "large", else "small"
+EXTENT = (0.12, 0.20)  # shape size as a fraction of the image side, drawn uniformly
+LARGE = 0.16  # captions call a shape of at least this extent "large", else "small"
 GROUP = 4  # retrieval images per group: the same scene and wording but for the last shape
 PREFIX = 80  # tokens (at least) before the last shape's description in a retrieval caption; CLIP keeps 75
 NUMBERS = ("zero", "one", "two", "three", "four", "five", "six")
@@ -42,8 +43,8 @@ def random_shape(rng: np.random.Generator, row: str, column: str) -> dict:
         "row": row,
         "column": column,
         "extent": float(rng.uniform(*EXTENT)),
-        "dx": float(rng.uniform(-0.03, 0.03)),
-        "dy": float(rng.uniform(-0.03, 0.03)),
+        "dx": float(rng.uniform(-0.02, 0.02)),
+        "dy": float(rng.uniform(-0.02, 0.02)),
         "tint": [int(t) for t in rng.integers(-20, 21, 3)],
     }
 
