@@ -101,11 +101,16 @@ def points(jobs, y: str, which: str) -> pd.DataFrame:
 
 
 def run_rows(jobs) -> list[dict]:
-    """One row per run for the report: size, cost, the final evaluation and the learning curve."""
+    """One row per (size, attention) for the report: size, cost, the final evaluation and the learning curve.
+
+    With budgets (cooldown branches, configs/study/*.yaml `budgets:`), `budgets` lists [samples, top1, val_loss] at
+    the end of each budget, and `curve` is those cooled-down ends: the error a model trained for that many samples
+    reaches, which the multipliers and the flattening check read (the run's own evaluations at constant learning
+    rate stay in `run_curve`)."""
     curves = points(jobs, "error", "all").set_index("@source")
     val = points(jobs, "val_loss", "all").set_index("@source")
     rows = []
-    for job in jobs:
+    for job in [j for j in jobs if j.after is None]:
         curve = curves.loc[[str(job.run_dir)]].sort_values("samples_seen")
         losses = val.loc[[str(job.run_dir)]].sort_values("samples_seen")
         final = curve.iloc[-1]
@@ -128,6 +133,22 @@ def run_rows(jobs) -> list[dict]:
                 "val_curve": [[int(s), float(v)] for s, v in zip(losses["samples_seen"], losses["val_loss"])],
             }
         )
+        if job.budgets:
+            ends = [
+                (curves.loc[[str(b.run_dir)]].sort_values("samples_seen").iloc[-1], val.loc[[str(b.run_dir)]])
+                for b in [*job.budgets, job]
+            ]
+            rows[-1]["budgets"] = [
+                [
+                    int(c["samples_seen"]),
+                    float(c["zeroshot/top1"]),
+                    float(v.sort_values("samples_seen")["val_loss"].iloc[-1]),
+                ]
+                for c, v in ends
+            ]
+            rows[-1]["run_curve"], rows[-1]["curve"] = rows[-1]["curve"], [[s, t] for s, t, _ in rows[-1]["budgets"]]
+            tail = rows[-1]["curve"][len(rows[-1]["curve"]) // 2 :]
+            rows[-1]["tail_slope"] = demo_plots.log_slope([s for s, _ in tail], [1 - t for _, t in tail])
     return rows
 
 
@@ -136,7 +157,8 @@ def scaling_fits(jobs, out: Path, study: Study) -> dict[str, dict]:
     options = study.fits
     results = {}
     for name, (x, y, which, xlabel, ylabel, _) in FITS.items():
-        frame = points(jobs, y, which)
+        # a frontier sees every evaluation of every run and branch; "last" means each full-budget run's end
+        frame = points(jobs if which == "all" else [j for j in jobs if j.after is None], y, which)
         bins = options.get("frontier_bins") if which == "all" else None
         form = options.get("forms", {}).get(name, "power")
         try:
@@ -183,10 +205,11 @@ def analyse(out: Path, study: Study, jobs, clock: dict, args: argparse.Namespace
     """Fits, figures, the attention benchmark and the report, from the finished runs."""
     stage("fitting scaling laws per attention")
     runs, fits = run_rows(jobs), scaling_fits(jobs, out, study)
-    curves = points(jobs, "error", "all").assign(error=lambda d: 1 - d["zeroshot/top1"])
-    panels = [(curves, "error", "zero-shot top-1 error"), (points(jobs, "val_loss", "all"), "val_loss", VAL_LABEL)]
+    mains = [j for j in jobs if j.after is None]  # the full-budget runs, not their cooldown branches
+    curves = points(mains, "error", "all").assign(error=lambda d: 1 - d["zeroshot/top1"])
+    panels = [(curves, "error", "zero-shot top-1 error"), (points(mains, "val_loss", "all"), "val_loss", VAL_LABEL)]
     demo_plots.learning_curves(panels, study.attentions, list(study.sizes), out / "learning_curves.png")
-    finals = points(jobs, "error", "last").assign(top1=lambda d: d["zeroshot/top1"])
+    finals = points(mains, "error", "last").assign(top1=lambda d: d["zeroshot/top1"])
     fitted = {name: f for name, f in fits.items() if "groups" in f}
     demo_plots.summary_figure(fitted, finals, study.attentions, out / "summary.png")
     stage("timing the attention layers")

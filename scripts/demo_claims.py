@@ -23,7 +23,8 @@ RULES = (
     f"(a) supported when, at the largest size, Eq. 7's final top-1 is within {100 * GAP:.0f} points of softmax's and "
     f"its validation loss within {LOSS_RATIO}x; not supported when it misses that although its budget was at least "
     f"{MORE_BUDGET:g}x softmax's samples (the paper: LA needs more epochs) and its curve has flattened (error over "
-    f"the last quarter of its run changed by < {100 * FLAT:.0f}% relative); else undetermined. "
+    f"the last quarter of its run, or between its last two budgets, changed by < {100 * FLAT:.0f}% relative); "
+    f"else undetermined. "
     f"(b) supported when linear_affine needs >= {MUCH_SLOWER:g}x softmax's samples to the hardest target softmax "
     f"reaches at the largest size (lower interval bound, or never reaching it), not supported when the upper bound "
     f"is below {MUCH_SLOWER:g}x. (c) supported when the 95% interval of the difference of the compute-frontier "
@@ -46,10 +47,13 @@ def step_ratios(attention: str, study_ratio: float, path: Path = BENCH_TRAIN) ->
 
 
 def flattened(run: dict) -> tuple[bool, float]:
-    """(whether the error changed by < FLAT relative over the last quarter of the run, that change)."""
+    """(whether the error changed by < FLAT relative over the last quarter of the run, that change). With budgets
+    the change is the one between the ends of its last two budgets."""
     samples = np.array([s for s, _ in run["curve"]], dtype=float)
     errors = np.array([1 - t for _, t in run["curve"]])
     quarter = errors[int(np.argmin(np.abs(samples - 0.75 * samples[-1])))]
+    if len(run.get("budgets", [])) >= 2:
+        quarter = 1 - run["budgets"][-2][1]
     change = (errors[-1] - quarter) / max(quarter, 1e-9)
     return abs(change) < FLAT, change
 

@@ -59,6 +59,15 @@ def criteria(runs: list[dict], fits: dict, num_classes: int) -> list[tuple[str, 
             f"{best['size']}: {100 * best['top1']:.1f}%" if best else "no softmax run",
         ),
     ]
+    for attention, rows in groups.items():
+        top = max(rows, key=lambda r: r["top1"])
+        checks.append(
+            (
+                f"{attention}: its best run >= 80% zero-shot top-1 (it learns the task)",
+                top["top1"] >= 0.8,
+                f"{top['size']}: {100 * top['top1']:.1f}% after {top['samples_seen']:,} samples",
+            )
+        )
     for attention in [a for a in ("softmax", NODENOM) if a in groups]:
         rows = groups[attention]
         largest = rows[-1]
@@ -179,12 +188,28 @@ def budget_lines(runs: list[dict]) -> list[str]:
             if flat
             else "has not flattened: a longer budget would lower its error further"
         )
+        span = (
+            "between its last two budgets ({:,} and {:,} samples, each cooled down)".format(
+                *[b[0] for b in largest["budgets"][-2:]]
+            )
+            if len(largest.get("budgets", [])) >= 2
+            else "over the last quarter of the run"
+        )
         lines.append(
             f"- {attention}: the largest run ({largest['size']}, {largest['samples_seen']:,} samples) {verdict}; "
-            f"its zero-shot error changed {change:+.0%} over the last quarter of the run (flat: within "
-            f"{100 * FLAT:.0f}% relative)."
+            f"its zero-shot error changed {change:+.0%} {span} (flat: within {100 * FLAT:.0f}% relative)."
         )
     return lines
+
+
+def budgets_table(runs: list[dict]) -> str:
+    """Per run with budgets: zero-shot top-1 and validation loss at the end of each budget (cooled down)."""
+    rows = ["| size | attention | samples (budget) | zero-shot top-1 | val loss |", "|---|---|---|---|---|"]
+    for r in sorted(runs, key=lambda r: (r["attention"], r["params_without_token_embedding"])):
+        rows += [
+            f"| {r['size']} | {r['attention']} | {s:,} | {100 * t:.1f}% | {v:.3f} |" for s, t, v in r.get("budgets", [])
+        ]
+    return "\n".join(rows) + "\n"
 
 
 def runs_table(runs: list[dict]) -> str:
@@ -235,6 +260,7 @@ def report_md(runs, fits, specs, bench, study, args, clock, format_table, num_cl
         "Tail slope: the log-log slope of zero-shot error against samples seen over the second half of the "
         "run (negative: still improving).\n",
         "![learning curves](learning_curves.png)\n",
+        *budget_section(runs, study),
         "Budgets:\n\n" + "\n".join(budget_lines(runs)) + "\n",
         "## What the data support\n",
         "\n".join(support(runs, fits)) + "\n",
@@ -244,7 +270,8 @@ def report_md(runs, fits, specs, bench, study, args, clock, format_table, num_cl
         claims_table(claims(runs, fits, targets, n_images, study.fits.get("n_boot", 1000))),
         "## Samples to a target error, against softmax of the same size\n",
         multiplier_table(runs, targets, n_images, study.fits.get("n_boot", 1000)),
-        f"The samples at which a run's zero-shot error first reaches the target (log-linear between evaluations); the "
+        f"The samples at which a run's zero-shot error first reaches the target (log-linear between "
+        f"{'the ends of its budgets' if study.budgets else 'evaluations'}); the "
         f"multiplier is that over softmax's, the interval a bootstrap over the noise of the {n_images} zero-shot "
         f"images (eval/multiplier.py); '>' marks a run that never reaches the target within its budget (a lower "
         f"bound); targets softmax of that size never reaches are left out. The compute multiplier also counts the "
@@ -258,6 +285,20 @@ def report_md(runs, fits, specs, bench, study, args, clock, format_table, num_cl
             parts.append(f"![{name}]({name}.png)\n")
     parts += ["## Attention layers (forward + backward, B=1, H=6, D=64, fp32, this machine)\n", bench]
     return "\n".join(parts)
+
+
+def budget_section(runs: list[dict], study) -> list[str]:
+    """The table of budgets and how they were made, when the study has budgets."""
+    if not study.budgets:
+        return []
+    cooldown = study.budgets.get("cooldown", 0.2)
+    return [
+        f"Every run trained at a constant learning rate after warmup and cooled down linearly to 0 over the last "
+        f"{100 * cooldown:.0f}% of its steps; each shorter budget (fractions {study.budgets.get('fractions')} of the "
+        f"run's steps) is a branch from the run's checkpoint where that budget's own cooldown of {100 * cooldown:.0f}% "
+        f"starts (Hägele et al. 2024; train/branch.py). Each row is a model trained for that many samples:\n",
+        budgets_table(runs),
+    ]
 
 
 def check_table(checks: list[tuple[str, bool, str]]) -> str:

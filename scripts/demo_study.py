@@ -19,6 +19,8 @@ from pathlib import Path
 
 import yaml
 
+from models.layout import step_name
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -42,6 +44,9 @@ class Study:
     # attention -> how it trains where it differs from the others: {lr_scale: x (times each size's optim.lr),
     # run: {dotted.key: value} (e.g. a longer train.max_steps)}
     per_attention: dict[str, dict] = field(default_factory=dict)
+    # several budgets from one run (Hägele et al. 2024): {fractions: [f, ...] of each run's train.max_steps,
+    # cooldown: the fraction of every budget that cools down}; {} = one cosine run per size and attention
+    budgets: dict = field(default_factory=dict)
 
 
 def merge(base: dict, changes: dict) -> dict:
@@ -78,7 +83,28 @@ def load_study(path: str | Path, quick: bool = False) -> Study:
                 f"{path}: per_attention.{name}: "
                 + (f"unknown key {unknown[0]!r}; valid keys: lr_scale, run" if unknown else "lr_scale must be > 0")
             )
+    check_budgets(study.budgets, path)
     return study
+
+
+def check_budgets(budgets: dict, path: Path) -> None:
+    if not budgets:
+        return
+    unknown = sorted(set(budgets) - {"fractions", "cooldown"})
+    if unknown:
+        raise StudyError(f"{path}: budgets: unknown key {unknown[0]!r}; valid keys: fractions, cooldown")
+    fractions, cooldown = budgets.get("fractions") or [], budgets.get("cooldown", 0.2)
+    if not all(0 < f < 1 for f in fractions) or sorted(set(fractions)) != list(fractions):
+        raise StudyError(f"{path}: budgets.fractions must increase strictly and lie in (0, 1), e.g. [0.33, 0.67]")
+    if not 0 < cooldown < 1:
+        raise StudyError(f"{path}: budgets.cooldown is the fraction of a budget that cools down: in (0, 1), e.g. 0.2")
+
+
+def budget_steps(study: Study, max_steps: int) -> list[tuple[int, int]]:
+    """[(steps, cooldown steps)] of every budget of a run of `max_steps` steps, the run itself last."""
+    cooldown = study.budgets.get("cooldown", 0.2)
+    steps = sorted({max(2, round(f * max_steps)) for f in study.budgets.get("fractions") or []} - {max_steps})
+    return [(t, max(1, round(cooldown * t))) for t in [*steps, max_steps]]
 
 
 def attention_settings(study: Study, size: str) -> dict[str, dict]:
@@ -117,6 +143,8 @@ class Job:
     started: float = 0.0
     wall_seconds: float = 0.0
     cpu_seconds: float = 0.0
+    after: Job | None = None  # a cooldown branch starts once the run it branches from has finished
+    budgets: list[Job] = field(default_factory=list)  # a run's cooldown branches (shorter budgets)
 
 
 def jobs_of(study: Study, out: Path, paths: dict[str, str], seed: int) -> list[Job]:
@@ -141,9 +169,39 @@ def jobs_of(study: Study, out: Path, paths: dict[str, str], seed: int) -> list[J
                 "train.resume": "none",
                 "train.progress": False,
             }
-            argv = [sys.executable, "-m", "train", study.run_config, *overrides(settings)]
-            jobs.append(Job(size, attention, run_dir, argv))
+            if not study.budgets:
+                jobs.append(Job(size, attention, run_dir, train_argv(study, settings)))
+                continue
+            jobs += with_budgets(study, Job(size, attention, run_dir, []), settings)
     return jobs
+
+
+def train_argv(study: Study, settings: dict) -> list[str]:
+    return [sys.executable, "-m", "train", study.run_config, *overrides(settings)]
+
+
+def with_budgets(study: Study, job: Job, settings: dict) -> list[Job]:
+    """The run at constant learning rate cooling down over its last budgets.cooldown, keeping the checkpoint where
+    each shorter budget's cooldown starts, and one branch per shorter budget that cools down from there
+    (train/branch.py); the branches' folders are RUN-budget<steps>."""
+    base = yaml.safe_load((REPO / study.run_config).read_text())
+    max_steps = int(settings.get("train.max_steps", base["train"]["max_steps"]))
+    *shorter, (_, cooldown) = budget_steps(study, max_steps)
+    schedule = {"optim.schedule": "const-cooldown", "optim.cooldown_steps": cooldown}
+    keep = [steps - cool for steps, cool in shorter]
+    job.argv = train_argv(study, {**settings, **schedule, "train.keep_steps": keep})
+    for (steps, cool), start in zip(shorter, keep):
+        run_dir = job.run_dir.parent / f"{job.run_dir.name}-budget{steps}"
+        branch = {
+            **settings,
+            "optim.schedule": "const-cooldown",
+            "optim.cooldown_steps": cool,
+            "train.max_steps": steps,
+            "train.branch_from": str(job.run_dir / "checkpoints" / step_name(start)),
+            "train.run_dir": str(run_dir),
+        }
+        job.budgets.append(Job(job.size, job.attention, run_dir, train_argv(study, branch), after=job))
+    return [job, *job.budgets]
 
 
 def start(job: Job, threads: int) -> None:
@@ -176,8 +234,10 @@ def run_jobs(jobs: list[Job], parallel: int, threads: int, report=print) -> list
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
         while waiting or running:
-            while waiting and len(running) < parallel:
-                running.append(waiting.pop(0))
+            ready = [j for j in waiting if j.after is None or (j.after.process and j.after.process.returncode == 0)]
+            while ready and len(running) < parallel:
+                running.append(ready.pop(0))
+                waiting.remove(running[-1])
                 start(running[-1], threads)
             finished = reap(running)
             if finished is None:

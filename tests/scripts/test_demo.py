@@ -5,6 +5,7 @@ import os
 from pathlib import Path
 
 import pytest
+import yaml
 
 from scripts import demo
 from scripts.demo_study import StudyError, jobs_of, load_study, overrides
@@ -52,7 +53,7 @@ def test_study_config_errors_are_one_line(tmp_path):
     assert len(study.sizes) >= 5 and "softmax" in study.attentions and study.jobs >= 1
     assert load_study(demo.STUDY, quick=True).run["train.max_steps"] < 10
     (tmp_path / "bad.yaml").write_text("sizes: {demo-w32: {}}\nattentions: [softmax]\ndata: {}\nstep: 3\n")
-    with pytest.raises(StudyError, match=r"unknown key 'step'; valid keys: attentions, bench, data"):
+    with pytest.raises(StudyError, match=r"unknown key 'step'; valid keys: attentions, bench, budgets, data"):
         load_study(tmp_path / "bad.yaml")
     with pytest.raises(StudyError, match="does not exist"):
         load_study(tmp_path / "none.yaml")
@@ -101,3 +102,45 @@ def test_full_study_shows_scaling(tmp_path):
         for name in ("error_params", "error_frontier"):
             assert fits[name]["groups"][attention]["alpha_ci"][1] < 0, (name, attention)
     assert fits["error_frontier"]["groups"]["softmax"]["n_points"] == sum(len(r["curve"]) for r in by["softmax"])
+
+
+def test_budgets_are_cooldown_branches_of_one_constant_rate_run(tmp_path):
+    """budgets: {fractions: [1/3, 2/3], cooldown: 0.25} gives each (size, attention) its run at constant rate
+    cooling down over its last quarter, keeping the checkpoints where the shorter budgets' cooldowns start, and a
+    branch per shorter budget from there; branches wait for their run."""
+    study = load_study(demo.STUDY)
+    study.sizes = {"demo-w32": {}}
+    study.attentions = ["softmax"]
+    study.per_attention = {"softmax": {"run": {"train.max_steps": 1200}}}
+    study.budgets = {"fractions": [1 / 3, 2 / 3], "cooldown": 0.25}
+    run, short, middle = jobs_of(study, tmp_path, {"train": "t", "val": "v", "eval": "e"}, seed=0)
+    assert run.after is None and run.budgets == [short, middle] and short.after is run and middle.after is run
+    assert {"optim.schedule=const-cooldown", "optim.cooldown_steps=300", "train.keep_steps=[300, 600]"} <= set(run.argv)
+    assert "train.max_steps=400" in short.argv and "optim.cooldown_steps=100" in short.argv
+    assert f"train.branch_from={run.run_dir / 'checkpoints' / 'step_00000300'}" in short.argv
+    assert f"train.branch_from={run.run_dir / 'checkpoints' / 'step_00000600'}" in middle.argv
+    assert middle.run_dir.name == "demo-w32-softmax-budget800"
+    bad = "sizes: {demo-w32: {}}\nattentions: [softmax]\ndata: {}\nbudgets: {fractions: [0.5, 1.5]}\n"
+    (tmp_path / "bad.yaml").write_text(bad)
+    with pytest.raises(StudyError, match=r"budgets.fractions must increase strictly and lie in \(0, 1\)"):
+        load_study(tmp_path / "bad.yaml")
+
+
+def test_demo_quick_with_budgets_reports_each_budget(tmp_path):
+    """The quick study with two budgets per run: the branch trains from the run's checkpoint, the report has a
+    row per budget, and the curve the multipliers read is the budgets' ends."""
+    study = tmp_path / "study.yaml"
+    raw = yaml.safe_load(demo.STUDY.read_text())
+    raw["budgets"] = {"fractions": [0.5], "cooldown": 0.5}
+    raw["quick"]["run"]["train.max_steps"] = 8
+    study.write_text(yaml.safe_dump(raw))
+    args = ["--quick", "--study", str(study), "--sizes", "demo-w32", "--attentions", "softmax"]
+    out = demo.main([*args, "--out", str(tmp_path / "d")])
+    runs, fits, report = read(out)
+    (run,) = runs
+    assert [b[0] for b in run["budgets"]] == [64, 128] and run["curve"] == [[s, t] for s, t, _ in run["budgets"]]
+    assert run["samples_seen"] == 128 and [s for s, _ in run["run_curve"]] == [32, 64, 96, 128]
+    log = (Path(run["run_dir"] + "-budget4") / "train.log").read_text()
+    assert f"branched from {run['run_dir']}/checkpoints/step_00000002 at step 2 (32 samples seen)" in log
+    assert "| demo-w32 | softmax | 64 |" in report and "between its last two budgets (64 and 128 samples" in report
+    assert fits["error_frontier"]["groups"]["softmax"]["n_points"] == 5  # the run's 4 evaluations, the branch's 1
