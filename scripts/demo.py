@@ -32,6 +32,7 @@ from data import make_synthetic
 from eval.scaling import ScalingInputError, ScalingWarning, fit, format_table, load_points, plot
 from scripts import bench_attention, demo_plots, demo_report
 from scripts.demo_study import REPO, Study, StudyError, jobs_of, load_study, run_jobs
+from scripts.demo_sweep import choose, sweep_jobs
 
 STUDY = REPO / "configs" / "study" / "demo.yaml"
 ATTENTION, SIZE = demo_plots.ATTENTION, demo_plots.SIZE
@@ -201,7 +202,7 @@ def cpu_seconds() -> float:
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
-def analyse(out: Path, study: Study, jobs, clock: dict, args: argparse.Namespace) -> None:
+def analyse(out: Path, study: Study, jobs, clock: dict, args: argparse.Namespace, sweep: list[dict] = ()) -> None:
     """Fits, figures, the attention benchmark and the report, from the finished runs."""
     stage("fitting scaling laws per attention")
     runs, fits = run_rows(jobs), scaling_fits(jobs, out, study)
@@ -218,7 +219,8 @@ def analyse(out: Path, study: Study, jobs, clock: dict, args: argparse.Namespace
     (out / "runs.json").write_text(json.dumps(runs, indent=2))
     (out / "fits.json").write_text(json.dumps({n: demo_report.fit_digest(f) for n, f in fits.items()}, indent=2))
     classes = len((out / "data" / "eval" / "classnames.txt").read_text().splitlines())
-    text = demo_report.report_md(runs, fits, FITS, bench, study, args, clock, format_table, classes)
+    (out / "lr_sweep.json").write_text(json.dumps(list(sweep), indent=2))
+    text = demo_report.report_md(runs, fits, FITS, bench, study, args, clock, format_table, classes, list(sweep))
     (out / "report.md").write_text(text)
 
 
@@ -235,12 +237,23 @@ def main(argv: list[str] | None = None) -> Path:
     clock = {"wall": time.perf_counter(), "cpu": cpu_seconds(), "load": [os.getloadavg()[0]]}
     stage(f"making the synthetic data set in {out / 'data'}")
     paths = make_data(out, study, args.seed)
+    sweep = []
+    if study.lr_sweep:
+        pairs = sweep_jobs(study, out, paths, args.seed)
+        stage(f"learning-rate sweep: {len(pairs)} runs at {study.lr_sweep['size']}")
+        clock["load"] += run_jobs(
+            [job for _, job in pairs],
+            study.jobs,
+            study.threads_per_job,
+            report=lambda m: print("   " + m, file=sys.stderr),
+        )
+        sweep = choose(study, pairs)
     jobs = jobs_of(study, out, paths, args.seed)
     stage(f"training {len(jobs)} runs, {study.jobs} at a time on {study.threads_per_job} thread(s) each")
     clock["load"] += run_jobs(
         jobs, study.jobs, study.threads_per_job, report=lambda m: print("   " + m, file=sys.stderr)
     )
-    analyse(out, study, jobs, clock, args)
+    analyse(out, study, jobs, clock, args, sweep)
     print(f"\nreport: {out / 'report.md'}", flush=True)
     return out
 

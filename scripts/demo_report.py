@@ -13,6 +13,7 @@ import numpy as np
 
 from eval.multiplier import multiplier
 from scripts.demo_claims import FLAT, claims, claims_table, flattened
+from scripts.demo_sweep import sweep_table
 
 NODENOM = "linear_affine_nodenom"
 
@@ -235,7 +236,7 @@ def best_table(runs: list[dict]) -> str:
     return "\n".join(rows) + "\n"
 
 
-def report_md(runs, fits, specs, bench, study, args, clock, format_table, num_classes: int) -> str:
+def report_md(runs, fits, specs, bench, study, args, clock, format_table, num_classes: int, sweep=()) -> str:
     """The whole report.md."""
     loads = clock["load"]
     targets = study.fits.get("targets", [0.5, 0.3])
@@ -254,6 +255,7 @@ def report_md(runs, fits, specs, bench, study, args, clock, format_table, num_cl
         head,
         "## What the study must show\n",
         check_table(criteria(runs, fits, num_classes)),
+        sweep_table(list(sweep), study),
         "## Runs\n",
         best_table(runs),
         runs_table(runs),

@@ -47,6 +47,8 @@ class Study:
     # several budgets from one run (Hägele et al. 2024): {fractions: [f, ...] of each run's train.max_steps,
     # cooldown: the fraction of every budget that cools down}; {} = one cosine run per size and attention
     budgets: dict = field(default_factory=dict)
+    # a learning-rate sweep at one size, its best multiple used at every size (scripts/demo_sweep.py); {} = none
+    lr_sweep: dict = field(default_factory=dict)
 
 
 def merge(base: dict, changes: dict) -> dict:
@@ -74,6 +76,12 @@ def load_study(path: str | Path, quick: bool = False) -> Study:
         study = Study(**raw)
     except TypeError as e:
         raise StudyError(f"{path}: {e}") from None
+    # null (as `quick:` sets them): none
+    study.budgets, study.lr_sweep, study.per_attention = (
+        study.budgets or {},
+        study.lr_sweep or {},
+        study.per_attention or {},
+    )
     if not study.sizes or not study.attentions or study.jobs < 1 or study.threads_per_job < 1:
         raise StudyError(f"{path}: needs sizes and attentions, jobs >= 1 and threads_per_job >= 1")
     for name, settings in study.per_attention.items():
@@ -84,7 +92,27 @@ def load_study(path: str | Path, quick: bool = False) -> Study:
                 + (f"unknown key {unknown[0]!r}; valid keys: lr_scale, run" if unknown else "lr_scale must be > 0")
             )
     check_budgets(study.budgets, path)
+    check_sweep(study, path)
     return study
+
+
+SWEEP_KEYS = {"size", "scales", "metric", "run"}
+
+
+def check_sweep(study: Study, path: Path) -> None:
+    sweep = study.lr_sweep
+    if not sweep:
+        return
+    unknown = sorted(set(sweep) - SWEEP_KEYS)
+    if unknown:
+        raise StudyError(f"{path}: lr_sweep: unknown key {unknown[0]!r}; valid keys: {', '.join(sorted(SWEEP_KEYS))}")
+    if sweep.get("size") not in study.sizes:
+        raise StudyError(f"{path}: lr_sweep.size must be one of the study's sizes: {', '.join(study.sizes)}")
+    scales = sweep.get("scales") or []
+    if len(scales) < 2 or not all(isinstance(s, (int, float)) and s > 0 for s in scales):
+        raise StudyError(f"{path}: lr_sweep.scales needs at least two positive multiples, e.g. [0.5, 1.0, 2.0]")
+    if sweep.get("metric", "val_loss") not in ("val_loss", "error"):
+        raise StudyError(f"{path}: lr_sweep.metric is val_loss or error, not {sweep['metric']!r}")
 
 
 def check_budgets(budgets: dict, path: Path) -> None:

@@ -132,6 +132,7 @@ def test_demo_quick_with_budgets_reports_each_budget(tmp_path):
     study = tmp_path / "study.yaml"
     raw = yaml.safe_load(demo.STUDY.read_text())
     raw["budgets"] = {"fractions": [0.5], "cooldown": 0.5}
+    raw["lr_sweep"] = {"size": "demo-w32", "scales": [0.5, 2.0], "run": {"train.max_steps": 4}}
     raw["quick"]["run"]["train.max_steps"] = 8
     study.write_text(yaml.safe_dump(raw))
     args = ["--quick", "--study", str(study), "--sizes", "demo-w32", "--attentions", "softmax"]
@@ -144,3 +145,13 @@ def test_demo_quick_with_budgets_reports_each_budget(tmp_path):
     assert f"branched from {run['run_dir']}/checkpoints/step_00000002 at step 2 (32 samples seen)" in log
     assert "| demo-w32 | softmax | 64 |" in report and "between its last two budgets (64 and 128 samples" in report
     assert fits["error_frontier"]["groups"]["softmax"]["n_points"] == 5  # the run's 4 evaluations, the branch's 1
+    # the sweep: two multiples of demo-w32's 4e-3, the one with the lower validation loss used by the grid's run
+    sweep = json.loads((out / "lr_sweep.json").read_text())
+    assert [(r["scale"], r["lr"]) for r in sweep] == [(0.5, 2e-3), (2.0, 8e-3)] and sum(r["chosen"] for r in sweep) == 1
+    chosen = min(sweep, key=lambda r: r["val_loss"])
+    assert chosen["chosen"] and f"| softmax | {chosen['scale']:g}x |" in report
+    config = yaml.safe_load((Path(run["run_dir"]) / "config.yaml").read_text())
+    assert config["optim"]["lr"] == pytest.approx(chosen["lr"]) and config["optim"]["schedule"] == "const-cooldown"
+    swept = yaml.safe_load((out / "lr_sweep" / "x0.5" / "runs" / "demo-w32-softmax" / "config.yaml").read_text())
+    assert swept["optim"]["schedule"] == "const-cooldown" and swept["train"]["max_steps"] == 4  # no branches
+    assert not swept["train"]["keep_steps"]
