@@ -52,8 +52,8 @@ class Block(nn.Module):
             )
         )
 
-    def forward(self, x: Tensor, key_mask: Tensor | None = None) -> Tensor:
-        x = x + self.attn(self.ln_1(x), key_mask)
+    def forward(self, x: Tensor, key_mask: Tensor | None = None, rope: tuple[Tensor, Tensor] | None = None) -> Tensor:
+        x = x + self.attn(self.ln_1(x), key_mask, rope)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -81,11 +81,12 @@ class Transformer(nn.Module):
             ]
         )
 
-    def forward(self, x: Tensor, key_mask: Tensor | None = None) -> Tensor:
-        """[B, N, C] -> [B, N, C]; with grad_checkpointing, each block's activations are recomputed in backward."""
+    def forward(self, x: Tensor, key_mask: Tensor | None = None, rope: tuple[Tensor, Tensor] | None = None) -> Tensor:
+        """[B, N, C] -> [B, N, C]; with grad_checkpointing, each block's activations are recomputed in backward.
+        `rope`: rotary positions for every layer's q and k (models/attention/rope.py), or None."""
         for block in self.resblocks:
             if self.grad_checkpointing and torch.is_grad_enabled():
-                x = checkpoint(block, x, key_mask, use_reentrant=False)
+                x = checkpoint(block, x, key_mask, rope, use_reentrant=False)
             else:
-                x = block(x, key_mask)
+                x = block(x, key_mask, rope)
         return x

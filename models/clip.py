@@ -106,6 +106,7 @@ def build_clip(cfg: ModelConfig) -> CLIP:
         mlp_ratio=v.get("mlp_ratio", 4.0),
         quick_gelu=quick_gelu,
         patch_dropout=cfg.patch_dropout or v.get("patch_dropout", 0.0),
+        pos_embed=cfg.image_pos_embed,
     )
     text = dict(
         context_length=t["context_length"],
@@ -116,6 +117,7 @@ def build_clip(cfg: ModelConfig) -> CLIP:
         options=layer_options("text", text_names, cfg.text_attention_options, t["context_length"], cfg.attention_impl),
         mlp_ratio=t.get("mlp_ratio", 4.0),
         quick_gelu=quick_gelu,
+        pos_embed=cfg.text_pos_embed,
     )
     model = CLIP(embed_dim=size["embed_dim"], visual=visual, text=text, config=cfg)
     model.set_grad_checkpointing(cfg.grad_checkpointing)

@@ -88,6 +88,8 @@ class ModelConfig:
     text length: the image grid, the position tables, the transforms and the tokenizer follow; a `pretrained`
     model of another size has its position tables resampled (models/pretrained.py, `text_pos_keep`); any other
     tensor of another shape refuses the load unless a glob of `pretrained_fresh` names it (it then starts fresh).
+    `image_pos_embed` / `text_pos_embed`: `learnable` (a position table, open_clip's) or `rope` (rotary positions
+    turning q and k in every layer, models/attention/rope.py; no table, any resolution or context).
     """
 
     name: str = "tiny-s"
@@ -103,6 +105,8 @@ class ModelConfig:
     context_length: int | None = None
     text_pos_keep: int = 20  # loading into another context: the first K text positions kept (Long-CLIP); 0: open_clip
     pretrained_fresh: list[str] = field(default_factory=list)  # glob patterns: tensors of another shape start fresh
+    image_pos_embed: str = "learnable"  # or rope: 2-D axial rotary positions on the patch grid, no table
+    text_pos_embed: str = "learnable"  # or rope: 1-D rotary positions over the tokens (models/attention/rope.py)
 
 
 def tiny_model_names() -> list[str]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from models.attention import rope
 from models.blocks import Transformer
 
 
@@ -33,11 +34,15 @@ class TextTower(nn.Module):
         options: list[dict],
         mlp_ratio: float = 4.0,
         quick_gelu: bool = False,
+        pos_embed: str = "learnable",
     ):
         super().__init__()
-        self.context_length, self.vocab_size = context_length, vocab_size
+        rope.check("text", pos_embed, width // heads)
+        self.context_length, self.vocab_size, self.text_pos_embed = context_length, vocab_size, pos_embed
+        self.text_head_dim = width // heads
         self.token_embedding = nn.Embedding(vocab_size, width)
-        self.positional_embedding = nn.Parameter(torch.empty(context_length, width))
+        if pos_embed == "learnable":  # with RoPE the positions turn q and k in every layer instead (no table)
+            self.positional_embedding = nn.Parameter(torch.empty(context_length, width))
         self.transformer = Transformer(
             width, heads, attentions, options, causal=True, mlp_ratio=mlp_ratio, quick_gelu=quick_gelu
         )
@@ -49,7 +54,8 @@ class TextTower(nn.Module):
         """open_clip's text init: small embeddings, residual projections scaled by depth (GPT-2 style)."""
         width, layers = self.transformer.width, self.transformer.layers
         nn.init.normal_(self.token_embedding.weight, std=0.02)
-        nn.init.normal_(self.positional_embedding, std=0.01)
+        if self.text_pos_embed == "learnable":
+            nn.init.normal_(self.positional_embedding, std=0.01)
         proj_std = width**-0.5 * (2 * layers) ** -0.5
         for block in self.transformer.resblocks:
             nn.init.normal_(block.attn.in_proj_weight, std=width**-0.5)
@@ -66,8 +72,11 @@ class TextTower(nn.Module):
                 f"text of {length} tokens exceeds the context length {self.context_length}; "
                 "tokenize with models.tokenizer(name)"
             )
-        x = self.token_embedding(text) + self.positional_embedding[:length]
-        x = self.transformer(x, key_mask=None)
+        x = self.token_embedding(text)
+        if self.text_pos_embed == "rope":
+            x = self.transformer(x, key_mask=None, rope=rope.text_table(length, self.text_head_dim, x.device))
+        else:
+            x = self.transformer(x + self.positional_embedding[:length], key_mask=None)
         eot = text.argmax(dim=-1)  # [B]
         x = self.ln_final(x[torch.arange(x.shape[0], device=x.device), eot])  # [B, C]
         return x @ self.text_projection

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from models.attention import rope
 from models.blocks import Transformer
 
 
@@ -18,12 +19,19 @@ def patch_dropout(x: Tensor, prob: float) -> Tensor:
 
     x [B, 1 + N, C] -> [B, 1 + max(1, int(N (1 - prob))), C].
     """
-    cls_token, patches = x[:, :1], x[:, 1:]
-    B, N, C = patches.shape
-    keep = max(1, int(N * (1 - prob)))
-    idx = torch.rand(B, N, device=x.device).topk(keep, dim=-1).indices  # [B, keep]
-    patches = patches.gather(1, idx[..., None].expand(-1, -1, C))
-    return torch.cat([cls_token, patches], dim=1)
+    return keep_patches(x, kept_patches(x, prob))
+
+
+def kept_patches(x: Tensor, prob: float) -> Tensor:
+    """[B, keep] indices of the patches patch dropout keeps in each image of x [B, 1 + N, C]."""
+    B, N = x.shape[0], x.shape[1] - 1
+    return torch.rand(B, N, device=x.device).topk(max(1, int(N * (1 - prob))), dim=-1).indices
+
+
+def keep_patches(x: Tensor, idx: Tensor) -> Tensor:
+    """The class token and the patches idx [B, keep] of x [B, 1 + N, C]."""
+    patches = x[:, 1:].gather(1, idx[..., None].expand(-1, -1, x.shape[-1]))
+    return torch.cat([x[:, :1], patches], dim=1)
 
 
 class VisionTransformer(nn.Module):
@@ -42,8 +50,10 @@ class VisionTransformer(nn.Module):
         mlp_ratio: float = 4.0,
         quick_gelu: bool = False,
         patch_dropout: float = 0.0,
+        pos_embed: str = "learnable",
     ):
         super().__init__()
+        rope.check("image", pos_embed, width // heads)
         if image_size % patch_size:
             raise ValueError(
                 f"image tower: image size {image_size} is not a multiple of patch size {patch_size}; change one of them"
@@ -52,11 +62,18 @@ class VisionTransformer(nn.Module):
             raise ValueError(f"image tower: patch_dropout={patch_dropout} must be in [0, 1)")
         self.image_size, self.patch_size = (image_size, image_size), (patch_size, patch_size)
         self.grid_size = (image_size // patch_size,) * 2
-        self.output_dim, self.patch_dropout = output_dim, patch_dropout
+        self.output_dim, self.patch_dropout, self.pos_embed, self.head_dim = (
+            output_dim,
+            patch_dropout,
+            pos_embed,
+            width // heads,
+        )
         scale = width**-0.5
         self.conv1 = nn.Conv2d(3, width, kernel_size=patch_size, stride=patch_size, bias=False)
         self.class_embedding = nn.Parameter(scale * torch.randn(width))
-        self.positional_embedding = nn.Parameter(scale * torch.randn(self.grid_size[0] * self.grid_size[1] + 1, width))
+        if pos_embed == "learnable":  # with RoPE the positions turn q and k in every layer instead (no table)
+            grid = self.grid_size[0] * self.grid_size[1]
+            self.positional_embedding = nn.Parameter(scale * torch.randn(grid + 1, width))
         self.ln_pre = nn.LayerNorm(width)
         self.transformer = Transformer(
             width, heads, attentions, options, causal=False, mlp_ratio=mlp_ratio, quick_gelu=quick_gelu
@@ -69,11 +86,16 @@ class VisionTransformer(nn.Module):
         x = self.conv1(image).flatten(2).transpose(1, 2)  # [B, N, C]
         cls_token = self.class_embedding.to(x.dtype).expand(x.shape[0], 1, -1)
         x = torch.cat([cls_token, x], dim=1)
-        return x + self.positional_embedding.to(x.dtype)
+        return x if self.pos_embed == "rope" else x + self.positional_embedding.to(x.dtype)
 
     def forward(self, image: Tensor) -> Tensor:
         x = self.tokens(image)
+        rows, cols = rope.grid_positions(image.shape[-2] // self.patch_size[0], image.shape[-1] // self.patch_size[1])
         if self.training and self.patch_dropout > 0:
-            x = patch_dropout(x, self.patch_dropout)
-        x = self.transformer(self.ln_pre(x))
+            idx = kept_patches(x, self.patch_dropout)
+            x, rows, cols = keep_patches(x, idx), rows.to(idx.device)[idx], cols.to(idx.device)[idx]
+        table = (
+            rope.image_table(rows.to(x.device), cols.to(x.device), self.head_dim) if self.pos_embed == "rope" else None
+        )
+        x = self.transformer(self.ln_pre(x), rope=table)
         return self.ln_post(x[:, 0]) @ self.proj

@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from models.attention.rope import rotate, rotated_linear
+
 
 class Attention(nn.Module):
     """Multi-head attention whose token mixing is given by a subclass.
@@ -33,6 +35,9 @@ class Attention(nn.Module):
     # themselves (autocast would recast their inner matmuls to bf16 and mix dtypes in hand-written
     # backward passes). Softmax sets True: SDPA is built for bf16 and accumulates in fp32.
     under_autocast: ClassVar[bool] = False
+    # A positive feature map phi that RoPE must not rotate into negative values (elu + 1): with rotary positions
+    # the layer runs RoFormer's form, the numerator rotated, the denominator not (rope.rotated_linear).
+    rope_feature_map: ClassVar[Callable | None] = None
 
     def __init__(self, dim: int, num_heads: int, *, causal: bool = False, qkv_bias: bool = True, **options):
         super().__init__()
@@ -63,12 +68,21 @@ class Attention(nn.Module):
         """[B, H, N, D] x3 -> [B, H, N, D]: the naive fp32 definition the fast path is tested against."""
         return type(self).reference(q, k, v, causal=self.causal, key_mask=key_mask, **self.options)
 
-    def forward(self, x: Tensor, key_mask: Tensor | None = None) -> Tensor:
+    def forward(self, x: Tensor, key_mask: Tensor | None = None, rope: tuple[Tensor, Tensor] | None = None) -> Tensor:
+        """x [B, N, C] -> [B, N, C]; `rope`: the (cos, sin) table of rotary positions (models/attention/rope.py)
+        that turns q and k before the attention, or None (positions came with the tokens)."""
         B, N, C = x.shape
         qkv = F.linear(x, self.in_proj_weight, self.in_proj_bias)  # [B, N, 3C]
         q, k, v = qkv.view(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # 3 x [B, H, N, D]
         with autocast_off(x.device.type, not self.under_autocast):
-            o = self.attention(q, k, v, key_mask)
+            if rope is None:
+                o = self.attention(q, k, v, key_mask)
+            elif self.rope_feature_map is not None:
+                chunk = self.options.get("chunk_size", 64)
+                phi = type(self).rope_feature_map
+                o = rotated_linear(phi, q, k, v, rope, causal=self.causal, key_mask=key_mask, chunk_size=chunk)
+            else:
+                o = self.attention(rotate(q, rope), rotate(k, rope), v, key_mask)
         return self.out_proj(o.transpose(1, 2).reshape(B, N, C))
 
 

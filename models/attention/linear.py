@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from models.attention import reference
+from models.attention import reference, rope
 from models.attention.base import Attention
 from models.attention.ops import dispatch
 from models.attention.ops import linear_affine as affine_op
@@ -70,6 +70,7 @@ class LinearEluAttention(DispatchedAttention):
 
     function = staticmethod(elu_op.attend)
     reference = staticmethod(reference.linear_elu)
+    rope_feature_map = staticmethod(rope.elu_plus_one)
 
 
 @register_attention("efficient")

@@ -223,3 +223,32 @@ def linformer(
     k_proj = (proj_k[:, :n, None] * k).sum(-2)  # [B, H, m, D]
     v_proj = (proj_v[:, :n, None] * v).sum(-2)
     return softmax(q, k_proj, v_proj).to(dtype)
+
+
+def rope_matrices(theta: Tensor) -> Tensor:
+    """Angles [N, D/2] -> rotation matrices [N, D, D] that turn each feature pair (j, j + D/2) by theta_j (RoPE,
+    Su et al. 2021, in the "rotate half" pairing), written out as explicit 2 x 2 blocks."""
+    n, half = theta.shape
+    r = torch.zeros(n, 2 * half, 2 * half, dtype=theta.dtype, device=theta.device)
+    j = torch.arange(half, device=theta.device)
+    r[:, j, j], r[:, j, j + half] = theta.cos(), -theta.sin()
+    r[:, j + half, j], r[:, j + half, j + half] = theta.sin(), theta.cos()
+    return r
+
+
+def rope(x: Tensor, theta: Tensor) -> Tensor:
+    """x [B, H, N, D] with token n's features turned by rope_matrices(theta)[n]."""
+    return torch.einsum("nde,bhne->bhnd", rope_matrices(theta).to(x.dtype), x)
+
+
+def linear_elu_rope(
+    q: Tensor, k: Tensor, v: Tensor, theta: Tensor, *, causal: bool = False, key_mask: Tensor | None = None
+) -> Tensor:
+    """RoFormer (Su et al. 2021, sec. 3.4.4) linear attention with rotary positions, phi = elu + 1:
+    o_i = sum_n (R_i phi(q_i)) . (R_n phi(k_n)) v_n / sum_n phi(q_i) . phi(k_n); theta [N, D/2] the angles."""
+    dtype, (q, k, v) = q.dtype, upcast(q, k, v)
+    fq, fk = F.elu(q) + 1, F.elu(k) + 1
+    ok = allowed(q, k, causal, key_mask)
+    num = _kernel_attention(rope(fq, theta) @ rope(fk, theta).transpose(-1, -2), v, ok, normalise=False)
+    den = _kernel_attention(fq @ fk.transpose(-1, -2), torch.ones_like(v[..., :1]), ok, normalise=False)
+    return (num / torch.where(den == 0, torch.ones_like(den), den)).to(dtype)
