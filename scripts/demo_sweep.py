@@ -79,4 +79,14 @@ def sweep_table(rows: list[dict], study: Study) -> str:
         f"{'**yes**' if r['chosen'] else ''} |"
         for r in rows
     ]
+    edge = [
+        f"{r['attention']} ({r['scale']:g}x)"
+        for r in rows
+        if r["chosen"] and r["scale"] in (min(sweep["scales"]), max(sweep["scales"]))
+    ]
+    if edge:
+        lines.append(
+            f"\nChosen at the edge of the sweep: {', '.join(edge)}; a rate beyond it may be better still (widen "
+            "lr_sweep.scales to find out)."
+        )
     return "\n".join(lines) + "\n"

@@ -1,0 +1,296 @@
+"""Where linear attention pays, on the whole model: training-step time and peak memory against sequence length.
+
+    python -m scripts.bench_long [--size ViT-S-16] [--image-sizes 224,448,1024,2048] [--text-lengths 77,248,1024,4096]
+                                 [--attentions softmax,linear_affine,linear_affine_nodenom,linear_elu]
+                                 [--block-above 4200] [--steps 2] [--threads 2] [--out docs]
+
+A step is forward, loss, backward and AdamW (train.optim's groups) of the image tower alone (batch 1, its
+embedding's squared mean as the loss), of the text tower alone (batch 2), and of the whole CLIP at one long
+setting (`--clip`, default 1024 px with 248 tokens, batch 2, ClipLoss), each attention in place of softmax (torch
+SDPA) in every layer, with and without activation checkpointing. Past `--block-above` tokens a whole tower would
+take minutes per step on a CPU: one transformer block is timed instead and the step extrapolated as layers x
+block (marked "block x L" in the table; the patch embedding, norms and head, under 1% there, are left out).
+
+The FLOP-model bound of a ratio is the forward multiply-adds per token and layer, 12 C^2 (projections and MLP of
+ratio 4) plus the token mixing: 2 N C for softmax (QK^T and AV), 2 C D for a linear attention (phi(K)^T V and
+Q S, D the head width); backward scales both sides alike. One warm-up step (the memory run), then `--steps`
+timed rounds with the contenders taking turns; the fastest step is kept (scripts/bench_train.race). Writes
+<out>/bench_long.csv, .md and .png (step time against tokens, log-log, with the fitted slope of each line).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import os
+import platform
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from models import ModelConfig, build_clip
+from models.blocks import Block
+from models.config import size_config
+from scripts import bench_device
+from scripts.bench_train import race
+from train.config import OptimConfig
+from train.loss import ClipLoss
+from train.optim import build_optimizer
+
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+LINEAR = ("linear_affine", "linear_affine_nodenom", "linear_elu")
+
+
+def tower_step(model, tower: str, inputs, clip_loss=None):
+    """One training step of a tower (or the whole CLIP when clip_loss is given) as a closure."""
+    optimizer, _ = build_optimizer(model, OptimConfig(), max_steps=1000)
+    model.train()
+
+    def step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        if clip_loss is not None:
+            loss = clip_loss(*model(*inputs)[:3])
+        elif tower == "image":
+            loss = model.encode_image(inputs).square().mean()
+        else:
+            loss = model.encode_text(inputs).square().mean()
+        loss.backward()
+        optimizer.step()
+
+    return step
+
+
+def block_step(width: int, heads: int, attention: str, causal: bool, tokens: int, batch: int, ckpt: bool):
+    """One block's training step on [batch, tokens, width] (the extrapolation unit)."""
+    torch.manual_seed(0)
+    block = Block(width, heads, attention, causal=causal, options={})
+    x = torch.randn(batch, tokens, width, requires_grad=True)
+    optimizer = torch.optim.AdamW(block.parameters(), lr=1e-4)
+
+    def step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        if ckpt:
+            y = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
+        else:
+            y = block(x)
+        y.square().mean().backward()
+        optimizer.step()
+
+    return step
+
+
+def flop_ratio(width: int, head: int, tokens: int, mlp_ratio: float = 4.0) -> float:
+    """The FLOP-model bound of linear / softmax step time (module docstring)."""
+    dense = (4 + 2 * mlp_ratio) * width * width
+    return (dense + 2 * width * head) / (dense + 2 * tokens * width)
+
+
+def tower_shape(size: str, tower: str) -> tuple[int, int, int]:
+    """(width, heads, layers) of a size's tower."""
+    cfg = size_config(size)
+    if tower == "image":
+        v = cfg["vision_cfg"]
+        return v["width"], v["width"] // v.get("head_width", 64), v["layers"]
+    t = cfg["text_cfg"]
+    return t["width"], t["heads"], t["layers"]
+
+
+def measure(args, tower: str, length: int, probe) -> list[dict]:
+    """Every attention (x checkpointing) at one length of one tower: rows of the CSV."""
+    width, heads, layers = tower_shape(args.size, tower)
+    patch = size_config(args.size)["vision_cfg"]["patch_size"]
+    tokens = (length // patch) ** 2 + 1 if tower == "image" else length
+    extrapolate = tokens > args.block_above
+    batch = 1 if tower == "image" else 2
+    steps = {}
+    for attention in args.attentions:
+        for ckpt in (False, True):
+            name = (attention, ckpt)
+            if extrapolate:
+                steps[name] = block_step(width, heads, attention, tower == "text", tokens, batch, ckpt)
+                continue
+            where = {"image_size" if tower == "image" else "context_length": length}
+            model = build_clip(
+                ModelConfig(name=args.size, grad_checkpointing=ckpt, **{f"{tower}_attention": attention}, **where)
+            )
+            g = torch.Generator().manual_seed(0)
+            if tower == "image":
+                inputs = torch.randn(batch, 3, length, length, generator=g)
+            else:
+                inputs = torch.randint(1, model.vocab_size - 1, (batch, length), generator=g)
+                inputs[:, -1] = model.vocab_size - 1  # the end-of-text token, where the text is pooled
+            steps[name] = tower_step(model, tower, inputs)
+    results = race(steps, args.steps, probe)
+    rows = []
+    for (attention, ckpt), (seconds, peak) in results.items():
+        base = results[("softmax", ckpt)][0] if ("softmax", ckpt) in results else math.nan
+        scale = layers if extrapolate else 1
+        rows.append(
+            {
+                "part": tower,
+                "length": length,
+                "tokens": tokens,
+                "attention": attention,
+                "checkpointing": ckpt,
+                "seconds": seconds * scale,
+                "peak_mb": peak,
+                "ratio": seconds / base if attention != "softmax" else 1.0,
+                "flop_bound": flop_ratio(width, width // heads, tokens) if attention != "softmax" else 1.0,
+                "how": f"block x {layers}" if extrapolate else "measured",
+            }
+        )
+    return rows
+
+
+def clip_rows(args, probe) -> list[dict]:
+    """The whole CLIP at --clip PIXELS,TOKENS, batch 2, ClipLoss; every attention in both towers."""
+    pixels, context = (int(x) for x in args.clip.split(","))
+    g = torch.Generator().manual_seed(0)
+    images = torch.randn(2, 3, pixels, pixels, generator=g)
+    steps = {}
+    for attention in args.attentions:
+        model = build_clip(
+            ModelConfig(
+                name=args.size,
+                image_attention=attention,
+                text_attention=attention,
+                image_size=pixels,
+                context_length=context,
+            )
+        )
+        tokens = torch.randint(1, model.vocab_size - 1, (2, context), generator=g)
+        tokens[:, -1] = model.vocab_size - 1
+        steps[(attention, False)] = tower_step(model, "clip", (images, tokens), ClipLoss())
+    results = race(steps, args.steps, probe)
+    patch = size_config(args.size)["vision_cfg"]["patch_size"]
+    base = results[("softmax", False)][0]
+    return [
+        {
+            "part": "clip",
+            "length": f"{pixels} px + {context}",
+            "tokens": (pixels // patch) ** 2 + 1 + context,
+            "attention": attention,
+            "checkpointing": False,
+            "seconds": s,
+            "peak_mb": peak,
+            "ratio": s / base,
+            "flop_bound": math.nan,
+            "how": "measured",
+        }
+        for (attention, _), (s, peak) in results.items()
+    ]
+
+
+def slopes(rows: list[dict]) -> dict[tuple[str, str], float]:
+    """Least-squares slope of log step time against log tokens per (part, attention), without checkpointing,
+    over the longest three lengths (where the attention's own cost shows)."""
+    out = {}
+    for part in ("image", "text"):
+        for attention in {r["attention"] for r in rows}:
+            pts = sorted((r["tokens"], r["seconds"]) for r in rows if (r["part"], r["attention"]) == (part, attention))
+            pts = [p for p in pts if not math.isnan(p[1])][-3:]
+            if len(pts) >= 2:
+                x, y = np.log([p[0] for p in pts]), np.log([p[1] for p in pts])
+                out[(part, attention)] = float(np.polyfit(x, y, 1)[0])
+    return out
+
+
+def plot(rows: list[dict], fitted: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for ax, part in zip(axes, ("image", "text")):
+        for attention in dict.fromkeys(r["attention"] for r in rows):
+            pts = sorted((r["tokens"], r["seconds"]) for r in rows if (r["part"], r["attention"]) == (part, attention))
+            pts = [p for p in pts if not math.isnan(p[1])]
+            if pts:
+                label = f"{attention} (slope {fitted.get((part, attention), math.nan):.2f})"
+                ax.loglog([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
+        ax.set_title(f"{part} tower: training step (no checkpointing)")
+        ax.set_xlabel("tokens")
+        ax.set_ylabel("seconds per step")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write(rows: list[dict], args, probe, total: float) -> None:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "bench_long.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    plain = [r for r in rows if not r["checkpointing"] and r["part"] != "clip"]
+    fitted = slopes(plain)
+    plot(plain, fitted, out / "bench_long.png")
+    lines = [
+        "# Long sequences: training-step time of the whole model against length",
+        "",
+        f"`python -m scripts.bench_long {' '.join(args.argv)}`, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC; "
+        f"{probe.describe()}, {platform.machine()}, {os.cpu_count()} cores, {args.threads} torch threads, load "
+        f"average {os.getloadavg()[0]:.1f} at the end; {args.size}, fp32; fastest of {args.steps} rounds; "
+        f"total {total / 60:.1f} min. Ratio: the attention's step time over softmax's (SDPA) at the same length "
+        "and checkpointing; bound: the FLOP model's ratio (scripts/bench_long.py).",
+        "",
+        "| tower | length | tokens | attention | checkpointing | s / step | peak MB | ratio | FLOP bound | how |",
+        "| --- | --- | ---: | --- | --- | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for r in rows:
+        peak = "" if r["peak_mb"] is None or math.isnan(r["peak_mb"]) else f"{r['peak_mb']:.0f}"
+        bound = "" if math.isnan(r["flop_bound"]) or r["attention"] == "softmax" else f"{r['flop_bound']:.2f}"
+        ratio = "" if r["attention"] == "softmax" else f"{r['ratio']:.2f}"
+        lines.append(
+            f"| {r['part']} | {r['length']} | {r['tokens']} | {r['attention']} | {'yes' if r['checkpointing'] else ''}"
+            f" | {r['seconds']:.3g} | {peak} | {ratio} | {bound} | {r['how']} |"
+        )
+    lines += ["", "Slopes of log step time against log tokens (the longest three lengths, no checkpointing):", ""]
+    lines += [f"- {part} tower, {attention}: {s:.2f}" for (part, attention), s in sorted(fitted.items())]
+    lines += ["", "![step time against tokens](bench_long.png)", ""]
+    (out / "bench_long.md").write_text("\n".join(lines))
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--size", default="ViT-S-16")
+    p.add_argument("--image-sizes", default="224,448,1024,2048")
+    p.add_argument("--text-lengths", default="77,248,1024,4096")
+    p.add_argument("--clip", default="1024,248", help="PIXELS,TOKENS of the whole-CLIP step ('' to skip)")
+    p.add_argument("--attentions", default="softmax," + ",".join(LINEAR))
+    p.add_argument("--block-above", type=int, default=4200, help="tokens past which one block is timed x layers")
+    p.add_argument("--steps", type=int, default=2, help="timed rounds")
+    p.add_argument("--threads", type=int, default=2, help="CPU intra-op threads")
+    p.add_argument("--out", default=str(DOCS))
+    args = p.parse_args(argv)
+    args.argv = argv if argv is not None else []
+    args.attentions = args.attentions.split(",")
+    if "softmax" not in args.attentions:
+        p.error("--attentions must include softmax: every ratio is against it")
+    return args
+
+
+def main(argv: list[str] | None = None) -> Path:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    probe, start, rows = bench_device.probe("cpu"), time.perf_counter(), []
+    for tower, lengths in (("image", args.image_sizes), ("text", args.text_lengths)):
+        for length in (int(x) for x in lengths.split(",") if x):
+            rows += measure(args, tower, length, probe)
+            print(f"{tower} {length}: done at {time.perf_counter() - start:.0f} s", flush=True)
+    if args.clip:
+        rows += clip_rows(args, probe)
+    write(rows, args, probe, time.perf_counter() - start)
+    return Path(args.out) / "bench_long.md"
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,35 @@
+"""scripts.bench_long on a tiny model: every tower, length and attention timed, long ones extrapolated from one
+block, the whole CLIP at one setting, and the CSV, table and plot written (figures are not asserted: timing)."""
+
+import csv
+
+import pytest
+
+from scripts import bench_long
+
+
+def test_bench_long_writes_every_row_and_marks_extrapolated_ones(tmp_path):
+    argv = ["--size", "tiny-s", "--image-sizes", "32,64", "--text-lengths", "8,48", "--clip", "32,16"]
+    argv += ["--block-above", "40", "--steps", "1", "--threads", "1", "--out", str(tmp_path)]
+    argv += ["--attentions", "softmax,linear_affine_nodenom,linear_elu"]
+    md = bench_long.main(argv)
+    with open(tmp_path / "bench_long.csv") as f:
+        rows = list(csv.DictReader(f))
+    image = {(r["length"], r["attention"], r["checkpointing"]) for r in rows if r["part"] == "image"}
+    assert len(image) == 2 * 3 * 2 and len([r for r in rows if r["part"] == "text"]) == 2 * 3 * 2
+    tokens = {r["part"] + r["length"]: int(r["tokens"]) for r in rows}
+    assert tokens["image64"] > 40 and tokens["text48"] > 40 and tokens["image32"] <= 40
+    for r in rows:
+        assert float(r["seconds"]) > 0, r
+        assert (r["how"] == "measured") == (int(r["tokens"]) <= 40 or r["part"] == "clip"), r
+    assert {r["attention"] for r in rows if r["part"] == "clip"} == {"softmax", "linear_affine_nodenom", "linear_elu"}
+    text = md.read_text()
+    assert "| image | 64 |" in text and "block x" in text and "Slopes of log step time" in text
+    assert (tmp_path / "bench_long.png").stat().st_size > 0
+
+
+def test_flop_bound_falls_with_length_and_softmax_is_required():
+    assert bench_long.flop_ratio(384, 64, 197) > bench_long.flop_ratio(384, 64, 4097) > 0
+    assert bench_long.flop_ratio(384, 64, 64) == pytest.approx(1.0)
+    with pytest.raises(SystemExit):
+        bench_long.parse_args(["--attentions", "linear_elu"])
