@@ -50,6 +50,7 @@ TRAINS = (
     "tests/scripts/test_gpu_train_check.py",
     "tests/scripts/test_bench_attention.py",
     "tests/scripts/test_bench_train.py",
+    "tests/scripts/test_bench_long.py",
     "tests/eval/test_zeroshot.py",
     "tests/eval/test_numbered_folders.py",
     "tests/data/test_epochs.py",
