@@ -18,7 +18,7 @@ from pathlib import Path
 
 from eval.datasets import EvalInputError
 from eval.suite import read_suite
-from train.submit import (
+from train.slurm import (
     REPO,
     Resources,
     SubmitError,

@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from models import layout
-from train.submit import (
+from train.slurm import (
     Resources,
     SubmitError,
     add_resource_arguments,

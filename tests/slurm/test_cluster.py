@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.slurm.jobs import CPU_JOB, REPO, TINY, assert_completed, job_output, submit_command, wait_for
-from train.submit import Resources, render_train, submit
+from train.slurm import Resources, render_train, submit
 
 PREEMPT_STEPS = 40
 

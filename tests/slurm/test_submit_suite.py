@@ -8,7 +8,8 @@ import subprocess
 import pytest
 
 from tests.eval import evalsets
-from train.submit import Resources, main
+from train.slurm import Resources
+from train.submit import main
 from train.submit_suite import render_suite
 
 

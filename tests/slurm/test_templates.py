@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from train.submit import Resources, SbatchTemplate, SubmitError, render_job, render_train, time_limit_seconds
+from train.slurm import Resources, SbatchTemplate, SubmitError, render_job, render_train, time_limit_seconds
 from train.sweep import Task, task_block
 
 CONFIG = Path("/configs/tiny.yaml")
