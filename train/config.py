@@ -26,6 +26,7 @@ import yaml
 
 from data import DataConfig
 from models import ModelConfig
+from models.attention import get_attention, rope
 
 
 class ConfigError(ValueError):
@@ -188,6 +189,7 @@ def build_config(raw: dict) -> Config:
     sections = {name: build_section(name, SECTIONS[name], raw.get(name) or {}) for name in SECTIONS}
     cfg = Config(**sections)
     check_ranges(cfg)
+    check_model_names(cfg)
     return cfg
 
 
@@ -234,6 +236,21 @@ def check_ranges(cfg: Config) -> None:
         value = getattr(getattr(cfg, section), key)
         if value is not None and not test(value):
             raise ConfigError(f"{section}.{key}={value!r} is out of range: it must be {allowed}")
+
+
+def check_model_names(cfg: Config) -> None:
+    """Attention and position names known to the registry (and causal where the text tower needs it), so a
+    sweep or a Slurm job with a typo fails at submission, not on the cluster."""
+    for tower, causal in (("image", False), ("text", True)):
+        value = getattr(cfg.model, f"{tower}_attention")
+        for name in dict.fromkeys([value] if isinstance(value, str) else value):
+            try:
+                get_attention(name).check_causal(causal)
+            except ValueError as e:
+                raise ConfigError(f"model.{tower}_attention: {e}") from None
+        kind = getattr(cfg.model, f"{tower}_pos_embed")
+        if kind not in rope.KINDS:
+            raise ConfigError(f"model.{tower}_pos_embed={kind!r} is not known; use one of {', '.join(rope.KINDS)}")
 
 
 def warmup_warning(cfg: Config) -> str | None:
