@@ -98,7 +98,8 @@ def test_defaults_are_open_clips_laion_recipe():
 
 
 def test_unknown_attention_is_a_config_error(tmp_path, synthetic):
-    with pytest.raises(ConfigError, match=r"model.image_attention: unknown attention 'nope'; known attentions: .*softmax"):
+    unknown = r"model.image_attention: unknown attention 'nope'; known attentions: .*softmax"
+    with pytest.raises(ConfigError, match=unknown):
         run(tiny_config(tmp_path, synthetic), "model.image_attention=nope")
     # refused when the config loads, so a Slurm job or sweep with a typo is refused at submission
     with pytest.raises(ConfigError, match=r"model.text_attention: attention 'efficient' cannot be causal"):
