@@ -1,0 +1,76 @@
+"""Stage 1 of linearising a softmax CLIP (train/distill.py): attention transfer to a frozen teacher."""
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+import models
+from models.layout import CheckpointError
+from train.distill import (
+    attention_layers,
+    attention_parameters,
+    attention_transfer,
+    freeze_all_but_attention,
+    load_teacher,
+)
+
+
+def batch(model):
+    g = torch.Generator().manual_seed(0)
+    images = torch.randn(4, 3, 32, 32, generator=g)
+    tokens = models.tokenizer("tiny-s")(["a red circle", "a blue square", "a green star", "a big yellow ring"])
+    return images, tokens
+
+
+@pytest.fixture
+def teacher_file(tmp_path):
+    torch.manual_seed(0)
+    teacher = models.create_model("tiny-s")
+    path = tmp_path / "teacher.safetensors"
+    save_file({k: v.contiguous() for k, v in teacher.state_dict().items()}, str(path))
+    return path
+
+
+def test_a_softmax_student_equal_to_its_teacher_has_zero_loss(teacher_file):
+    student = models.create_model("tiny-s", pretrained=str(teacher_file))
+    teacher = load_teacher(str(teacher_file), student)
+    loss, per_layer = attention_transfer(student, teacher, *batch(student))
+    assert loss.item() == 0.0
+    assert set(per_layer) == set(attention_layers(student))  # every layer of both towers
+    assert any(n.startswith("visual.") for n in per_layer) and any(n.startswith("transformer.") for n in per_layer)
+
+
+@pytest.mark.parametrize("attention", ["linear_affine_nodenom", "linear_elu"])
+def test_attention_transfer_trains_only_the_attention_and_lowers_the_loss(teacher_file, attention):
+    text = attention if attention != "efficient" else "softmax"
+    student = models.create_model(
+        "tiny-s", image_attention=attention, text_attention=text, pretrained=str(teacher_file)
+    )
+    teacher = load_teacher(str(teacher_file), student)
+    freeze_all_but_attention(student)
+    frozen = {k: v.clone() for k, v in student.state_dict().items() if ".attn." not in k}
+    optimizer = torch.optim.Adam(attention_parameters(student), lr=3e-3)
+    images, tokens = batch(student)
+    first = None
+    for _ in range(40):
+        optimizer.zero_grad()
+        loss, _ = attention_transfer(student, teacher, images, tokens)
+        loss.backward()
+        optimizer.step()
+        first = first if first is not None else loss.item()
+    assert loss.item() < 0.5 * first, (first, loss.item())
+    for key, value in student.state_dict().items():
+        if key in frozen:
+            torch.testing.assert_close(value, frozen[key], rtol=0, atol=0, msg=key)
+    assert all(p.grad is None and not p.requires_grad for p in teacher.parameters())
+
+
+def test_a_teacher_of_another_size_is_refused_naming_the_first_tensor(tmp_path):
+    other = models.create_model("tiny-m")
+    path = tmp_path / "tiny-m.safetensors"
+    save_file({k: v.contiguous() for k, v in other.state_dict().items()}, str(path))
+    student = models.create_model("tiny-s", image_attention="linear_affine_nodenom")
+    with pytest.raises(
+        CheckpointError, match=r"distill.teacher: \S+ is \(.*\) in the teacher but \(.*\) in the student"
+    ):
+        load_teacher(str(path), student)

@@ -1,0 +1,120 @@
+"""Linearising a pretrained softmax CLIP (issue 24), stage 1: attention transfer to a frozen teacher.
+
+Every student attention layer is trained to reproduce its teacher layer's output on the teacher's own hidden
+states (LoLCATs, Zhang et al. 2024, arXiv 2410.10254, sec. 3.1; ViT-AdaLA's per-block alignment): one teacher
+forward pass records, for each layer l of both towers, the input x_l of its attention (after ln_1) and its
+output y_l; the student's layer l maps the same x_l, and the loss is
+
+    L = sum over layers l of mean((student_attn_l(x_l) - y_l)^2)
+
+so the layers learn side by side, none waiting for the one below it. Only attention parameters train
+(`attention_parameters`: the q/k/v and output projections, and any parameters of the attention itself, e.g.
+Linformer's projections).
+
+    teacher = load_teacher("runs/softmax-w64", student)      # a run or checkpoint folder, a weights file,
+    teacher = load_teacher("open_clip:ViT-B-16:laion400m_e32", student)   # or open_clip NAME:TAG (offline)
+    loss, per_layer = attention_transfer(student, teacher, images, tokens)
+
+Not yet here: the `distill:` config section, stage 2 (contrastive + distillation to the teacher's embeddings
+and similarities), and their place in the training loop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from models import ModelConfig, build_clip, layout
+from models.attention import Attention
+from models.layout import CheckpointError
+from models.pretrained import match_scalars, read_state_dict
+
+SHARED = ("in_proj_weight", "in_proj_bias", "out_proj.weight", "out_proj.bias")  # open_clip's, in every variant
+
+
+def attention_layers(model: nn.Module) -> dict[str, Attention]:
+    """name -> attention module, in forward order of each tower (visual.transformer..., transformer...)."""
+    return {name: m for name, m in model.named_modules() if isinstance(m, Attention)}
+
+
+def attention_parameters(model: nn.Module) -> list[nn.Parameter]:
+    """The parameters of every attention layer (projections included): what stage 1 trains."""
+    return [p for m in attention_layers(model).values() for p in m.parameters()]
+
+
+def freeze_all_but_attention(model: nn.Module) -> None:
+    trainable = {id(p) for p in attention_parameters(model)}
+    for p in model.parameters():
+        p.requires_grad_(id(p) in trainable)
+
+
+def check_same_architecture(student: nn.Module, theirs: dict[str, Tensor]) -> None:
+    """The student's shared tensors (all but its attentions' own extras) exist in the teacher's state `theirs` with
+    the same shapes; the first that does not is one CheckpointError line naming it and both shapes."""
+    extras = {
+        f"{name}.{key}" for name, m in attention_layers(student).items() for key in m.state_dict() if key not in SHARED
+    }
+    for key, value in student.state_dict().items():
+        if key in extras:
+            continue
+        if key not in theirs:
+            raise CheckpointError(
+                f"distill.teacher has no {key} (the student's is {tuple(value.shape)}); use a teacher of the "
+                "student's size"
+            )
+        if theirs[key].shape != value.shape:
+            raise CheckpointError(
+                f"distill.teacher: {key} is {tuple(theirs[key].shape)} in the teacher but {tuple(value.shape)} in "
+                "the student; use a teacher of the student's size"
+            )
+
+
+def load_teacher(source: str, student: nn.Module) -> nn.Module:
+    """The frozen teacher (eval mode, no gradients): one of our run or checkpoint folders (built from the model
+    config saved with it), a safetensors / torch file (the student's size with softmax attention), or
+    `open_clip:NAME:TAG` (open_clip.create_model, offline from a local file or the Hugging Face cache)."""
+    cfg = dataclasses.replace(student.config, image_attention="softmax", text_attention="softmax")
+    if source.startswith("open_clip:"):
+        import open_clip
+
+        name, _, tag = source.removeprefix("open_clip:").partition(":")
+        state = open_clip.create_model(name, pretrained=tag or None).state_dict()
+    else:
+        state = read_state_dict(source)
+        if Path(source).is_dir():
+            saved = layout.read_meta(layout.find_checkpoint(Path(source)))["config"]["model"]
+            cfg = ModelConfig(**{**dataclasses.asdict(ModelConfig()), **saved})
+    cfg = dataclasses.replace(cfg, pretrained=None, grad_checkpointing=False, patch_dropout=0.0)
+    teacher = build_clip(cfg)
+    state = match_scalars(state, teacher.state_dict())
+    check_same_architecture(student, state)
+    teacher.load_state_dict(state)
+    return teacher.eval().requires_grad_(False)
+
+
+def attention_transfer(
+    student: nn.Module, teacher: nn.Module, images: Tensor, tokens: Tensor
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """(sum over layers of the output MSE, {layer name: its MSE (detached)}) for one batch; see the module
+    docstring. The teacher runs once, under no_grad; each student layer sees its teacher layer's input."""
+    records: dict[str, tuple] = {}
+
+    def record(name):
+        return lambda module, args, kwargs, out: records.__setitem__(name, (args, kwargs, out))
+
+    hooks = [m.register_forward_hook(record(n), with_kwargs=True) for n, m in attention_layers(teacher).items()]
+    try:
+        with torch.no_grad():
+            teacher(images, tokens)
+    finally:
+        for h in hooks:
+            h.remove()
+    losses = {}
+    for name, layer in attention_layers(student).items():
+        args, kwargs, target = records[name]
+        losses[name] = (layer(*args, **kwargs) - target).square().mean()
+    total = torch.stack(list(losses.values())).sum()
+    return total, {k: v.detach() for k, v in losses.items()}
