@@ -97,12 +97,26 @@ class EvalConfig:
 
 
 @dataclass
+class DistillConfig:
+    """Linearising a pretrained CLIP (train/distill.py): with a teacher, training fits the student's attention.
+
+    teacher: the frozen teacher, one of our run or checkpoint folders, a safetensors / torch file (the
+    student's size), or open_clip:NAME:TAG; the student (`model`, any attention) starts from its weights unless
+    model.pretrained is set. stage: transfer = every attention layer trained to reproduce its teacher layer's
+    output on the teacher's hidden states, only attention parameters trainable (LoLCATs' attention transfer)."""
+
+    teacher: str | None = None
+    stage: Literal["transfer"] = "transfer"
+
+
+@dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    distill: DistillConfig = field(default_factory=DistillConfig)
 
 
 SECTIONS = typing.get_type_hints(Config)  # section name -> dataclass
@@ -190,6 +204,11 @@ def build_config(raw: dict) -> Config:
     cfg = Config(**sections)
     check_ranges(cfg)
     check_model_names(cfg)
+    if cfg.distill.teacher and cfg.model.grad_checkpointing:
+        raise ConfigError(
+            "distill.stage=transfer feeds each attention layer the teacher's hidden states, which a recomputed "
+            "(checkpointed) forward would not see; set model.grad_checkpointing=false"
+        )
     return cfg
 
 

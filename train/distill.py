@@ -15,8 +15,15 @@ Linformer's projections).
     teacher = load_teacher("open_clip:ViT-B-16:laion400m_e32", student)   # or open_clip NAME:TAG (offline)
     loss, per_layer = attention_transfer(student, teacher, images, tokens)
 
-Not yet here: the `distill:` config section, stage 2 (contrastive + distillation to the teacher's embeddings
-and similarities), and their place in the training loop.
+In training (`distill.teacher` set, train/config.py's DistillConfig) the loss is `AttentionTransfer`: the
+teacher runs once per micro-batch; then the student runs its ordinary forward (through DDP or FSDP, so their
+gradient sync holds), each attention layer's input replaced by a forward pre-hook with its teacher layer's,
+and the MSE of each layer's output is summed. The student's other parameters are frozen; the teacher is kept
+out of the module tree, so it is never in the optimizer, never sharded (replicated on every rank, in the
+training precision through autocast) and never written into a checkpoint.
+
+Not yet here: stage 2 (contrastive loss plus distillation to the teacher's embeddings and similarities), LoRA,
+the teacher's zero-shot top-1 beside the student's.
 """
 
 from __future__ import annotations
@@ -36,7 +43,7 @@ SHARED = ("in_proj_weight", "in_proj_bias", "out_proj.weight", "out_proj.bias") 
 
 
 def attention_layers(model: nn.Module) -> dict[str, Attention]:
-    """name -> attention module, in forward order of each tower (visual.transformer..., transformer...)."""
+    """name -> attention module, in module order (the text tower's layers first, as CLIP registers them)."""
     return {name: m for name, m in model.named_modules() if isinstance(m, Attention)}
 
 
@@ -93,6 +100,68 @@ def load_teacher(source: str, student: nn.Module) -> nn.Module:
     check_same_architecture(student, state)
     teacher.load_state_dict(state)
     return teacher.eval().requires_grad_(False)
+
+
+class AttentionTransfer:
+    """objective(model, images, tokens) -> the summed per-layer MSE, the student run through `model` itself
+    (module docstring). `last` holds the last batch's per-layer MSEs."""
+
+    def __init__(self, teacher: nn.Module, autocast):
+        self.teacher, self.autocast, self.last = teacher, autocast, {}
+
+    def __call__(self, model: nn.Module, images: Tensor, tokens: Tensor) -> Tensor:
+        records = teacher_records(self.teacher, images, tokens, self.autocast)
+        layers = list(attention_layers(model).values())  # module order, the teacher's, whatever wraps the student
+        outputs: list = [None] * len(layers)
+
+        def replace(i):
+            return lambda module, args, kwargs: records[i][:2]
+
+        def keep(i):
+            return lambda module, args, kwargs, out: outputs.__setitem__(i, out)
+
+        hooks = [m.register_forward_pre_hook(replace(i), with_kwargs=True) for i, m in enumerate(layers)]
+        hooks += [m.register_forward_hook(keep(i), with_kwargs=True) for i, m in enumerate(layers)]
+        try:
+            with self.autocast():
+                model(images, tokens)
+        finally:
+            for h in hooks:
+                h.remove()
+        losses = [(out.float() - rec[2].float()).square().mean() for out, rec in zip(outputs, records)]
+        self.last = {i: loss.detach() for i, loss in enumerate(losses)}
+        return torch.stack(losses).sum()
+
+
+def teacher_records(teacher: nn.Module, images: Tensor, tokens: Tensor, autocast) -> list[tuple]:
+    """[(args, kwargs, output)] of every teacher attention layer in module order (attention_layers), from one
+    no-grad pass."""
+    layers = list(attention_layers(teacher).values())
+    records: list = [None] * len(layers)
+
+    def keep(i):
+        return lambda module, args, kwargs, out: records.__setitem__(i, (args, kwargs, out))
+
+    hooks = [m.register_forward_hook(keep(i), with_kwargs=True) for i, m in enumerate(layers)]
+    try:
+        with torch.no_grad(), autocast():
+            teacher(images, tokens)
+    finally:
+        for h in hooks:
+            h.remove()
+    return records
+
+
+def objective(cfg, model_cfg, model: nn.Module, accelerator) -> AttentionTransfer:
+    """The training objective of a `distill:` section: the teacher loaded and checked, the student started from
+    its weights (unless model.pretrained), everything but the attention frozen."""
+    from models.pretrained import load_pretrained
+
+    teacher = load_teacher(cfg.teacher, model)
+    if not model_cfg.pretrained:
+        load_pretrained(model, teacher.state_dict())
+    freeze_all_but_attention(model)
+    return AttentionTransfer(teacher.to(accelerator.device), accelerator.autocast)
 
 
 def attention_transfer(

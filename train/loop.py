@@ -115,6 +115,18 @@ def compute_gradients(
     return loss.detach()
 
 
+def objective_gradients(accelerator: Accelerator, model: nn.Module, objective, micro_batches: list) -> Tensor:
+    """Backward of `objective(model, images, tokens)` (a per-sample mean, e.g. train/distill.py's attention
+    transfer) averaged over the micro-batches; returns it (detached)."""
+    total = 0.0
+    for j, (images, tokens) in enumerate(micro_batches):
+        with nullcontext() if j == len(micro_batches) - 1 else accelerator.no_sync(model):
+            loss = objective(model, images, tokens) / len(micro_batches)
+            accelerator.backward(loss)
+        total = total + loss.detach()
+    return total
+
+
 def clip_gradients(accelerator: Accelerator, model: nn.Module, clip_norm: float | None) -> Tensor:
     """The global gradient norm as a device tensor (read later, with the loss); gradients scaled to clip_norm."""
     return accelerator.clip_grad_norm_(model.parameters(), clip_norm if clip_norm else math.inf)
@@ -147,6 +159,7 @@ class Trainer:
     progress: Progress = field(default_factory=Progress)
     gmacs_per_sample: float | None = None  # the model's forward MACs per sample, for TFLOP/s
     throughput: Throughput | None = None  # started by run()
+    objective: Callable | None = None  # objective(model, images, tokens) -> loss in place of the contrastive loss
 
     def run(self, stop: StopFlag) -> int:
         """Train to cfg.max_steps; returns the exit code (0 done, 75 pre-empted)."""
@@ -195,7 +208,10 @@ class Trainer:
         data_wait = time.perf_counter() - start
         self.optimizer.zero_grad(set_to_none=True)
         bias = getattr(acc.unwrap_model(self.model), "logit_bias", None)
-        loss = compute_gradients(acc, self.model, self.loss_fn, batches, logit_bias=bias)
+        if self.objective is not None:
+            loss = objective_gradients(acc, self.model, self.objective, batches)
+        else:
+            loss = compute_gradients(acc, self.model, self.loss_fn, batches, logit_bias=bias)
         grad_norm = clip_gradients(acc, self.model, self.clip_norm)
         loss, grad_norm, stop_now = agree(acc, loss, grad_norm, stop.requested)
         bad = not should_step(acc, loss, grad_norm)

@@ -28,6 +28,7 @@ from eval.val_loss import check_val_shards, validation_loss
 from eval.zeroshot import evaluate
 from models import ModelConfig, build_clip, layout, summary, tokenizer, transforms
 from models.layout import CheckpointError, is_url, read_meta
+from train import distill
 from train.branch import starting_point
 from train.checkpoint import load_checkpoint
 from train.config import Config, ConfigError, dump, load_config, to_dict
@@ -56,6 +57,7 @@ def fit(cfg: Config, stop: StopFlag) -> int:
     accelerator = make_accelerator(cfg.train)
     data = build_data(cfg.data, cfg.model, cfg.train.augment, accelerator)
     model = build_model(cfg.model, cfg.train.loss, cfg.train.compile)
+    objective = distill.objective(cfg.distill, cfg.model, model, accelerator) if cfg.distill.teacher else None
     sizes = summary(model)  # before sharding: whole-model parameter counts and GMACs
     if accelerator.distributed_type.name == "FSDP":
         model = shard_model(model, cfg.train, accelerator.device.type)
@@ -81,6 +83,7 @@ def fit(cfg: Config, stop: StopFlag) -> int:
         eval_every=cfg.eval.every,
         progress=progress,
         gmacs_per_sample=sizes["gmacs_per_sample"],
+        objective=objective,
     )
     code = trainer.run(stop)
     if accelerator.is_main_process:

@@ -74,3 +74,31 @@ def test_a_teacher_of_another_size_is_refused_naming_the_first_tensor(tmp_path):
         CheckpointError, match=r"distill.teacher: \S+ is \(.*\) in the teacher but \(.*\) in the student"
     ):
         load_teacher(str(path), student)
+
+
+def test_training_with_a_teacher_fits_the_attention_only_and_saves_only_the_student(tmp_path, synthetic, teacher_file):
+    """python -m train with distill.teacher: the student (Eq. 7) starts from the teacher, its attention-transfer
+    loss falls, everything but the attention keeps the teacher's weights, the checkpoint holds the student alone."""
+    from safetensors.torch import load_file
+
+    from tests.train.common import checkpoints, run, tiny_config, train_records, weights
+
+    config = tiny_config(tmp_path, synthetic, optim={"lr": 3e-3, "warmup_steps": 1}, train={"max_steps": 12})
+    overrides = ["model.image_attention=linear_affine_nodenom", "model.text_attention=linear_affine_nodenom"]
+    assert run(config, f"distill.teacher={teacher_file}", *overrides) == 0
+    losses = [r["loss"] for r in train_records(tmp_path / "run")]
+    assert losses[-1] < 0.7 * losses[0], losses
+    final = weights(checkpoints(tmp_path / "run")[-1])
+    teacher = load_file(str(teacher_file))
+    assert set(final) == set(teacher)  # no teacher copy, no extra keys
+    for key, value in final.items():
+        same = torch.equal(value, teacher[key].reshape(value.shape))
+        assert same == (".attn." not in key), key  # attention trained, the rest frozen at the teacher's
+
+
+def test_a_teacher_with_checkpointing_is_refused(tmp_path, synthetic, teacher_file):
+    from tests.train.common import run, tiny_config
+    from train.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"set model.grad_checkpointing=false"):
+        run(tiny_config(tmp_path, synthetic), f"distill.teacher={teacher_file}", "model.grad_checkpointing=true")
