@@ -13,7 +13,7 @@ Linformer's projections).
 
     teacher = load_teacher("runs/softmax-w64", student)      # a run or checkpoint folder, a weights file,
     teacher = load_teacher("open_clip:ViT-B-16:laion400m_e32", student)   # or open_clip NAME:TAG (offline)
-    loss, per_layer = attention_transfer(student, teacher, images, tokens)
+    loss = AttentionTransfer(teacher, contextlib.nullcontext)(student, images, tokens)
 
 In training (`distill.teacher` set, train/config.py's DistillConfig) the loss is `AttentionTransfer`: the
 teacher runs once per micro-batch; then the student runs its ordinary forward (through DDP or FSDP, so their
@@ -162,28 +162,3 @@ def objective(cfg, model_cfg, model: nn.Module, accelerator) -> AttentionTransfe
         load_pretrained(model, teacher.state_dict())
     freeze_all_but_attention(model)
     return AttentionTransfer(teacher.to(accelerator.device), accelerator.autocast)
-
-
-def attention_transfer(
-    student: nn.Module, teacher: nn.Module, images: Tensor, tokens: Tensor
-) -> tuple[Tensor, dict[str, Tensor]]:
-    """(sum over layers of the output MSE, {layer name: its MSE (detached)}) for one batch; see the module
-    docstring. The teacher runs once, under no_grad; each student layer sees its teacher layer's input."""
-    records: dict[str, tuple] = {}
-
-    def record(name):
-        return lambda module, args, kwargs, out: records.__setitem__(name, (args, kwargs, out))
-
-    hooks = [m.register_forward_hook(record(n), with_kwargs=True) for n, m in attention_layers(teacher).items()]
-    try:
-        with torch.no_grad():
-            teacher(images, tokens)
-    finally:
-        for h in hooks:
-            h.remove()
-    losses = {}
-    for name, layer in attention_layers(student).items():
-        args, kwargs, target = records[name]
-        losses[name] = (layer(*args, **kwargs) - target).square().mean()
-    total = torch.stack(list(losses.values())).sum()
-    return total, {k: v.detach() for k, v in losses.items()}

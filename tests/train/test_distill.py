@@ -1,5 +1,7 @@
 """Stage 1 of linearising a softmax CLIP (train/distill.py): attention transfer to a frozen teacher."""
 
+from contextlib import nullcontext
+
 import pytest
 import torch
 from safetensors.torch import save_file
@@ -7,9 +9,9 @@ from safetensors.torch import save_file
 import models
 from models.layout import CheckpointError
 from train.distill import (
+    AttentionTransfer,
     attention_layers,
     attention_parameters,
-    attention_transfer,
     freeze_all_but_attention,
     load_teacher,
 )
@@ -34,10 +36,11 @@ def teacher_file(tmp_path):
 def test_a_softmax_student_equal_to_its_teacher_has_zero_loss(teacher_file):
     student = models.create_model("tiny-s", pretrained=str(teacher_file))
     teacher = load_teacher(str(teacher_file), student)
-    loss, per_layer = attention_transfer(student, teacher, *batch(student))
-    assert loss.item() == 0.0
-    assert set(per_layer) == set(attention_layers(student))  # every layer of both towers
-    assert any(n.startswith("visual.") for n in per_layer) and any(n.startswith("transformer.") for n in per_layer)
+    transfer = AttentionTransfer(teacher, nullcontext)
+    assert transfer(student, *batch(student)).item() == 0.0
+    names = list(attention_layers(student))
+    assert len(transfer.last) == len(names)  # every layer of both towers
+    assert any(n.startswith("visual.") for n in names) and any(n.startswith("transformer.") for n in names)
 
 
 @pytest.mark.parametrize("attention", ["linear_affine_nodenom", "linear_elu"])
@@ -54,7 +57,7 @@ def test_attention_transfer_trains_only_the_attention_and_lowers_the_loss(teache
     first = None
     for _ in range(40):
         optimizer.zero_grad()
-        loss, _ = attention_transfer(student, teacher, images, tokens)
+        loss = AttentionTransfer(teacher, nullcontext)(student, images, tokens)
         loss.backward()
         optimizer.step()
         first = first if first is not None else loss.item()
