@@ -50,7 +50,7 @@ def test_demo_quick_writes_the_report(tmp_path):
 
 def test_study_config_errors_are_one_line(tmp_path):
     study = load_study(demo.STUDY)
-    assert len(study.sizes) >= 5 and "softmax" in study.attentions and study.jobs >= 1
+    assert len(study.sizes) >= 4 and "softmax" in study.attentions and study.jobs >= 1
     assert load_study(demo.STUDY, quick=True).run["train.max_steps"] < 10
     (tmp_path / "bad.yaml").write_text("sizes: {demo-w32: {}}\nattentions: [softmax]\ndata: {}\nstep: 3\n")
     with pytest.raises(StudyError, match=r"unknown key 'step'; valid keys: attentions, bench, budgets, data"):
@@ -68,7 +68,7 @@ def test_per_attention_settings_scale_the_learning_rate_and_override_the_run(tmp
     study = load_study(demo.STUDY)
     study.per_attention = {"linear_affine_nodenom": {"lr_scale": 2.0, "run": {"train.max_steps": 2400}}}
     paths = {"train": "t", "val": "v", "eval": "e"}
-    jobs = {(j.size, j.attention): j.argv for j in jobs_of(study, tmp_path, paths, seed=0)}
+    jobs = {(j.size, j.attention): j.argv for j in jobs_of(study, tmp_path, paths, seed=0) if j.after is None}
     for size, settings in study.sizes.items():
         nodenom, softmax = jobs[size, "linear_affine_nodenom"], jobs[size, "softmax"]
         assert f"optim.lr={2.0 * settings['optim.lr']}" in nodenom and "train.max_steps=2400" in nodenom
@@ -81,27 +81,41 @@ def test_per_attention_settings_scale_the_learning_rate_and_override_the_run(tmp
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not os.environ.get("RUN_SLOW"), reason="the full study takes ~15 minutes of 2 cores; RUN_SLOW=1")
+@pytest.mark.skipif(not os.environ.get("RUN_SLOW"), reason="the full study takes ~35 minutes of 2 cores; RUN_SLOW=1")
 def test_full_study_shows_scaling(tmp_path):
-    """What the study must show (README, "The main job"), read back from the files it wrote (not a timing)."""
-    out = demo.main(["--out", str(tmp_path / "demo")])
-    runs, fits, _ = read(out)
+    """What the study must show (README, "The main job"; issue 23 items 1 and 3), read back from its files."""
+    check_full_study(demo.main(["--out", str(tmp_path / "demo")]))
+
+
+def check_full_study(out: Path) -> None:
+    """The checks of a finished full study folder (also run by hand on one: docs/study.md)."""
+    runs, fits, report = read(out)
     classes = (out / "data" / "eval" / "classnames.txt").read_text().splitlines()
     assert 1 / len(classes) <= 0.05
     by = {
         a: sorted((r for r in runs if r["attention"] == a), key=lambda r: r["params_without_token_embedding"])
         for a in {r["attention"] for r in runs}
     }
-    # 1. The models learn the task, and the best runs are still improving at the end.
-    assert max(r["top1"] for r in by["softmax"]) >= 0.8
+    assert set(by) == {"softmax", "linear_affine", "linear_affine_nodenom"}
+    for attention, rows in by.items():
+        # 1. Every attention learns the task; the largest run's flattening is judged between its last two budgets.
+        assert max(r["top1"] for r in rows) >= 0.8, attention
+        assert len(rows) >= 4 and len(rows[-1]["budgets"]) == 3, attention
+        assert f"- {attention}: the largest run" in report and "between its last two budgets" in report
     for attention in ("softmax", "linear_affine_nodenom"):
         rows = by[attention]
-        assert len(rows) >= 5 and rows[-1]["tail_slope"] < 0, attention
-        # 2. Error falls with size at the end of training, and with compute on the frontier.
-        assert 1 - rows[-1]["top1"] < 1 - rows[0]["top1"], attention
-        for name in ("error_params", "error_frontier"):
-            assert fits[name]["groups"][attention]["alpha_ci"][1] < 0, (name, attention)
-    assert fits["error_frontier"]["groups"]["softmax"]["n_points"] == sum(len(r["curve"]) for r in by["softmax"])
+        assert 1 - rows[-1]["top1"] < 1 - rows[0]["top1"], attention  # error falls with size
+        assert fits["error_frontier"]["groups"][attention]["alpha_ci"][1] < 0, attention  # and with compute
+    # 2. A learning rate chosen per attention by the sweep.
+    sweep = json.loads((out / "lr_sweep.json").read_text())
+    assert sorted(r["attention"] for r in sweep if r["chosen"]) == sorted(by)
+    # 3. Multipliers with intervals, exponents and their differences, and the claims with their numbers.
+    table = report.split("## Samples to a target error")[1].split("\n## ")[0]
+    assert any(f"| {a} | " in table and "x [" in table for a in ("linear_affine", "linear_affine_nodenom"))
+    assert "alpha(linear_affine_nodenom) - alpha(softmax)" in report
+    for claim in ("(a) Eq. 7 converges", "(b) the normalised form", "(c) the scaling exponents", "(d) LA needs"):
+        line = next(line for line in report.splitlines() if line.startswith(f"| {claim}"))
+        assert any(v in line for v in ("**supported**", "**not supported**", "**undetermined**")), line
 
 
 def test_budgets_are_cooldown_branches_of_one_constant_rate_run(tmp_path):
@@ -131,8 +145,8 @@ def test_demo_quick_with_budgets_reports_each_budget(tmp_path):
     row per budget, and the curve the multipliers read is the budgets' ends."""
     study = tmp_path / "study.yaml"
     raw = yaml.safe_load(demo.STUDY.read_text())
-    raw["budgets"] = {"fractions": [0.5], "cooldown": 0.5}
-    raw["lr_sweep"] = {"size": "demo-w32", "scales": [0.5, 2.0], "run": {"train.max_steps": 4}}
+    raw["quick"]["budgets"] = {"fractions": [0.5], "cooldown": 0.5}
+    raw["quick"]["lr_sweep"] = {"size": "demo-w32", "scales": [0.5, 2.0], "run": {"train.max_steps": 4}}
     raw["quick"]["run"]["train.max_steps"] = 8
     study.write_text(yaml.safe_dump(raw))
     args = ["--quick", "--study", str(study), "--sizes", "demo-w32", "--attentions", "softmax"]
