@@ -24,7 +24,7 @@ import argparse
 import csv
 import math
 import os
-import platform
+import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -237,10 +237,13 @@ def write(rows: list[dict], args, probe, total: float) -> None:
         "# Long sequences: training-step time of the whole model against length",
         "",
         f"`python -m scripts.bench_long {' '.join(args.argv)}`, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC; "
-        f"{probe.describe()}, {platform.machine()}, {os.cpu_count()} cores, {args.threads} torch threads, load "
+        f"{probe.describe()}, {os.cpu_count()} cores, {args.threads} torch threads, load "
         f"average {os.getloadavg()[0]:.1f} at the end; {args.size}, fp32; fastest of {args.steps} rounds; "
         f"total {total / 60:.1f} min. Ratio: the attention's step time over softmax's (SDPA) at the same length "
-        "and checkpointing; bound: the FLOP model's ratio (scripts/bench_long.py).",
+        "and checkpointing; bound: the FLOP model's ratio (scripts/bench_long.py). Peak MB on a CPU: the process's "
+        "resident-set high-water mark above what it held before the step; the allocator keeps freed memory, so a "
+        "step after a bigger one reads about 0 (no new peak); the GPU form, where memory reads true, is not "
+        "written yet.",
         "",
         "| tower | length | tokens | attention | checkpointing | s / step | peak MB | ratio | FLOP bound | how |",
         "| --- | --- | ---: | --- | --- | ---: | ---: | ---: | ---: | --- |",
@@ -271,7 +274,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=2, help="CPU intra-op threads")
     p.add_argument("--out", default=str(DOCS))
     args = p.parse_args(argv)
-    args.argv = argv if argv is not None else []
+    args.argv = argv if argv is not None else sys.argv[1:]
     args.attentions = args.attentions.split(",")
     if "softmax" not in args.attentions:
         p.error("--attentions must include softmax: every ratio is against it")

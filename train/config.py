@@ -103,10 +103,16 @@ class DistillConfig:
     teacher: the frozen teacher, one of our run or checkpoint folders, a safetensors / torch file (the
     student's size), or open_clip:NAME:TAG; the student (`model`, any attention) starts from its weights unless
     model.pretrained is set. stage: transfer = every attention layer trained to reproduce its teacher layer's
-    output on the teacher's hidden states, only attention parameters trainable (LoLCATs' attention transfer)."""
+    output on the teacher's hidden states, only attention parameters trainable (LoLCATs' attention transfer);
+    distill = the whole student trained on contrastive_weight x the contrastive loss + embedding_weight x
+    (1 - cosine to the teacher's image and text embeddings) + similarity_weight x the KL divergence from the
+    teacher's image-text similarity distribution over the batch (both directions), each term logged."""
 
     teacher: str | None = None
-    stage: Literal["transfer"] = "transfer"
+    stage: Literal["transfer", "distill"] = "transfer"
+    contrastive_weight: float = 1.0
+    embedding_weight: float = 1.0
+    similarity_weight: float = 1.0
 
 
 @dataclass
@@ -204,7 +210,7 @@ def build_config(raw: dict) -> Config:
     cfg = Config(**sections)
     check_ranges(cfg)
     check_model_names(cfg)
-    if cfg.distill.teacher and cfg.model.grad_checkpointing:
+    if cfg.distill.teacher and cfg.distill.stage == "transfer" and cfg.model.grad_checkpointing:
         raise ConfigError(
             "distill.stage=transfer feeds each attention layer the teacher's hidden states, which a recomputed "
             "(checkpointed) forward would not see; set model.grad_checkpointing=false"

@@ -22,8 +22,13 @@ and the MSE of each layer's output is summed. The student's other parameters are
 out of the module tree, so it is never in the optimizer, never sharded (replicated on every rank, in the
 training precision through autocast) and never written into a checkpoint.
 
-Not yet here: stage 2 (contrastive loss plus distillation to the teacher's embeddings and similarities), LoRA,
-the teacher's zero-shot top-1 beside the student's.
+Stage 2 (`distill.stage: distill`, `Distillation`): the whole student trains on a weighted sum of the
+contrastive loss on the data and a distillation loss to the frozen teacher (its image and text embeddings,
+and its image-text similarity distribution over the batch as soft targets), each term logged. The whole
+student, not low-rank adapters: at the sizes this project trains on one node the full model fits, and
+ViT-AdaLA fine-tunes it whole; LoRA (for a teacher and student too big for that) is not here.
+
+Not yet here: the teacher's zero-shot top-1 logged beside the student's.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import dataclasses
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from models import ModelConfig, build_clip, layout
@@ -152,13 +158,51 @@ def teacher_records(teacher: nn.Module, images: Tensor, tokens: Tensor, autocast
     return records
 
 
-def objective(cfg, model_cfg, model: nn.Module, accelerator) -> AttentionTransfer:
-    """The training objective of a `distill:` section: the teacher loaded and checked, the student started from
-    its weights (unless model.pretrained), everything but the attention frozen."""
-    from models.pretrained import load_pretrained
+class Distillation:
+    """Stage 2: objective(model, images, tokens) -> contrastive_weight x the contrastive loss (the run's own,
+    over the global batch) + embedding_weight x mean(1 - cos(student, teacher)) of the image and of the text
+    embeddings + similarity_weight x KL(teacher || student) of the softmax over the batch of each image's
+    similarities to the texts and each text's to the images (each model at its own logit scale; this rank's
+    batch). `terms` holds the last step's three terms for the log."""
 
-    teacher = load_teacher(cfg.teacher, model)
-    if not model_cfg.pretrained:
+    def __init__(self, teacher: nn.Module, autocast, contrastive, weights: tuple[float, float, float]):
+        self.teacher, self.autocast, self.contrastive, self.weights = teacher, autocast, contrastive, weights
+        self.terms: dict[str, float] = {}
+
+    def __call__(self, model: nn.Module, images: Tensor, tokens: Tensor) -> Tensor:
+        with torch.no_grad(), self.autocast():
+            t_image, t_text, t_scale = self.teacher(images, tokens)[:3]
+        with self.autocast():
+            image, text, scale = model(images, tokens)[:3]
+        image, text, t_image, t_text = (x.float() for x in (image, text, t_image, t_text))
+        bias = getattr(getattr(model, "module", model), "logit_bias", None)  # SigLIP's (DDP wraps the model)
+        contrastive = self.contrastive(image, text, scale, bias)
+        embedding = (2 - (image * t_image).sum(-1) - (text * t_text).sum(-1)).mean() / 2
+        student_logits, teacher_logits = scale * image @ text.T, t_scale * t_image @ t_text.T
+        similarity = (
+            sum(
+                F.kl_div(s.log_softmax(-1), t.log_softmax(-1), log_target=True, reduction="batchmean")
+                for s, t in ((student_logits, teacher_logits), (student_logits.T, teacher_logits.T))
+            )
+            / 2
+        )
+        parts = {"distill/contrastive": contrastive, "distill/embedding": embedding, "distill/similarity": similarity}
+        self.terms = {k: float(v.detach()) for k, v in parts.items()}
+        return sum(w * v for w, v in zip(self.weights, parts.values()))
+
+
+def objective(cfg, model: nn.Module, accelerator) -> AttentionTransfer | Distillation:
+    """The training objective of a config's `distill:` section: the teacher loaded and checked, the student
+    started from its weights (unless model.pretrained); for transfer everything but the attention frozen."""
+    from models.pretrained import load_pretrained
+    from train.loss import build_loss
+
+    d = cfg.distill
+    teacher = load_teacher(d.teacher, model).to(accelerator.device)
+    if not cfg.model.pretrained:
         load_pretrained(model, teacher.state_dict())
-    freeze_all_but_attention(model)
-    return AttentionTransfer(teacher.to(accelerator.device), accelerator.autocast)
+    if d.stage == "transfer":
+        freeze_all_but_attention(model)
+        return AttentionTransfer(teacher, accelerator.autocast)
+    weights = (d.contrastive_weight, d.embedding_weight, d.similarity_weight)
+    return Distillation(teacher, accelerator.autocast, build_loss(cfg.train.loss), weights)

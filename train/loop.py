@@ -276,6 +276,7 @@ class Trainer:
                 "bad_steps": p.bad_steps,
                 "skipped": skipped,
                 "time": time.time(),
+                **getattr(self.objective, "terms", {}),  # each term of a composite objective (train/distill.py)
             }
         )
 

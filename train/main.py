@@ -57,7 +57,7 @@ def fit(cfg: Config, stop: StopFlag) -> int:
     accelerator = make_accelerator(cfg.train)
     data = build_data(cfg.data, cfg.model, cfg.train.augment, accelerator)
     model = build_model(cfg.model, cfg.train.loss, cfg.train.compile)
-    objective = distill.objective(cfg.distill, cfg.model, model, accelerator) if cfg.distill.teacher else None
+    objective = distill.objective(cfg, model, accelerator) if cfg.distill.teacher else None
     sizes = summary(model)  # before sharding: whole-model parameter counts and GMACs
     if accelerator.distributed_type.name == "FSDP":
         model = shard_model(model, cfg.train, accelerator.device.type)

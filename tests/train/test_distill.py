@@ -4,7 +4,7 @@ from contextlib import nullcontext
 
 import pytest
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 import models
 from models.layout import CheckpointError
@@ -105,3 +105,31 @@ def test_a_teacher_with_checkpointing_is_refused(tmp_path, synthetic, teacher_fi
 
     with pytest.raises(ConfigError, match=r"set model.grad_checkpointing=false"):
         run(tiny_config(tmp_path, synthetic), f"distill.teacher={teacher_file}", "model.grad_checkpointing=true")
+
+
+def test_distillation_terms_vanish_for_a_student_equal_to_its_teacher(teacher_file):
+    from train.distill import Distillation
+    from train.loss import ClipLoss
+
+    student = models.create_model("tiny-s", pretrained=str(teacher_file))
+    teacher = load_teacher(str(teacher_file), student)
+    objective = Distillation(teacher, nullcontext, ClipLoss(), (0.0, 1.0, 1.0))
+    loss = objective(student, *batch(student))
+    assert abs(loss.item()) < 1e-5 and abs(objective.terms["distill/embedding"]) < 1e-6
+    assert objective.terms["distill/contrastive"] > 0  # logged although weighted 0
+
+
+def test_stage_two_trains_the_whole_student_and_logs_each_term(tmp_path, synthetic, teacher_file):
+    from tests.train.common import checkpoints, run, tiny_config, train_records, weights
+
+    config = tiny_config(tmp_path, synthetic, optim={"lr": 3e-3, "warmup_steps": 1}, train={"max_steps": 6})
+    overrides = ["model.image_attention=linear_affine_nodenom", "distill.stage=distill", "distill.embedding_weight=2"]
+    assert run(config, f"distill.teacher={teacher_file}", *overrides) == 0
+    records = train_records(tmp_path / "run")
+    for r in records:
+        terms = [r["distill/contrastive"], r["distill/embedding"], r["distill/similarity"]]
+        assert all(t >= 0 for t in terms)
+        assert r["loss"] == pytest.approx(terms[0] + 2 * terms[1] + terms[2], rel=1e-4)
+    final = weights(checkpoints(tmp_path / "run")[-1])
+    teacher = load_file(str(teacher_file))
+    assert not torch.equal(final["visual.conv1.weight"], teacher["visual.conv1.weight"])  # not frozen here
