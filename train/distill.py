@@ -28,7 +28,7 @@ and its image-text similarity distribution over the batch as soft targets), each
 student, not low-rank adapters: at the sizes this project trains on one node the full model fits, and
 ViT-AdaLA fine-tunes it whole; LoRA (for a teacher and student too big for that) is not here.
 
-Not yet here: the teacher's zero-shot top-1 logged beside the student's.
+The teacher's zero-shot results are logged beside the student's (train/main.py, make_evaluator).
 """
 
 from __future__ import annotations

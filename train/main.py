@@ -79,7 +79,7 @@ def fit(cfg: Config, stop: StopFlag) -> int:
         log,
         to_dict(cfg),
         clip_norm=cfg.optim.grad_clip_norm,
-        evaluate=make_evaluator(cfg, accelerator, model),
+        evaluate=make_evaluator(cfg, accelerator, model, teacher=getattr(objective, "teacher", None)),
         eval_every=cfg.eval.every,
         progress=progress,
         gmacs_per_sample=sizes["gmacs_per_sample"],
@@ -220,16 +220,25 @@ def start_run_dir(cfg: Config, accelerator, storage: RunStorage, step: int, size
     )
 
 
-def make_evaluator(cfg: Config, accelerator, model: nn.Module):
+def make_evaluator(cfg: Config, accelerator, model: nn.Module, teacher: nn.Module | None = None):
     """A callable returning {"val_loss": ..., "zeroshot/top1": ...} on rank 0 ({} on the others), called on every
-    rank; None without eval.dataset and eval.val_shards."""
+    rank; None without eval.dataset and eval.val_shards. With a distillation teacher, its zero-shot results
+    (computed at the first evaluation, once) are logged beside the student's as teacher/zeroshot/*."""
     zeroshot, val = make_zeroshot(cfg, accelerator, model), make_val_loss(cfg, accelerator, model)
     if zeroshot is None and val is None:
         return None
+    teacher_zeroshot = make_zeroshot(cfg, accelerator, teacher, net_of=lambda: teacher) if teacher else None
+    teacher_results: dict = {}
+    teacher_done = False
 
     def run() -> dict:
+        nonlocal teacher_done
         results = val() if val is not None else {}
         results.update(zeroshot() if zeroshot is not None else {})
+        if teacher_zeroshot is not None and not teacher_done:  # every rank takes part (sharded eval), once
+            teacher_results.update({f"teacher/{k}": v for k, v in teacher_zeroshot().items()})
+            teacher_done = True
+        results.update(teacher_results)
         return results if accelerator.is_main_process else {}
 
     return run
@@ -259,7 +268,7 @@ def make_val_loss(cfg: Config, accelerator, model: nn.Module):
     return run
 
 
-def make_zeroshot(cfg: Config, accelerator, model: nn.Module):
+def make_zeroshot(cfg: Config, accelerator, model: nn.Module, net_of=None):
     """A callable returning {"zeroshot/top1": ...} on rank 0 ({} on the others), or None without eval.dataset.
 
     Every rank scores its slice of the images and the counts are summed over the ranks (eval.sharding), which gives
@@ -272,7 +281,7 @@ def make_zeroshot(cfg: Config, accelerator, model: nn.Module):
     shard = Shard(accelerator.process_index, accelerator.num_processes)
 
     def run() -> dict:
-        net = eval_model(accelerator, model, cfg.model)
+        net = net_of() if net_of is not None else eval_model(accelerator, model, cfg.model)
         was_training = net.training
         net.eval()
         # the eval must not move the training RNG, or a resumed run would diverge from an uninterrupted one

@@ -84,13 +84,17 @@ def test_training_with_a_teacher_fits_the_attention_only_and_saves_only_the_stud
     loss falls, everything but the attention keeps the teacher's weights, the checkpoint holds the student alone."""
     from safetensors.torch import load_file
 
-    from tests.train.common import checkpoints, run, tiny_config, train_records, weights
+    from tests.train.common import checkpoints, metrics, run, tiny_config, train_records, weights
 
     config = tiny_config(tmp_path, synthetic, optim={"lr": 3e-3, "warmup_steps": 1}, train={"max_steps": 12})
     overrides = ["model.image_attention=linear_affine_nodenom", "model.text_attention=linear_affine_nodenom"]
-    assert run(config, f"distill.teacher={teacher_file}", *overrides) == 0
+    evals = [f"eval.dataset={synthetic['eval']}", "eval.every=6"]
+    assert run(config, f"distill.teacher={teacher_file}", *overrides, *evals) == 0
     losses = [r["loss"] for r in train_records(tmp_path / "run")]
     assert losses[-1] < 0.7 * losses[0], losses
+    # the teacher's zero-shot result, computed once, is logged beside the student's at every evaluation
+    evaluated = [r for r in metrics(tmp_path / "run") if "zeroshot/top1" in r]
+    assert len(evaluated) == 2 and len({r["teacher/zeroshot/top1"] for r in evaluated}) == 1
     final = weights(checkpoints(tmp_path / "run")[-1])
     teacher = load_file(str(teacher_file))
     assert set(final) == set(teacher)  # no teacher copy, no extra keys
