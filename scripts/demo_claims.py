@@ -3,7 +3,8 @@
 Each claim is "supported", "not supported" or "undetermined", with the numbers behind it; RULES states the rules
 and the report prints them. Sizes compare like with like: a linear attention against softmax at the largest size
 both were trained at. Step times beyond the study's 17 tokens come from the training-step benchmark
-(docs/bench_train.csv: ViT-S-16 with each image attention at 224 and 448 px, 197 and 785 tokens, on the CPU).
+(docs/bench_train.csv: ViT-S-16 with each image attention at 224 and 448 px, 197 and 785 tokens, on the CPU; and
+docs/bench_long.csv: its image tower at 1024 px, 4,097 tokens).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from eval.multiplier import multiplier
 
 NODENOM, NORMALISED = "linear_affine_nodenom", "linear_affine"
 BENCH_TRAIN = Path(__file__).resolve().parents[1] / "docs" / "bench_train.csv"
+BENCH_LONG = Path(__file__).resolve().parents[1] / "docs" / "bench_long.csv"
 GAP, LOSS_RATIO, FLAT, MUCH_SLOWER, WIDTH, MORE_BUDGET = 0.05, 1.05, 0.2, 2.0, 0.2, 2.0
 RULES = (
     f"(a) supported when, at the largest size, Eq. 7's final top-1 is within {100 * GAP:.0f} points of softmax's and "
@@ -29,20 +31,30 @@ RULES = (
     f"reaches at the largest size (lower interval bound, or never reaching it), not supported when the upper bound "
     f"is below {MUCH_SLOWER:g}x. (c) supported when the 95% interval of the difference of the compute-frontier "
     f"exponents contains 0 and is at most {WIDTH} wide, not supported when it excludes 0. (d) supported when Eq. 7 "
-    f"needs more samples than softmax (interval above 1) and less time at the longest length measured, 785 tokens "
+    f"needs more samples than softmax (interval above 1) and less time at the longest length measured (785 tokens "
+    f"in docs/bench_train.csv, 4,097 in docs/bench_long.csv: ViT-S-16 at 1024 px) "
     f"(samples multiplier x step-time ratio, upper bound below 1); not supported when the time ratio's lower bound "
     f"is above 1 or it needs no more samples."
 )
 
 
-def step_ratios(attention: str, study_ratio: float, path: Path = BENCH_TRAIN) -> dict[int, float]:
-    """{tokens: step time of `attention` / softmax's}: 17 from the study's own runs, 197 and 785 from the benchmark."""
+def step_ratios(
+    attention: str, study_ratio: float, path: Path = BENCH_TRAIN, long: Path = BENCH_LONG
+) -> dict[int, float]:
+    """{tokens: step time of `attention` / softmax's}: 17 from the study's own runs, 197 and 785 from the training
+    benchmark, longer ones from the long-sequence benchmark (the image tower's measured steps, no checkpointing)."""
     out = {17: study_ratio}
     if path.is_file():
         with open(path) as f:
             for row in csv.DictReader(f):
                 if row["part"] == "attention" and row["attention"] == attention and row["precision"] == "fp32":
                     out[(int(row["pixels"]) // 16) ** 2 + 1] = float(row["ratio"])
+    if long.is_file():
+        with open(long) as f:
+            for row in csv.DictReader(f):
+                measured = row["how"] == "measured" and row["checkpointing"] == "False"
+                if row["part"] == "image" and row["attention"] == attention and measured:
+                    out.setdefault(int(row["tokens"]), float(row["ratio"]))
     return out
 
 
@@ -126,7 +138,13 @@ def claim_d(m, ratios: dict[int, float]) -> tuple[str, str]:
 
 
 def claims(
-    runs: list[dict], fits: dict, targets: list[float], n_images: int, n_boot: int, bench: Path = BENCH_TRAIN
+    runs: list[dict],
+    fits: dict,
+    targets: list[float],
+    n_images: int,
+    n_boot: int,
+    bench: Path = BENCH_TRAIN,
+    long: Path = BENCH_LONG,
 ) -> list[tuple]:
     """[(claim, verdict, numbers)] for the paper's four claims; `bench`: the training-step benchmark's CSV."""
     largest = {}
@@ -158,7 +176,7 @@ def claims(
             if judge == "b":
                 out.append((claim, *claim_b(m, run["size"])))
             else:
-                ratios = step_ratios(attention, cpu_per_sample(run) / cpu_per_sample(ref), bench)
+                ratios = step_ratios(attention, cpu_per_sample(run) / cpu_per_sample(ref), bench, long)
                 out.append((claim, *claim_d(m, {n: r for n, r in ratios.items() if math.isfinite(r)})))
     return out
 

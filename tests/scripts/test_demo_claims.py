@@ -45,12 +45,21 @@ def test_an_eq7_that_matches_softmax_with_more_samples_but_cheaper_steps(tmp_pat
         run(NODENOM, [0.9, 0.7, 0.4, 0.16], 1.02, cpu=60.0),
         run(NORMALISED, [0.95, 0.9, 0.85, 0.8], 1.5),  # never reaches 20%: a lower bound of 2x
     ]
-    rows = claims(runs, fits((-0.05, 0.1)), [0.6, 0.4, 0.2], 10_000, 200, bench_csv(tmp_path, 0.4))
+    none = tmp_path / "none.csv"  # no long-sequence benchmark: 785 tokens is the longest length
+    rows = claims(runs, fits((-0.05, 0.1)), [0.6, 0.4, 0.2], 10_000, 200, bench_csv(tmp_path, 0.4), none)
     assert [v for _, v, _ in rows] == ["supported"] * 4
     assert "1.78x [" in rows[3][2] and "17 tokens 1.34x" in rows[3][2] and "785 tokens 0.71x" in rows[3][2]
     # steps only 0.76x softmax's at 785 tokens do not pay for 1.78x the samples
-    rows = claims(runs, fits((-0.05, 0.1)), [0.6, 0.4, 0.2], 10_000, 200, bench_csv(tmp_path, 0.76))
+    rows = claims(runs, fits((-0.05, 0.1)), [0.6, 0.4, 0.2], 10_000, 200, bench_csv(tmp_path, 0.76), none)
     assert rows[3][1] == "not supported"
+    # ... unless at a longer length the step is cheap enough: 4,097 tokens at 0.3x
+    long = tmp_path / "bench_long.csv"
+    long.write_text(
+        "part,length,tokens,attention,checkpointing,seconds,peak_mb,ratio,flop_bound,how\n"
+        f"image,1024,4097,{NODENOM},False,3.9,0,0.30,0.37,measured\n"
+    )
+    rows = claims(runs, fits((-0.05, 0.1)), [0.6, 0.4, 0.2], 10_000, 200, bench_csv(tmp_path, 0.76), long)
+    assert rows[3][1] == "supported" and "4097 tokens 0.53x" in rows[3][2]
 
 
 def test_a_flat_eq7_far_from_softmax_is_not_supported_and_a_falling_one_is_undetermined():
@@ -80,9 +89,19 @@ def test_step_ratios_read_the_training_benchmark(tmp_path):
         f"attention,ViT-S-16,448,fp32,{NODENOM},2.2,,0.76\n"
         "attention,ViT-S-16,448,fp32,softmax,2.9,,1.0\n"
     )
-    assert step_ratios(NODENOM, 0.9, bench) == {17: 0.9, 197: 0.97, 785: 0.76}
-    assert step_ratios(NODENOM, 0.9, tmp_path / "none.csv") == {17: 0.9}
-    assert math.isclose(step_ratios("softmax", 1.0, bench)[785], 1.0)
+    none = tmp_path / "none.csv"
+    assert step_ratios(NODENOM, 0.9, bench, none) == {17: 0.9, 197: 0.97, 785: 0.76}
+    assert step_ratios(NODENOM, 0.9, none, none) == {17: 0.9}
+    assert math.isclose(step_ratios("softmax", 1.0, bench, none)[785], 1.0)
+    long = tmp_path / "bench_long.csv"  # the long-sequence benchmark adds the measured image-tower lengths
+    long.write_text(
+        "part,length,tokens,attention,checkpointing,seconds,peak_mb,ratio,flop_bound,how\n"
+        f"image,1024,4097,{NODENOM},False,3.9,0,0.30,0.37,measured\n"
+        f"image,1024,4097,{NODENOM},True,4.7,0,0.34,0.37,measured\n"
+        f"image,2048,16385,{NODENOM},False,15,0,0.11,0.13,block x 12\n"
+        f"image,224,197,{NODENOM},False,0.2,0,0.87,0.95,measured\n"
+    )
+    assert step_ratios(NODENOM, 0.9, bench, long) == {17: 0.9, 197: 0.97, 785: 0.76, 4097: 0.30}
 
 
 def test_the_multiplier_table_has_a_row_where_softmax_of_that_size_reaches_the_target():
