@@ -157,8 +157,8 @@ def test_resume_with_evaluation_and_augmentation_equals_uninterrupted(tmp_path, 
 
     real, states = train.main.make_evaluator, []
 
-    def make_evaluator(*args):
-        evaluate = real(*args)
+    def make_evaluator(*args, **kwargs):
+        evaluate = real(*args, **kwargs)
 
         def spied() -> dict:
             before = torch.get_rng_state()
