@@ -88,14 +88,19 @@ class VisionTransformer(nn.Module):
         x = torch.cat([cls_token, x], dim=1)
         return x if self.pos_embed == "rope" else x + self.positional_embedding.to(x.dtype)
 
+    def rope_table(self, image: Tensor, idx: Tensor | None) -> tuple[Tensor, Tensor]:
+        """RoPE's (cos, sin) for the class token and the patches of `image`'s grid (only those in idx [B, keep],
+        one table per image, when patch dropout kept some)."""
+        grid = (image.shape[-2] // self.patch_size[0], image.shape[-1] // self.patch_size[1])
+        rows, cols = rope.grid_positions(*grid, device=image.device)
+        if idx is not None:
+            rows, cols = rows[idx], cols[idx]
+        return rope.image_table(rows, cols, self.head_dim)
+
     def forward(self, image: Tensor) -> Tensor:
         x = self.tokens(image)
-        rows, cols = rope.grid_positions(image.shape[-2] // self.patch_size[0], image.shape[-1] // self.patch_size[1])
-        if self.training and self.patch_dropout > 0:
-            idx = kept_patches(x, self.patch_dropout)
-            x, rows, cols = keep_patches(x, idx), rows.to(idx.device)[idx], cols.to(idx.device)[idx]
-        table = (
-            rope.image_table(rows.to(x.device), cols.to(x.device), self.head_dim) if self.pos_embed == "rope" else None
-        )
-        x = self.transformer(self.ln_pre(x), rope=table)
+        idx = kept_patches(x, self.patch_dropout) if self.training and self.patch_dropout > 0 else None
+        if idx is not None:
+            x = keep_patches(x, idx)
+        x = self.transformer(self.ln_pre(x), rope=self.rope_table(image, idx) if self.pos_embed == "rope" else None)
         return self.ln_post(x[:, 0]) @ self.proj
