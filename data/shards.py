@@ -53,9 +53,11 @@ class TrainData:
         weights: list[float] | None,
         sizes: list[int] | None,
         num_samples: int,
+        batch_transform=None,
     ):
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         self.image_transform, self.tokenizer = image_transform, tokenizer
+        self.batch_transform = batch_transform  # applied by the consumer where the batch lands (train.loop)
         self.urls, self.weights, self.sizes = urls, weights, sizes
         self.shape = epoch_shape(num_samples, cfg.batch_size, world_size, cfg.resampled, cfg.drop_last)
         self.num_batches = self.shape.num_batches
@@ -194,11 +196,16 @@ class TrainData:
             self._live_counts = {}
 
 
-def build_train_data(cfg: DataConfig, image_transform, tokenizer, *, rank: int = 0, world_size: int = 1) -> TrainData:
+def build_train_data(
+    cfg: DataConfig, image_transform, tokenizer, *, rank: int = 0, world_size: int = 1, batch_transform=None
+) -> TrainData:
     """Check the config and the shards (errors at start-up, one line each) and build this rank's data.
 
     image_transform: PIL image -> tensor [3,H,W] (e.g. open_clip.image_transform(224, is_train=True));
-    tokenizer: list[str] -> long tensor [n, L] (e.g. open_clip.get_tokenizer(model_name)).
+    tokenizer: list[str] -> long tensor [n, L] (e.g. open_clip.get_tokenizer(model_name));
+    batch_transform: images [b,3,H,W] as the loader yields them -> model input, or None; kept as
+    `.batch_transform` for the consumer to apply where the batch lands (models/preprocess.py: uint8 from the
+    workers, normalised on the device).
     """
     cfg.validate(world_size)
     if not 0 <= rank < world_size:
@@ -212,4 +219,6 @@ def build_train_data(cfg: DataConfig, image_transform, tokenizer, *, rank: int =
             f"the number of samples of {cfg.train_shards!r} is unknown: set data.train_num_samples "
             "or put sizes.json beside the shards"
         )
-    return TrainData(cfg, image_transform, tokenizer, rank, world_size, urls, weights, sizes, num_samples)
+    return TrainData(
+        cfg, image_transform, tokenizer, rank, world_size, urls, weights, sizes, num_samples, batch_transform
+    )

@@ -32,7 +32,7 @@ from data import make_synthetic
 from eval.scaling import ScalingInputError, ScalingWarning, fit, format_table, load_points, plot
 from scripts import bench_attention, demo_plots, demo_report
 from scripts.demo_study import REPO, Study, StudyError, jobs_of, load_study, run_jobs
-from scripts.demo_sweep import choose, sweep_jobs
+from scripts.demo_sweep import choose, reuse_chosen, sweep_jobs
 
 STUDY = REPO / "configs" / "study" / "demo.yaml"
 ATTENTION, SIZE = demo_plots.ATTENTION, demo_plots.SIZE
@@ -249,9 +249,11 @@ def main(argv: list[str] | None = None) -> Path:
         )
         sweep = choose(study, pairs)
     jobs = jobs_of(study, out, paths, args.seed)
-    stage(f"training {len(jobs)} runs, {study.jobs} at a time on {study.threads_per_job} thread(s) each")
+    to_run = reuse_chosen(sweep, pairs, jobs) if study.lr_sweep else jobs
+    reused = f" ({len(jobs) - len(to_run)} trained by the sweep)" if len(to_run) < len(jobs) else ""
+    stage(f"training {len(to_run)} runs{reused}, {study.jobs} at a time on {study.threads_per_job} thread(s) each")
     clock["load"] += run_jobs(
-        jobs, study.jobs, study.threads_per_job, report=lambda m: print("   " + m, file=sys.stderr)
+        to_run, study.jobs, study.threads_per_job, report=lambda m: print("   " + m, file=sys.stderr)
     )
     analyse(out, study, jobs, clock, args, sweep)
     print(f"\nreport: {out / 'report.md'}", flush=True)

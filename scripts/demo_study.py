@@ -173,6 +173,7 @@ class Job:
     cpu_seconds: float = 0.0
     after: Job | None = None  # a cooldown branch starts once the run it branches from has finished
     budgets: list[Job] = field(default_factory=list)  # a run's cooldown branches (shorter budgets)
+    reused: bool = False  # trained by the learning-rate sweep (scripts/demo_sweep.reuse_chosen), not again
 
 
 def jobs_of(study: Study, out: Path, paths: dict[str, str], seed: int) -> list[Job]:
@@ -254,6 +255,12 @@ def reap(running: list[Job]) -> Job | None:
     return None
 
 
+def ready_to_start(job: Job) -> bool:
+    """A run, or a branch whose run has finished well (or was trained by the sweep)."""
+    after = job.after
+    return after is None or after.reused or (after.process is not None and after.process.returncode == 0)
+
+
 def run_jobs(jobs: list[Job], parallel: int, threads: int, report=print) -> list[float]:
     """Run every job, `parallel` at a time; stop all on the first failure. Returns the 1-minute load averages
     sampled while they ran (how busy the machine was)."""
@@ -262,7 +269,7 @@ def run_jobs(jobs: list[Job], parallel: int, threads: int, report=print) -> list
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
         while waiting or running:
-            ready = [j for j in waiting if j.after is None or (j.after.process and j.after.process.returncode == 0)]
+            ready = [j for j in waiting if ready_to_start(j)]
             while ready and len(running) < parallel:
                 running.append(ready.pop(0))
                 waiting.remove(running[-1])

@@ -8,9 +8,12 @@ best multiple (lowest final validation loss, or zero-shot error) is then used by
       run: {}                      # overrides of the sweep's runs only, e.g. {train.max_steps: 400}
 
 Each sweep run trains like the grid's run of that size and attention (its per_attention budget, and the
-const-cooldown schedule without branches when the study has budgets), so the rate is chosen for the schedule it
-is used with; transferring it unchanged to the other sizes is the choice of the small sweeps of scaling studies
-(e.g. Cherti et al. 2023 tune at one scale). The runs live in OUT/lr_sweep/x<scale>/runs/.
+const-cooldown schedule keeping the checkpoints where the shorter budgets branch, without the branches), so the
+rate is chosen for the schedule it is used with; transferring it unchanged to the other sizes is the choice of the
+small sweeps of scaling studies (e.g. Cherti et al. 2023 tune at one scale). The runs live in
+OUT/lr_sweep/x<scale>/runs/. The chosen run is the grid's run of that size and attention when their commands are
+the same but for the folder (no `run` overrides of the sweep's own): the grid does not train it again, and its
+budget branches start from the sweep run's checkpoints (`reuse_chosen`).
 """
 
 from __future__ import annotations
@@ -30,12 +33,42 @@ def sweep_jobs(study: Study, out: Path, paths: dict[str, str], seed: int) -> lis
         sub = copy.deepcopy(study)
         sub.sizes = {sweep["size"]: study.sizes[sweep["size"]]}
         sub.run = {**study.run, **(sweep.get("run") or {})}
-        sub.budgets = {"fractions": [], "cooldown": study.budgets["cooldown"]} if study.budgets else {}
         for attention in study.attentions:
             own = sub.per_attention.setdefault(attention, {})
             own["lr_scale"] = own.get("lr_scale", 1) * scale
-        pairs += [(scale, job) for job in jobs_of(sub, out / "lr_sweep" / f"x{scale:g}", paths, seed)]
+        runs = jobs_of(sub, out / "lr_sweep" / f"x{scale:g}", paths, seed)
+        pairs += [(scale, job) for job in runs if job.after is None]  # the runs, not their budget branches
     return pairs
+
+
+def command_but_folder(job: Job) -> list[str]:
+    return [a for a in job.argv if not a.startswith("train.run_dir=")]
+
+
+def reuse_chosen(rows: list[dict], pairs: list[tuple[float, Job]], jobs: list[Job]) -> list[Job]:
+    """The grid's jobs still to run: a grid run whose command is its chosen sweep run's (but for the folder) takes
+    that run's folder and times instead of training again, and its budget branches start from there."""
+    chosen = {r["attention"]: r["scale"] for r in rows if r["chosen"]}
+    done = {
+        job.attention: job for scale, job in pairs if chosen.get(job.attention) == scale and job.process is not None
+    }
+    to_run, branches = [], {id(b) for job in jobs for b in job.budgets}
+    for job in jobs:
+        if id(job) in branches:
+            continue  # kept below with its run
+        source = done.get(job.attention)
+        if source is None or job.size != source.size or command_but_folder(job) != command_but_folder(source):
+            to_run += [job, *job.budgets]
+            continue
+        old = str(job.run_dir)
+        job.run_dir, job.wall_seconds, job.cpu_seconds = source.run_dir, source.wall_seconds, source.cpu_seconds
+        job.reused = True
+        for branch in job.budgets:  # branch.after stays the (reused, finished) run: run_jobs starts it at once
+            branch.argv = [
+                a.replace(old, str(source.run_dir), 1) if a.startswith("train.branch_from=") else a for a in branch.argv
+            ]
+        to_run += job.budgets
+    return to_run
 
 
 def choose(study: Study, pairs: list[tuple[float, Job]]) -> list[dict]:

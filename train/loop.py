@@ -46,7 +46,8 @@ class Progress:
 
 
 class DataStream:
-    """Endless micro-batches from `build_train_data`'s result, epoch after epoch, moved to the device."""
+    """Endless micro-batches from `build_train_data`'s result, epoch after epoch, moved to the device (and there
+    through the data's batch_transform, if it has one)."""
 
     def __init__(self, data, device: torch.device, epoch: int = 0):
         self.data, self.device, self.epoch = data, device, epoch
@@ -60,7 +61,9 @@ class DataStream:
                 self.iterator = iter(self.data.loader)
             try:
                 images, tokens = next(self.iterator)
-                return images.to(self.device, non_blocking=True), tokens.to(self.device, non_blocking=True)
+                images = images.to(self.device, non_blocking=True)
+                finish = getattr(self.data, "batch_transform", None)  # e.g. uint8 -> normalised float
+                return images if finish is None else finish(images), tokens.to(self.device, non_blocking=True)
             except StopIteration:
                 self.iterator, self.epoch = None, self.epoch + 1
 

@@ -28,6 +28,7 @@ from eval.val_loss import check_val_shards, validation_loss
 from eval.zeroshot import evaluate
 from models import ModelConfig, build_clip, layout, summary, tokenizer, transforms
 from models.layout import CheckpointError, is_url, read_meta
+from models.preprocess import CachedTokenizer, split_normalise
 from train import distill
 from train.branch import starting_point
 from train.checkpoint import load_checkpoint
@@ -133,13 +134,16 @@ def check_storage(cfg: Config, world_size: int) -> None:
 def build_data(data_cfg: DataConfig, model_cfg: ModelConfig, augment: bool, accelerator):
     """The train stream of this rank; a missing or bad shard spec is a ConfigError before any training."""
     train_transform, eval_transform = transforms(model_cfg)
+    # the same numbers, cheaper: uint8 from the workers, normalised on the device; repeated captions tokenized once
+    per_sample, per_batch = split_normalise(train_transform if augment else eval_transform)
     try:
         return build_train_data(
             data_cfg,
-            train_transform if augment else eval_transform,
-            tokenizer(model_cfg),
+            per_sample,
+            CachedTokenizer(tokenizer(model_cfg)),
             rank=accelerator.process_index,
             world_size=accelerator.num_processes,
+            batch_transform=per_batch,
         )
     except DataError as e:
         raise ConfigError(str(e)) from None

@@ -8,7 +8,8 @@ import pytest
 import yaml
 
 from scripts import demo
-from scripts.demo_study import StudyError, jobs_of, load_study, overrides
+from scripts.demo_study import Job, StudyError, jobs_of, load_study, overrides
+from scripts.demo_sweep import reuse_chosen
 
 QUICK = ["--quick", "--sizes", "demo-w32", "demo-w48", "--attentions", "softmax", "linear_affine_nodenom"]
 
@@ -146,7 +147,7 @@ def test_demo_quick_with_budgets_reports_each_budget(tmp_path):
     study = tmp_path / "study.yaml"
     raw = yaml.safe_load(demo.STUDY.read_text())
     raw["quick"]["budgets"] = {"fractions": [0.5], "cooldown": 0.5}
-    raw["quick"]["lr_sweep"] = {"size": "demo-w32", "scales": [0.5, 2.0], "run": {"train.max_steps": 4}}
+    raw["quick"]["lr_sweep"] = {"size": "demo-w32", "scales": [0.5, 2.0]}
     raw["quick"]["run"]["train.max_steps"] = 8
     study.write_text(yaml.safe_dump(raw))
     args = ["--quick", "--study", str(study), "--sizes", "demo-w32", "--attentions", "softmax"]
@@ -155,7 +156,7 @@ def test_demo_quick_with_budgets_reports_each_budget(tmp_path):
     (run,) = runs
     assert [b[0] for b in run["budgets"]] == [64, 128] and run["curve"] == [[s, t] for s, t, _ in run["budgets"]]
     assert run["samples_seen"] == 128 and [s for s, _ in run["run_curve"]] == [32, 64, 96, 128]
-    log = (Path(run["run_dir"] + "-budget4") / "train.log").read_text()
+    log = (out / "runs" / "demo-w32-softmax-budget4" / "train.log").read_text()  # from the sweep's run (below)
     assert f"branched from {run['run_dir']}/checkpoints/step_00000002 at step 2 (32 samples seen)" in log
     assert "| demo-w32 | softmax | 64 |" in report and "between its last two budgets (64 and 128 samples" in report
     assert fits["error_frontier"]["groups"]["softmax"]["n_points"] == 5  # the run's 4 evaluations, the branch's 1
@@ -166,6 +167,28 @@ def test_demo_quick_with_budgets_reports_each_budget(tmp_path):
     assert chosen["chosen"] and f"| softmax | {chosen['scale']:g}x |" in report
     config = yaml.safe_load((Path(run["run_dir"]) / "config.yaml").read_text())
     assert config["optim"]["lr"] == pytest.approx(chosen["lr"]) and config["optim"]["schedule"] == "const-cooldown"
+    # the grid's run is the chosen sweep run (same command but the folder), not trained again; no sweep branches
+    assert run["run_dir"] == str(out / "lr_sweep" / f"x{chosen['scale']:g}" / "runs" / "demo-w32-softmax")
+    assert not (out / "runs" / "demo-w32-softmax").exists() and (out / "runs" / "demo-w32-softmax-budget4").exists()
     swept = yaml.safe_load((out / "lr_sweep" / "x0.5" / "runs" / "demo-w32-softmax" / "config.yaml").read_text())
-    assert swept["optim"]["schedule"] == "const-cooldown" and swept["train"]["max_steps"] == 4  # no branches
-    assert not swept["train"]["keep_steps"]
+    assert swept["optim"]["schedule"] == "const-cooldown" and swept["train"]["keep_steps"] == [2]
+    assert not list((out / "lr_sweep").glob("*/runs/*-budget*"))
+
+
+def test_sweep_run_is_reused_only_when_its_command_is_the_grids(tmp_path):
+    def job(attention, folder, lr="0.002", size="demo-w32", after=None):
+        argv = ["python", "-m", "train", f"optim.lr={lr}", f"train.run_dir={tmp_path / folder}"]
+        return Job(size, attention, tmp_path / folder, argv, after=after)
+
+    swept = {a: job(a, f"sweep-{a}") for a in ("softmax", "linear_elu")}
+    for j in swept.values():
+        j.process, j.wall_seconds = object(), 7.0  # finished
+    grid = [job("softmax", "grid-softmax"), job("linear_elu", "grid-linear_elu", lr="0.004")]
+    branch = job("softmax", "grid-softmax-budget4", after=grid[0])
+    branch.argv.append(f"train.branch_from={tmp_path / 'grid-softmax'}/checkpoints/step_00000002")
+    grid[0].budgets = [branch]
+    rows = [{"attention": a, "scale": 0.5, "chosen": True} for a in swept]
+    to_run = reuse_chosen(rows, [(0.5, j) for j in swept.values()], [*grid, branch])
+    assert to_run == [branch, grid[1]]  # softmax's run reused; linear_elu's learning rate differs: trained
+    assert grid[0].reused and grid[0].run_dir == tmp_path / "sweep-softmax" and grid[0].wall_seconds == 7.0
+    assert branch.after is grid[0] and branch.argv[-1].startswith(f"train.branch_from={tmp_path / 'sweep-softmax'}/")

@@ -1,0 +1,52 @@
+"""models/preprocess.py: the split image transform and the caption cache give exactly what open_clip's give."""
+
+import pickle
+
+import numpy as np
+import open_clip
+import pytest
+import torch
+from PIL import Image
+
+from models.preprocess import CachedTokenizer, Normalise, split_normalise
+
+
+def images(n: int, seed: int = 0) -> list[Image.Image]:
+    rng = np.random.default_rng(seed)
+    return [Image.fromarray(rng.integers(0, 256, (40 + i, 37 + 2 * i, 3), dtype=np.uint8)) for i in range(n)]
+
+
+@pytest.mark.parametrize("is_train", [True, False])
+def test_split_transform_is_bitwise_open_clips(is_train):
+    whole = open_clip.image_transform(32, is_train=is_train)
+    per_sample, per_batch = split_normalise(whole)
+    assert isinstance(per_batch, Normalise)
+    expected, got = [], []
+    for k, image in enumerate(images(6)):
+        torch.manual_seed(k)  # the same random crop for both
+        expected.append(whole(image))
+        torch.manual_seed(k)
+        got.append(per_sample(image))
+    assert all(g.dtype == torch.uint8 for g in got)
+    assert torch.equal(per_batch(torch.stack(got)), torch.stack(expected))
+
+
+def test_other_transforms_are_left_whole():
+    transform = open_clip.image_transform(32, is_train=False)
+    transform.transforms = transform.transforms[:-1]  # no Normalize at the end
+    assert split_normalise(transform) == (transform, None)
+    with pytest.raises(TypeError, match="uint8"):
+        Normalise((0.5,) * 3, (0.5,) * 3)(torch.zeros(1, 3, 2, 2))
+
+
+def test_cached_tokenizer_matches_and_is_bounded():
+    tokenizer = open_clip.get_tokenizer("ViT-B-32", context_length=16)
+    cached = CachedTokenizer(tokenizer, size=3)
+    captions = ["a red circle", "a blue square", "a red circle", "two green triangles", "a small star", "a red circle"]
+    for start in range(0, len(captions), 2):
+        batch = captions[start : start + 3]
+        assert torch.equal(cached(batch), tokenizer(batch))
+    assert len(cached.rows) <= 3
+    assert cached.context_length == 16
+    again = pickle.loads(pickle.dumps(cached))  # data workers may receive it pickled
+    assert torch.equal(again(captions), tokenizer(captions))
