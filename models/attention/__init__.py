@@ -9,12 +9,14 @@
 | linear_affine_nodenom  | linear.py, ops/linear_affine_nodenom/ | reference.linear_affine_nodenom |
 | linear_elu             | linear.py, ops/linear_elu/ | reference.linear_elu |
 | efficient              | linear.py     | reference.efficient  |
+| hedgehog               | hedgehog.py   | reference.hedgehog   |
 
 Rotary positions (model.*_pos_embed: rope) turn q and k before any of them: rope.py, reference.rope.
 """
 
 from models.attention import (  # noqa: F401
     continuum,
+    hedgehog,
     linear,
     linformer,
     softmax,

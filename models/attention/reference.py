@@ -103,6 +103,29 @@ def efficient(
     return (sim @ v).to(dtype)
 
 
+def hedgehog(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    w_q: Tensor,
+    w_k: Tensor,
+    *,
+    causal: bool = False,
+    key_mask: Tensor | None = None,
+    **options,
+) -> Tensor:
+    """Zhang et al. 2024 (Hedgehog): o_i = sum_n (phi_q(q_i).phi_k(k_n)) v_n / sum_n phi_q(q_i).phi_k(k_n), with
+    phi(x) = [softmax(x W), softmax(-x W)] over the features, W [H, D, F] per head (w_q for queries, w_k for keys)."""
+    dtype, (q, k, v, w_q, w_k) = q.dtype, upcast(q, k, v, w_q, w_k)
+
+    def phi(x: Tensor, w: Tensor) -> Tensor:
+        z = x @ w[None]  # [B, H, N, D] @ [1, H, D, F]
+        return torch.cat([F.softmax(z, dim=-1), F.softmax(-z, dim=-1)], dim=-1)
+
+    sim = phi(q, w_q) @ phi(k, w_k).transpose(-1, -2)
+    return _kernel_attention(sim, v, allowed(q, k, causal, key_mask), normalise=True).to(dtype)
+
+
 def join_real_tokens(
     k: Tensor, v: Tensor, causal: bool, key_mask: Tensor | None
 ) -> tuple[Tensor, Tensor, Tensor | None]:

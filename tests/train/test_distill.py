@@ -43,7 +43,7 @@ def test_a_softmax_student_equal_to_its_teacher_has_zero_loss(teacher_file):
     assert any(n.startswith("visual.") for n in names) and any(n.startswith("transformer.") for n in names)
 
 
-@pytest.mark.parametrize("attention", ["linear_affine_nodenom", "linear_elu"])
+@pytest.mark.parametrize("attention", ["linear_affine_nodenom", "linear_elu", "hedgehog"])
 def test_attention_transfer_trains_only_the_attention_and_lowers_the_loss(teacher_file, attention):
     text = attention if attention != "efficient" else "softmax"
     student = models.create_model(
@@ -62,6 +62,13 @@ def test_attention_transfer_trains_only_the_attention_and_lowers_the_loss(teache
         optimizer.step()
         first = first if first is not None else loss.item()
     assert loss.item() < 0.5 * first, (first, loss.item())
+    learned = [k for k in student.state_dict() if k.endswith(("feature_q", "feature_k"))]
+    assert (attention == "hedgehog") == bool(learned)  # hedgehog's feature maps are trained with the projections
+    for key in learned:
+        assert not torch.equal(
+            student.state_dict()[key],
+            torch.eye(*student.state_dict()[key].shape[-2:]).expand_as(student.state_dict()[key]),
+        ), key
     for key, value in student.state_dict().items():
         if key in frozen:
             torch.testing.assert_close(value, frozen[key], rtol=0, atol=0, msg=key)
