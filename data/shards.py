@@ -64,6 +64,7 @@ class TrainData:
         self.num_samples = self.shape.num_samples
         self.epoch, self.batch, self.positions = 0, 0, {}
         self._done_counts, self._live_counts = zero_counts(), {}
+        self.captions = {"seen": 0, "truncated": 0}  # captions on this rank so far, and those cut to the context
         self.loader = Batches(self)
         self._job()  # plan epoch 0 now, so that an impossible split fails at start-up
 
@@ -102,6 +103,7 @@ class TrainData:
             "layout": self.layout(),
             "positions": {str(w): p for w, p in self.positions.items()},
             "skipped": self.skipped(),
+            "captions": dict(self.captions),
         }
 
     def load_state_dict(self, state: dict | list[dict]) -> None:
@@ -117,6 +119,8 @@ class TrainData:
         own = state.get("rank") == self.rank and state.get("layout") == self.layout()
         saved = state.get("skipped", {}) if state.get("rank") == self.rank else {}
         self._done_counts = {cause: int(saved.get(cause, 0)) for cause in SKIP_CAUSES}
+        mine = state.get("captions", {}) if state.get("rank") == self.rank else {}
+        self.captions = {key: int(mine.get(key, 0)) for key in ("seen", "truncated")}
         self._live_counts = {}
         if own:
             self.positions = {int(w): p for w, p in state.get("positions", {}).items()}
@@ -178,6 +182,8 @@ class TrainData:
                 if info["batch"] != self.batch:
                     raise RuntimeError(f"data: batch {info['batch']} arrived where {self.batch} was due")
                 self.batch += 1
+                self.captions["seen"] += len(tokens)
+                self.captions["truncated"] += info.get("truncated", 0)
                 self._live_counts[info["worker"]] = info["skipped"]
                 if info["position"] is not None:
                     self.positions[info["worker"]] = info["position"]

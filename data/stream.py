@@ -204,8 +204,11 @@ class ShardStream(IterableDataset):
                 image, caption, position = next(samples)
                 images.append(image)
                 captions.append(caption)
+            tokens = self.tokenizer(captions)
+            cut = getattr(self.tokenizer, "truncated", None)  # captions cut to the context (models/preprocess.py)
             info = {"batch": j, "worker": worker, "position": position, "skipped": dict(counts)}
-            yield torch.stack(images), self.tokenizer(captions), info
+            info["truncated"] = cut(captions) if cut is not None else 0
+            yield torch.stack(images), tokens, info
         samples.close()
 
     def samples(self, worker: int, counts: dict[str, int]):

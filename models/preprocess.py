@@ -49,14 +49,16 @@ def split_normalise(transform) -> tuple[object, Normalise | None]:
 
 
 class CachedTokenizer:
-    """tokenizer(list of captions) -> [n, L], remembering the rows of the last `size` distinct captions.
+    """tokenizer(list of captions) -> [n, L], remembering the rows of the last `size` distinct captions, and whether
+    each was cut to fit the context (`truncated(captions)` counts them).
 
-    Exact for tokenizers that encode each caption on its own (open_clip's: BPE, padded or cut to L). Captions that
-    repeat (templates, small vocabularies, several epochs of one set) are tokenized once."""
+    Exact for tokenizers that encode each caption on its own (open_clip's: BPE, padded or cut to L, the last token
+    then end-of-text). Captions that repeat (templates, small vocabularies, several epochs of one set) are tokenized
+    once."""
 
     def __init__(self, tokenizer, size: int = 65536):
         self.tokenizer, self.size = tokenizer, size
-        self.rows: OrderedDict[str, Tensor] = OrderedDict()
+        self.rows: OrderedDict[str, tuple[Tensor, bool]] = OrderedDict()
 
     def __call__(self, captions: list[str] | str) -> Tensor:
         if isinstance(captions, str):
@@ -64,14 +66,27 @@ class CachedTokenizer:
         missing = list(dict.fromkeys(c for c in captions if c not in self.rows))
         if missing:
             for caption, row in zip(missing, self.tokenizer(missing), strict=True):
-                self.rows[caption] = row.clone()  # not a view that would keep the whole batch alive
+                # a clone, not a view that would keep the whole batch alive
+                self.rows[caption] = (row.clone(), self.was_cut(caption, row))
         out = []
         for caption in captions:
             self.rows.move_to_end(caption)
-            out.append(self.rows[caption])
+            out.append(self.rows[caption][0])
         while len(self.rows) > self.size:
             self.rows.popitem(last=False)
         return torch.stack(out)
+
+    def truncated(self, captions: list[str]) -> int:
+        """How many of `captions` (tokenized by the last call) lost tokens to the context length."""
+        return sum(self.rows[c][1] for c in captions if c in self.rows)
+
+    def was_cut(self, caption: str, row: Tensor) -> bool:
+        """A row with no padding left may have been cut: then the caption's own length decides (BPE tokenizers
+        with `encode`: start + tokens + end > L); tokenizers without `encode` count every full row."""
+        if int(row[-1]) == 0:
+            return False
+        encode = getattr(self.tokenizer, "encode", None)
+        return encode is None or len(encode(caption)) + 2 > row.numel()
 
     def __getattr__(self, name: str):  # context_length, vocab_size, ... of the wrapped tokenizer
         if "tokenizer" not in self.__dict__:  # while unpickling

@@ -246,6 +246,7 @@ def main(argv: list[str] | None = None) -> Path:
             study.jobs,
             study.threads_per_job,
             report=lambda m: print("   " + m, file=sys.stderr),
+            launch=study.launch,
         )
         sweep = choose(study, pairs)
     jobs = jobs_of(study, out, paths, args.seed)
@@ -253,7 +254,11 @@ def main(argv: list[str] | None = None) -> Path:
     reused = f" ({len(jobs) - len(to_run)} trained by the sweep)" if len(to_run) < len(jobs) else ""
     stage(f"training {len(to_run)} runs{reused}, {study.jobs} at a time on {study.threads_per_job} thread(s) each")
     clock["load"] += run_jobs(
-        to_run, study.jobs, study.threads_per_job, report=lambda m: print("   " + m, file=sys.stderr)
+        to_run,
+        study.jobs,
+        study.threads_per_job,
+        report=lambda m: print("   " + m, file=sys.stderr),
+        launch=study.launch,
     )
     analyse(out, study, jobs, clock, args, sweep)
     print(f"\nreport: {out / 'report.md'}", flush=True)

@@ -20,6 +20,7 @@ from pathlib import Path
 import yaml
 
 from models.layout import step_name
+from scripts.forked_run import fork_train
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -39,6 +40,7 @@ class Study:
     run: dict = field(default_factory=dict)  # {dotted.key: value} overrides of the run config for every run
     jobs: int = 2
     threads_per_job: int = 1
+    launch: str = "fork"  # fork: each run a fork of the study's process (no imports); exec: a fresh interpreter
     fits: dict = field(default_factory=dict)
     bench: list = field(default_factory=list)  # arguments of scripts.bench_attention
     # attention -> how it trains where it differs from the others: {lr_scale: x (times each size's optim.lr),
@@ -84,6 +86,8 @@ def load_study(path: str | Path, quick: bool = False) -> Study:
     )
     if not study.sizes or not study.attentions or study.jobs < 1 or study.threads_per_job < 1:
         raise StudyError(f"{path}: needs sizes and attentions, jobs >= 1 and threads_per_job >= 1")
+    if study.launch not in ("fork", "exec"):
+        raise StudyError(f"{path}: launch: {study.launch!r} is neither fork nor exec")
     for name, settings in study.per_attention.items():
         unknown = sorted(set(settings or {}) - {"lr_scale", "run"})
         if unknown or not (settings or {}).get("lr_scale", 1) > 0:
@@ -109,8 +113,15 @@ def check_sweep(study: Study, path: Path) -> None:
     if sweep.get("size") not in study.sizes:
         raise StudyError(f"{path}: lr_sweep.size must be one of the study's sizes: {', '.join(study.sizes)}")
     scales = sweep.get("scales") or []
-    if len(scales) < 2 or not all(isinstance(s, (int, float)) and s > 0 for s in scales):
-        raise StudyError(f"{path}: lr_sweep.scales needs at least two positive multiples, e.g. [0.5, 1.0, 2.0]")
+    by_attention = scales if isinstance(scales, dict) else dict.fromkeys(study.attentions, scales)
+    missing = [a for a in study.attentions if a not in by_attention]
+    if missing:
+        raise StudyError(f"{path}: lr_sweep.scales has no multiples for {missing[0]}; give every attention its list")
+    for attention, own in by_attention.items():
+        if not isinstance(own, list) or len(own) < 2 or not all(isinstance(s, (int, float)) and s > 0 for s in own):
+            raise StudyError(
+                f"{path}: lr_sweep.scales ({attention}) needs at least two positive multiples, e.g. [0.5, 1.0, 2.0]"
+            )
     if sweep.get("metric", "val_loss") not in ("val_loss", "error"):
         raise StudyError(f"{path}: lr_sweep.metric is val_loss or error, not {sweep['metric']!r}")
 
@@ -233,13 +244,18 @@ def with_budgets(study: Study, job: Job, settings: dict) -> list[Job]:
     return [job, *job.budgets]
 
 
-def start(job: Job, threads: int) -> None:
+def start(job: Job, threads: int, launch: str = "exec") -> None:
+    """Start the job's `python -m train ...`: a fresh interpreter (exec), or a fork of this process (fork:
+    scripts/forked_run.py, without the imports' seconds)."""
     job.run_dir.mkdir(parents=True, exist_ok=True)
     threads_env = {name: str(threads) for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
     env = {**os.environ, **threads_env, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    log = open(job.run_dir / "train.log", "w")  # noqa: SIM115 (closed when the child has it)
-    job.process = subprocess.Popen(job.argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-    log.close()
+    if launch == "fork" and job.argv[1:3] == ["-m", "train"]:
+        job.process = fork_train(job.argv[3:], REPO, env, job.run_dir / "train.log", threads)
+    else:
+        log = open(job.run_dir / "train.log", "w")  # noqa: SIM115 (closed when the child has it)
+        job.process = subprocess.Popen(job.argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+        log.close()
     job.started = time.perf_counter()
 
 
@@ -261,7 +277,7 @@ def ready_to_start(job: Job) -> bool:
     return after is None or after.reused or (after.process is not None and after.process.returncode == 0)
 
 
-def run_jobs(jobs: list[Job], parallel: int, threads: int, report=print) -> list[float]:
+def run_jobs(jobs: list[Job], parallel: int, threads: int, report=print, launch: str = "exec") -> list[float]:
     """Run every job, `parallel` at a time; stop all on the first failure. Returns the 1-minute load averages
     sampled while they ran (how busy the machine was)."""
     waiting, running, loads, done = list(jobs), [], [], 0
@@ -273,7 +289,7 @@ def run_jobs(jobs: list[Job], parallel: int, threads: int, report=print) -> list
             while ready and len(running) < parallel:
                 running.append(ready.pop(0))
                 waiting.remove(running[-1])
-                start(running[-1], threads)
+                start(running[-1], threads, launch)
             finished = reap(running)
             if finished is None:
                 loads.append(os.getloadavg()[0])

@@ -3,7 +3,8 @@ best multiple (lowest final validation loss, or zero-shot error) is then used by
 
     lr_sweep:                      # in configs/study/*.yaml; {} = no sweep
       size: demo-w32               # where the sweep runs (a size of the study)
-      scales: [0.5, 1.0, 2.0]      # multiples of each attention's learning rate (its size's optim.lr x lr_scale)
+      scales: [0.5, 1.0, 2.0]      # multiples of each attention's learning rate (its size's optim.lr x lr_scale),
+                                   # or per attention: {softmax: [0.25, 0.5, 1.0], linear_elu: [0.5, 1.0, 2.0]}
       metric: val_loss             # or error (zero-shot top-1 error) at the end of the run
       run: {}                      # overrides of the sweep's runs only, e.g. {train.max_steps: 400}
 
@@ -26,14 +27,21 @@ from eval.scaling import load_points
 from scripts.demo_study import Job, Study, StudyError, jobs_of
 
 
+def scales_of(study: Study, attention: str) -> list[float]:
+    """The multiples lr_sweep.scales gives `attention` (one list for all, or a list per attention)."""
+    scales = study.lr_sweep["scales"]
+    return list(scales[attention] if isinstance(scales, dict) else scales)
+
+
 def sweep_jobs(study: Study, out: Path, paths: dict[str, str], seed: int) -> list[tuple[float, Job]]:
     """[(scale, job)]: each attention at lr_sweep.size with each scale of its learning rate."""
     sweep, pairs = study.lr_sweep, []
-    for scale in sweep["scales"]:
+    for scale in sorted({s for a in study.attentions for s in scales_of(study, a)}):
         sub = copy.deepcopy(study)
+        sub.attentions = [a for a in study.attentions if scale in scales_of(study, a)]
         sub.sizes = {sweep["size"]: study.sizes[sweep["size"]]}
         sub.run = {**study.run, **(sweep.get("run") or {})}
-        for attention in study.attentions:
+        for attention in sub.attentions:
             own = sub.per_attention.setdefault(attention, {})
             own["lr_scale"] = own.get("lr_scale", 1) * scale
         runs = jobs_of(sub, out / "lr_sweep" / f"x{scale:g}", paths, seed)
@@ -94,6 +102,13 @@ def choose(study: Study, pairs: list[tuple[float, Job]]) -> list[dict]:
     return rows
 
 
+def scales_text(study: Study) -> str:
+    scales = study.lr_sweep["scales"]
+    if not isinstance(scales, dict):
+        return str(scales)
+    return "; ".join(f"{a}: {scales_of(study, a)}" for a in study.attentions)
+
+
 def sweep_table(rows: list[dict], study: Study) -> str:
     """The report's section on the sweep ('' without one)."""
     if not rows:
@@ -101,7 +116,7 @@ def sweep_table(rows: list[dict], study: Study) -> str:
     sweep = study.lr_sweep
     lines = [
         "## Learning rate per attention\n",
-        f"Each attention trained at {sweep['size']} with {sweep['scales']} x its learning rate; the lowest final "
+        f"Each attention trained at {sweep['size']} with {scales_text(study)} x its learning rate; the lowest final "
         f"{'validation loss' if sweep.get('metric', 'val_loss') == 'val_loss' else 'zero-shot error'} chose the "
         f"multiple every size of that attention then used (scripts/demo_sweep.py).\n",
         "| attention | multiple | learning rate | final val loss | zero-shot top-1 | chosen |",
@@ -115,7 +130,7 @@ def sweep_table(rows: list[dict], study: Study) -> str:
     edge = [
         f"{r['attention']} ({r['scale']:g}x)"
         for r in rows
-        if r["chosen"] and r["scale"] in (min(sweep["scales"]), max(sweep["scales"]))
+        if r["chosen"] and r["scale"] in (min(scales_of(study, r["attention"])), max(scales_of(study, r["attention"])))
     ]
     if edge:
         lines.append(

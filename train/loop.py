@@ -75,6 +75,14 @@ class DataStream:
         self.data.load_state_dict(state["stream"])
 
 
+def truncation(captions: dict[str, int]) -> dict:
+    """Metrics of the captions cut to the context length so far: their count and their fraction of all captions."""
+    if not captions:
+        return {}
+    seen, cut = captions.get("seen", 0), captions.get("truncated", 0)
+    return {"captions_truncated": cut, "captions_truncated_fraction": cut / seen if seen else 0.0}
+
+
 def plain_param(p: Tensor | None) -> Tensor | None:
     """A parameter as an ordinary tensor, also when FSDP holds it as a sharded DTensor (gathered with grad)."""
     return p.full_tensor() if hasattr(p, "full_tensor") else p
@@ -265,6 +273,7 @@ class Trainer:
         if not logging_step:
             return
         skipped = sum_over_ranks(acc, self.stream.data.skipped())
+        captions = sum_over_ranks(acc, getattr(self.stream.data, "captions", {}))
         scale = float(plain_param(acc.unwrap_model(self.model).logit_scale).detach().exp())
         self.log.log(
             {
@@ -278,6 +287,7 @@ class Trainer:
                 "grad_norm": grad_norm,
                 "bad_steps": p.bad_steps,
                 "skipped": skipped,
+                **truncation(captions),
                 "time": time.time(),
                 **getattr(self.objective, "terms", {}),  # each term of a composite objective (train/distill.py)
             }
@@ -288,14 +298,29 @@ class Trainer:
         metrics.jsonl. Call on every rank."""
         p = self.progress
         skipped = sum_over_ranks(self.accelerator, self.stream.data.skipped())
+        captions = sum_over_ranks(self.accelerator, getattr(self.stream.data, "captions", {}))
         total = sum(skipped.values())
         causes = ", ".join(f"{cause} {n}" for cause, n in sorted(skipped.items()) if n)
+        cut = captions.get("truncated", 0)
         self.message(
             f"{end} at step {p.step} ({p.samples_seen} samples): skipped samples: "
             + (f"{total} ({causes})" if total else "none")
+            + (
+                f"; captions cut to the context length: {cut} of {captions['seen']} "
+                f"({100 * cut / captions['seen']:.1f}%)"
+                if cut
+                else ""
+            )
         )
         self.log.log(
-            {"step": p.step, "samples_seen": p.samples_seen, "end": end, "skipped": skipped, "skipped_total": total}
+            {
+                "step": p.step,
+                "samples_seen": p.samples_seen,
+                "end": end,
+                "skipped": skipped,
+                "skipped_total": total,
+                **truncation(captions),
+            }
         )
 
     def run_eval(self) -> None:

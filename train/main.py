@@ -35,7 +35,7 @@ from train.checkpoint import load_checkpoint
 from train.config import Config, ConfigError, dump, load_config, to_dict
 from train.dist import StopFlag, make_accelerator, shard_model, world_size_from_env
 from train.log import RunLog, check_wandb, git_commit, trim_metrics
-from train.loop import DataStream, Progress, Trainer, plain_param
+from train.loop import DataStream, Progress, Trainer, TrainingError, plain_param
 from train.loss import build_loss
 from train.optim import build_optimizer, check_schedule, follow_schedule
 from train.storage import RunStorage
@@ -51,6 +51,15 @@ def main(argv: list[str] | None = None) -> int:
         return fit(cfg, stop)
     finally:
         stop.restore()
+
+
+def cli(argv: list[str] | None = None) -> int:
+    """main() as `python -m train` runs it: errors the user can fix are one line on stderr and exit code 1."""
+    try:
+        return main(argv)
+    except (ConfigError, TrainingError, CheckpointError, DataError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
 
 
 def fit(cfg: Config, stop: StopFlag) -> int:

@@ -50,3 +50,15 @@ def test_cached_tokenizer_matches_and_is_bounded():
     assert cached.context_length == 16
     again = pickle.loads(pickle.dumps(cached))  # data workers may receive it pickled
     assert torch.equal(again(captions), tokenizer(captions))
+
+
+def test_cached_tokenizer_counts_captions_cut_to_the_context():
+    tokenizer = open_clip.get_tokenizer("ViT-B-32", context_length=8)
+    cached = CachedTokenizer(tokenizer)
+    fits = "a b c d e f"  # 6 tokens + start + end = 8: a full row, nothing lost
+    long = "a b c d e f g h i j"
+    short = "a red circle"
+    assert len(tokenizer.encode(fits)) == 6
+    rows = cached([fits, long, short, long])
+    assert torch.equal(rows, tokenizer([fits, long, short, long]))
+    assert cached.truncated([fits, long, short, long]) == 2 and cached.truncated([fits, short]) == 0

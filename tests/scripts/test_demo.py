@@ -9,7 +9,7 @@ import yaml
 
 from scripts import demo
 from scripts.demo_study import Job, StudyError, jobs_of, load_study, overrides
-from scripts.demo_sweep import reuse_chosen
+from scripts.demo_sweep import reuse_chosen, sweep_jobs
 
 QUICK = ["--quick", "--sizes", "demo-w32", "demo-w48", "--attentions", "softmax", "linear_affine_nodenom"]
 
@@ -192,3 +192,25 @@ def test_sweep_run_is_reused_only_when_its_command_is_the_grids(tmp_path):
     assert to_run == [branch, grid[1]]  # softmax's run reused; linear_elu's learning rate differs: trained
     assert grid[0].reused and grid[0].run_dir == tmp_path / "sweep-softmax" and grid[0].wall_seconds == 7.0
     assert branch.after is grid[0] and branch.argv[-1].startswith(f"train.branch_from={tmp_path / 'sweep-softmax'}/")
+
+
+def test_sweep_scales_may_differ_per_attention(tmp_path):
+    """lr_sweep.scales as {attention: [multiples]}: each attention runs its own multiples (a folder per multiple);
+    an attention left out is one StudyError line."""
+    study = load_study(demo.STUDY)
+    study.lr_sweep = {"size": "demo-w32", "scales": {"softmax": [0.25, 0.5], "linear_affine": [0.5, 2.0]}}
+    study.attentions, study.budgets = ["softmax", "linear_affine"], {}
+    pairs = sweep_jobs(study, tmp_path, {"train": "t", "val": "v", "eval": "e"}, seed=0)
+    assert [(s, j.attention) for s, j in pairs] == [
+        (0.25, "softmax"),
+        (0.5, "softmax"),
+        (0.5, "linear_affine"),
+        (2.0, "linear_affine"),
+    ]
+    assert pairs[3][1].run_dir == tmp_path / "lr_sweep" / "x2" / "runs" / "demo-w32-linear_affine"
+    assert "optim.lr=0.008" in pairs[3][1].argv and "optim.lr=0.001" in pairs[0][1].argv
+    raw = yaml.safe_load(demo.STUDY.read_text())
+    raw["lr_sweep"]["scales"] = {"softmax": [0.5, 1.0]}
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(raw))
+    with pytest.raises(StudyError, match=r"lr_sweep\.scales has no multiples for linear_affine; give every attention"):
+        load_study(tmp_path / "bad.yaml")

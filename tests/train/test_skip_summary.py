@@ -41,4 +41,24 @@ def test_a_clean_run_says_none(tmp_path, synthetic, capsys):
     assert run(tiny_config(tmp_path, synthetic, train={"max_steps": 1})) == 0
     assert "done at step 1 (16 samples): skipped samples: none" in capsys.readouterr().err
     last = metrics(tmp_path / "run")[-1]
-    assert last["skipped_total"] == 0 and set(last) == {"step", "samples_seen", "end", "skipped", "skipped_total"}
+    assert last["skipped_total"] == 0 and last["captions_truncated"] == 0
+    assert set(last) == {
+        "step",
+        "samples_seen",
+        "end",
+        "skipped",
+        "skipped_total",
+        "captions_truncated",
+        "captions_truncated_fraction",
+    }
+
+
+def test_captions_cut_to_the_context_are_counted_never_silently(tmp_path, synthetic, capsys):
+    """model.context_length 5 leaves room for 3 caption tokens: nearly every synthetic caption is longer and is cut
+    as open_clip cuts it; the metrics and the summary line say how many."""
+    assert run(tiny_config(tmp_path, synthetic, model={"context_length": 5}, train={"max_steps": 2})) == 0
+    records = metrics(tmp_path / "run")
+    last, cut = records[-1], records[-1]["captions_truncated"]
+    assert 24 <= cut <= 32 and last["captions_truncated_fraction"] == cut / 32
+    assert 0 < records[0]["captions_truncated"] <= 16  # step 1's metrics count its own batch
+    assert f"; captions cut to the context length: {cut} of 32 ({100 * cut / 32:.1f}%)" in capsys.readouterr().err
