@@ -82,7 +82,7 @@ def test_per_attention_settings_scale_the_learning_rate_and_override_the_run(tmp
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not os.environ.get("RUN_SLOW"), reason="the full study takes ~35 minutes of 2 cores; RUN_SLOW=1")
+@pytest.mark.skipif(not os.environ.get("RUN_SLOW"), reason="the full study takes ~20 minutes of 2 cores; RUN_SLOW=1")
 def test_full_study_shows_scaling(tmp_path):
     """What the study must show (README, "The main job"; issue 23 items 1 and 3), read back from its files."""
     check_full_study(demo.main(["--out", str(tmp_path / "demo")]))

@@ -144,3 +144,23 @@ def test_stage_two_trains_the_whole_student_and_logs_each_term(tmp_path, synthet
     final = weights(checkpoints(tmp_path / "run")[-1])
     teacher = load_file(str(teacher_file))
     assert not torch.equal(final["visual.conv1.weight"], teacher["visual.conv1.weight"])  # not frozen here
+
+
+def test_stage_one_resumes_exactly_mid_stage(tmp_path, synthetic, teacher_file):
+    """Attention transfer of a hedgehog student, 6 steps, and the same resumed from its step-3 checkpoint: the
+    same losses at steps 4-6 and the same final student (the teacher is rebuilt from distill.teacher, never saved)."""
+    from tests.train.common import checkpoints, max_difference, run, tiny_config, train_records, weights
+
+    config = tiny_config(
+        tmp_path, synthetic, optim={"lr": 3e-3, "warmup_steps": 1}, train={"max_steps": 6, "save_every": 3}
+    )
+    common = [f"distill.teacher={teacher_file}", "model.image_attention=hedgehog", "model.text_attention=hedgehog"]
+    full, resumed = tmp_path / "run", tmp_path / "resumed"
+    assert run(config, *common, "train.keep_last=2") == 0
+    middle = checkpoints(full)[0]
+    assert middle.name.endswith("3")
+    assert run(config, *common, f"train.run_dir={resumed}", f"train.resume={middle}") == 0
+    after = {r["step"]: r["loss"] for r in train_records(full) if r["step"] > 3}
+    again = {r["step"]: r["loss"] for r in train_records(resumed) if r["step"] > 3}
+    assert sorted(again) == [4, 5, 6] and all(abs(after[s] - again[s]) < 1e-6 for s in again), (after, again)
+    assert max_difference(weights(checkpoints(full)[-1]), weights(checkpoints(resumed)[-1])) < 1e-6
