@@ -3,6 +3,7 @@
     make demo                                            # = .venv/bin/python -m scripts.demo
     .venv/bin/python -m scripts.demo --quick             # the same pipeline in seconds (what the test runs)
     .venv/bin/python -m scripts.demo --seed 1 --out runs/demo-seed1
+    .venv/bin/python -m scripts.demo --full                # twice each attention's budget (configs/study/full.yaml)
 
 The study is configs/study/demo.yaml (grid of sizes x attentions, data, per-size settings, fits); each run is
 `python -m train configs/demo.yaml ...`. Makes the synthetic shards (train, validation, zero-shot eval set),
@@ -35,6 +36,7 @@ from scripts.demo_study import REPO, Study, StudyError, jobs_of, load_study, run
 from scripts.demo_sweep import choose, reuse_chosen, sweep_jobs
 
 STUDY = REPO / "configs" / "study" / "demo.yaml"
+FULL = REPO / "configs" / "study" / "full.yaml"  # twice the budgets, the main job's learning rates (--full)
 ATTENTION, SIZE = demo_plots.ATTENTION, demo_plots.SIZE
 COMPUTE_LABEL = "compute (GMACs x samples seen)"
 VAL_LABEL = "validation loss (contrastive, batch 64)"
@@ -72,10 +74,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", help="run folder (default runs/demo-<UTC time>)")
     p.add_argument("--quick", action="store_true", help="a few steps per run: checks the pipeline, not the science")
     p.add_argument("--study", default=str(STUDY), help="the study config (default configs/study/demo.yaml)")
+    p.add_argument("--full", action="store_true", help="the longer study: --study configs/study/full.yaml")
     p.add_argument("--seed", type=int, default=0, help="seed of the data set and of every run")
     p.add_argument("--sizes", nargs="+", help="model sizes to train (default: the study's)")
     p.add_argument("--attentions", nargs="+", help="registry names, used in both towers (default: the study's)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.full:
+        args.study = str(FULL)
+    return args
 
 
 def stage(text: str) -> None:

@@ -214,3 +214,18 @@ def test_sweep_scales_may_differ_per_attention(tmp_path):
     (tmp_path / "bad.yaml").write_text(yaml.safe_dump(raw))
     with pytest.raises(StudyError, match=r"lr_sweep\.scales has no multiples for linear_affine; give every attention"):
         load_study(tmp_path / "bad.yaml")
+
+
+def test_full_study_doubles_the_budgets_with_the_main_jobs_rates():
+    """--full: configs/study/full.yaml, the main job's grid at twice each attention's steps, the learning-rate
+    multiples the main job's sweep chose, no sweep."""
+    assert demo.parse_args(["--full"]).study == str(demo.FULL)
+    main, full = load_study(demo.STUDY), load_study(demo.FULL)
+    assert full.sizes == main.sizes and full.attentions == main.attentions and not full.lr_sweep
+    steps = {a: (full.per_attention[a]["run"]["train.max_steps"]) for a in full.attentions}
+    assert steps == {"softmax": 1600, "linear_affine": 3200, "linear_affine_nodenom": 4800}
+    assert {a: full.per_attention[a]["lr_scale"] for a in full.attentions} == {
+        "softmax": 0.5,
+        "linear_affine": 1.0,
+        "linear_affine_nodenom": 0.25,
+    }
