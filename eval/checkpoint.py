@@ -83,7 +83,7 @@ def load_ours(path: Path, device, image_size: int | None = None, context_length:
         cfg.image_size, cfg.context_length = image_size or cfg.image_size, context_length or cfg.context_length
     except (KeyError, TypeError) as e:
         raise EvalInputError(
-            f"{folder / 'meta.json'} has no usable config.model ({e}); it was not written by this project's trainer"
+            f"{folder / layout.META} has no usable config.model ({e}); it was not written by this project's trainer"
         ) from None
     try:
         model = models.build_clip(cfg)

@@ -32,16 +32,16 @@ def write_files(tmp: Path, params: int) -> int:
     """The files of one checkpoint of `params` parameters (random contents, 4M-element tensors); returns bytes."""
     chunk, count = 4_000_000, max(1, round(params / 4_000_000))
     weights = {f"w{i}": torch.rand(chunk) for i in range(count)}
-    (tmp / "state").mkdir(parents=True)
-    save_file(weights, str(tmp / "model.safetensors"))
-    save_file(weights, str(tmp / "state" / "model.safetensors"))
+    (tmp / layout.STATE).mkdir(parents=True)
+    save_file(weights, str(tmp / layout.MODEL))
+    save_file(weights, str(tmp / layout.STATE / layout.MODEL))
     # distinct tensors: torch.save stores a storage once however often it is referenced
     moments = {i: {"exp_avg": w.clone(), "exp_avg_sq": w.clone()} for i, w in enumerate(weights.values())}
-    torch.save({"state": moments, "param_groups": []}, tmp / "state" / "optimizer.bin")
-    torch.save({"last_epoch": 1}, tmp / "state" / "scheduler.bin")
-    torch.save({"torch_manual_seed": torch.get_rng_state()}, tmp / "state" / "random_states_0.pkl")
+    torch.save({"state": moments, "param_groups": []}, tmp / layout.STATE / "optimizer.bin")
+    torch.save({"last_epoch": 1}, tmp / layout.STATE / "scheduler.bin")
+    torch.save({"torch_manual_seed": torch.get_rng_state()}, tmp / layout.STATE / "random_states_0.pkl")
     meta = {"step": 1, "samples_seen": 1, "config": {"model": {"name": "bench"}}}
-    (tmp / "meta.json").write_text(json.dumps(meta))
+    (tmp / layout.META).write_text(json.dumps(meta))
     (tmp / "data_state_0.json").write_text("{}")
     return sum(p.stat().st_size for p in tmp.rglob("*") if p.is_file())
 
