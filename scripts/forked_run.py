@@ -78,10 +78,12 @@ def fork_train(argv: list[str], cwd: Path, env: dict[str, str], log: Path, threa
 
         sys.argv = [str(cwd / "train" / "__main__.py"), *argv]
         code = cli(argv)
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-        if not isinstance(e.code, int) and e.code is not None:
+    except SystemExit as e:  # as the interpreter takes it: None is 0, a message is printed and gives 1
+        if e.code is None or isinstance(e.code, int):
+            code = e.code or 0
+        else:
             print(e.code, file=sys.stderr)
+            code = 1
     except BaseException:
         traceback.print_exc()
         code = 1
