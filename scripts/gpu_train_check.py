@@ -7,7 +7,7 @@
 1. `--model` (ViT-B-16) in bf16 with train.distributed=ddp: one process on one GPU;
 2. `--sharded-model` (ViT-L-16, activation checkpointing) in bf16 with train.distributed=fsdp, one process per GPU
    under torchrun, when there are at least two GPUs; otherwise skipped with a line that says so. With
-   `--device cpu` it runs on 2 gloo processes through the same FSDP path (train.dist's CPU test hook).
+   `--device cpu` it runs on 2 gloo processes through the same FSDP path (scripts/fsdp_on_cpu.py).
 
 Each run: random images and token ids made once per rank and repeated (no data pipeline, no tokenizer), AdamW
 (fused on CUDA), gradient clipping 1.0, metrics every 5 steps, a checkpoint at the end. DIR gets
@@ -35,8 +35,9 @@ import torch
 
 from models import ModelConfig, build_clip, gmacs_per_sample, layout
 from models.config import resolved_size
+from scripts import fsdp_on_cpu
 from train.config import OptimConfig, TrainConfig
-from train.dist import FSDP_ON_CPU, StopFlag, make_accelerator, shard_model
+from train.dist import StopFlag, make_accelerator, shard_model
 from train.log import RunLog
 from train.loop import DataStream, Trainer
 from train.loss import ClipLoss
@@ -188,8 +189,8 @@ def launch(spec: dict, processes: int, timeout: float) -> dict:
     command = [sys.executable, *(["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"])]
     command = command + worker if processes > 1 else [sys.executable, *worker]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    if spec["device"] == "cpu":  # CPU ranks never share a GPU; FSDP through the hook accelerate needs on the CPU
-        env.update(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1", **{FSDP_ON_CPU: "1"})
+    if spec["device"] == "cpu":  # CPU ranks never share a GPU
+        env.update(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
     row_file = Path(spec["out"]) / "rows" / f"{spec['check']}.json"
     if done.returncode != 0 or not row_file.is_file():
@@ -246,6 +247,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.worker:
         spec = json.loads(args.worker)
+        if spec["device"] == "cpu":  # FSDP through the hook accelerate needs on the CPU (scripts/fsdp_on_cpu.py)
+            fsdp_on_cpu.install()
         row = train_run(spec)
         if row is not None:
             (Path(spec["out"]) / "rows").mkdir(parents=True, exist_ok=True)

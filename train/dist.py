@@ -7,7 +7,9 @@ its step, and all ranks stop at the same step because the flag is all-reduced ev
 
 FSDP (`train.distributed=fsdp`): `shard_model` applies torch's `fully_shard` (FSDP2) itself, one unit per
 transformer block and the root for the rest, before `accelerator.prepare`, which keeps a sharded model
-as it is and handles the rest (sharded checkpoints, the full state dict for model.safetensors).
+as it is and handles the rest (sharded checkpoints, the full state dict for model.safetensors). accelerate treats
+FSDP as GPU-only; the tests and the CPU rehearsal of scripts/gpu_train_check.py run this path on gloo CPU processes
+through scripts/fsdp_on_cpu.py, which replaces the Accelerator built here in its own processes.
 """
 
 from __future__ import annotations
@@ -25,8 +27,6 @@ from accelerate import (
     FullyShardedDataParallelPlugin,
     InitProcessGroupKwargs,
 )
-from accelerate.state import AcceleratorState, GradientState, PartialState
-from accelerate.utils import DistributedType
 from torch import nn
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -35,7 +35,6 @@ from train.config import ConfigError, TrainConfig
 PRECISION = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 PREEMPT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
-FSDP_ON_CPU = "CLIP_TEST_FSDP_ON_CPU"  # test hook: accelerate's FSDP path on a gloo CPU mesh
 
 
 def world_size_from_env() -> int:
@@ -43,7 +42,10 @@ def world_size_from_env() -> int:
 
 
 def make_accelerator(cfg: TrainConfig) -> Accelerator:
-    """An Accelerator for DDP (default) or FSDP, with the configured mixed precision."""
+    """An Accelerator for DDP (default) or FSDP, with the configured mixed precision.
+
+    accelerate keeps its state process-wide and refuses other settings (another precision) in a later call: one
+    training run per process (the tests that run main() in-process reset that state between runs)."""
     if cfg.precision == "fp16" and (cfg.cpu or not torch.cuda.is_available()):
         raise ConfigError(
             "train.precision=fp16 needs a GPU (its gradient scaler is CUDA-only); use train.precision=bf16 on the CPU"
@@ -54,10 +56,6 @@ def make_accelerator(cfg: TrainConfig) -> Accelerator:
         torch.use_deterministic_algorithms(True, warn_only=True)
     seed_everything(cfg.seed)
     fsdp = fsdp_plugin(cfg) if cfg.distributed == "fsdp" else None
-    # main() may run again in this process (tests, scripts/demo.py) with other settings: accelerate keeps its
-    # state process-wide and refuses a change, so forget it (the process group itself stays)
-    AcceleratorState._reset_state(reset_partial_state=False)
-    GradientState._reset_state()
     # other ranks wait at a barrier while rank 0 evaluates or writes a checkpoint: allow more than NCCL's 10 min
     handlers = [
         InitProcessGroupKwargs(timeout=timedelta(minutes=60)),
@@ -72,8 +70,6 @@ def make_accelerator(cfg: TrainConfig) -> Accelerator:
         # the schedule counts optimizer steps; by default accelerate would step it once per process
         step_scheduler_with_optimizer=False,
     )
-    if cfg.distributed == "fsdp" and accelerator.device.type == "cpu" and os.environ.get(FSDP_ON_CPU) == "1":
-        fsdp_on_cpu(fsdp)
     if cfg.distributed == "fsdp" and accelerator.distributed_type.name != "FSDP":
         raise ConfigError(
             "train.distributed=fsdp needs several GPU processes (accelerate shards only across GPUs), "
@@ -83,14 +79,6 @@ def make_accelerator(cfg: TrainConfig) -> Accelerator:
     if accelerator.device.type == "cuda":
         set_tf32(cfg.tf32)
     return accelerator
-
-
-def fsdp_on_cpu(plugin: FullyShardedDataParallelPlugin) -> None:
-    """Test hook: accelerate treats FSDP as GPU-only; the tests run its FSDP path on a gloo CPU mesh by setting
-    the distributed type in both of its process-wide states (AcceleratorState() copies PartialState's)."""
-    PartialState._shared_state["distributed_type"] = DistributedType.FSDP
-    AcceleratorState._shared_state["distributed_type"] = DistributedType.FSDP
-    AcceleratorState._shared_state["fsdp_plugin"] = plugin
 
 
 def set_tf32(enabled: bool) -> None:

@@ -8,14 +8,24 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from accelerate.state import AcceleratorState, GradientState
 
 import models
 from data import make_synthetic
 from eval import suite, zeroshot
 from eval.sharding import Shard, random_state_kept
 from tests.eval import evalsets
-from tests.train.common import TORCHRUN, checkpoints, cli, finish, metrics, run, tiny_config, train_records, weights
+from tests.train.common import (
+    TORCHRUN,
+    checkpoints,
+    cli,
+    finish,
+    metrics,
+    reset_accelerate,
+    run,
+    tiny_config,
+    train_records,
+    weights,
+)
 from train import main as train_main
 
 # timings and the world size differ between the runs; everything else must be equal
@@ -105,8 +115,7 @@ def test_fsdp_sharded_model_is_gathered_and_evaluated_on_two_ranks(suite_file, t
 def training_data(tmp_path):
     spec = make_synthetic(tmp_path / "synthetic", train_samples=256, eval_per_class=3, shard_size=64)
     yield {"train": spec, "eval": str(tmp_path / "synthetic" / "eval")}
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
+    reset_accelerate()
 
 
 def test_evaluation_during_training_on_two_ranks_equals_one_process(training_data, tmp_path):

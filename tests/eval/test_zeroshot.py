@@ -230,22 +230,20 @@ def test_imagenet21k_style_names_file_defines_all_classes(run_dir, synthetic, tm
 
 def test_run_directory_written_by_the_trainer(synthetic, tmp_path):
     """The checkpoint contract end to end: `train.main` writes RUN/checkpoints/..., eval rebuilds the model."""
-    from train.main import main as train_main
+    from tests.train.common import run as train_in_process  # main() here, from a fresh accelerate state
 
     run = tmp_path / "run"
     assert (
-        train_main(
-            [
-                str(REPO / "configs" / "tiny.yaml"),
-                f"data.train_shards={synthetic[0]}",
-                f"train.run_dir={run}",
-                "train.max_steps=3",
-                "train.save_every=3",
-                "data.batch_size=16",
-                "data.workers=0",
-                "eval.dataset=null",
-                "model.image_attention=linear_elu",
-            ]
+        train_in_process(
+            REPO / "configs" / "tiny.yaml",
+            f"data.train_shards={synthetic[0]}",
+            f"train.run_dir={run}",
+            "train.max_steps=3",
+            "train.save_every=3",
+            "data.batch_size=16",
+            "data.workers=0",
+            "eval.dataset=null",
+            "model.image_attention=linear_elu",
         )
         == 0
     )

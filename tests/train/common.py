@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 import yaml
+from accelerate.state import AcceleratorState, GradientState
 from safetensors.torch import load_file
 
 from train.main import main
@@ -73,8 +74,16 @@ def poison_steps(monkeypatch, steps: set[int]) -> None:
 
 
 def run(config: Path, *overrides: str) -> int:
-    """main() in this process."""
+    """main() in this process, from a fresh accelerate state (as `python -m train` starts)."""
+    reset_accelerate()
     return main([str(config), *overrides])
+
+
+def reset_accelerate() -> None:
+    """Forget accelerate's process-wide state: it outlives an Accelerator and refuses other settings (another
+    precision) in the next one, so in-process runs reset it; production runs one Accelerator per process."""
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
 
 
 def cli(
@@ -82,6 +91,7 @@ def cli(
 ) -> subprocess.Popen:
     """`python -m MODULE ARGS` (or under a launcher such as torchrun) in a subprocess, from the repo root.
 
+    MODULE is `train`, or an entry that wraps it with a test hook (scripts.fsdp_on_cpu, tests.train.crash_in_save).
     On the CPU unless ARGS say train.cpu=false (see `popen`)."""
     command = (launcher or [sys.executable]) + ["-m", module, *args]
     return popen(command, env=env, gpu="train.cpu=false" in args, **kwargs)

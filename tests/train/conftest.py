@@ -2,9 +2,9 @@
 
 import pytest
 import torch
-from accelerate.state import AcceleratorState, GradientState
 
 from data import make_synthetic
+from tests.train.common import reset_accelerate
 
 
 @pytest.fixture(scope="session")
@@ -20,6 +20,5 @@ def synthetic(tmp_path_factory) -> dict:
 def fresh_accelerate():
     """main() creates an Accelerator; its process-wide state must not leak into the next test."""
     yield
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
+    reset_accelerate()
     torch.use_deterministic_algorithms(False)

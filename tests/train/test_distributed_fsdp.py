@@ -1,8 +1,9 @@
 """`python -m train` with train.distributed=fsdp on 2 gloo CPU processes: the losses and weights of one process
 with the same global batch, a sharded checkpoint, and an exact resume from it.
 
-accelerate treats FSDP as GPU-only; train.dist's test hook (CLIP_TEST_FSDP_ON_CPU=1) lets the same code path
-(train.dist.shard_model, accelerate's FSDP2 prepare, sharded save_state/load_state, no_sync) run on the CPU.
+accelerate treats FSDP as GPU-only; the runs start `python -m scripts.fsdp_on_cpu` instead of `python -m train`, a
+hook owned by the tests (production code never installs it) that lets the same code path (train.dist.shard_model,
+accelerate's FSDP2 prepare, sharded save_state/load_state, no_sync) run on the CPU.
 """
 
 import shutil
@@ -21,7 +22,6 @@ from tests.train.common import (
     train_records,
 )
 from tests.train.common import weights as read_weights
-from train.dist import FSDP_ON_CPU
 
 # one optimizer step = one epoch of 16 samples, so every run sees the same samples at every step
 COMMON = ["train.max_steps=3", "optim.lr=1e-4", "data.train_num_samples=16", "optim.grad_clip_norm=1.0"]
@@ -30,7 +30,7 @@ COMMON = ["train.max_steps=3", "optim.lr=1e-4", "data.train_num_samples=16", "op
 def fsdp(config, *overrides: str) -> None:
     """2 processes, micro-batches of 8 (4 per rank) x accum_freq 2 = 16 samples per step."""
     args = [str(config), *COMMON, "train.distributed=fsdp", "data.batch_size=8", "train.accum_freq=2", *overrides]
-    code, _, err = finish(cli(args, launcher=TORCHRUN, env={FSDP_ON_CPU: "1"}), timeout=400)
+    code, _, err = finish(cli(args, launcher=TORCHRUN, module="scripts.fsdp_on_cpu"), timeout=400)
     assert code == 0, err[-3000:]
 
 

@@ -184,14 +184,6 @@ def test_wandb_offline_needs_no_network(tmp_path, synthetic, monkeypatch):
     assert (tmp_path / "run" / "wandb_id.txt").read_text().strip() in runs[0].name
 
 
-def test_main_runs_again_in_the_same_process_with_other_settings(tmp_path, synthetic):
-    """scripts/demo.py calls main() once per run; accelerate's process-wide state must not pin the first precision."""
-    path = tiny_config(tmp_path, synthetic, train={"max_steps": 1})
-    assert run(path, "train.precision=bf16", f"train.run_dir={tmp_path / 'a'}") == 0
-    assert run(path, "train.precision=fp32", f"train.run_dir={tmp_path / 'b'}") == 0
-    assert len(train_records(tmp_path / "a")) == len(train_records(tmp_path / "b")) == 1
-
-
 def test_bf16_reaches_the_forward_pass(tmp_path, synthetic, monkeypatch):
     """train.precision=bf16 runs the model under bf16 autocast (its linear layers compute in bf16); fp32 does not."""
     import train.main
