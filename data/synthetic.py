@@ -2,10 +2,11 @@
 
     python -m data.synthetic OUT [--train-samples 10000] [--val-samples 1000] [--eval-per-class 20]
                                  [--seed 0] [--image-size 32] [--shard-size 1000] [--captions short|long]
+                                 [--extent 0.35 0.75]
 
 Every image shows one shape (circle, square, triangle, cross) in one of six colours, in one of
 nine cells of a 3 x 3 grid (jittered), of a size drawn uniformly between 35% and 75% of the image
-side, on a random grey background. Captions name colour and shape in varied wording, most also
+side (`--extent`), on a random grey background. Captions name colour and shape in varied wording, most also
 position and size ("small" below 55% of the side, "large" above). The output is fully determined by
 the arguments (each shard and each eval class has its own seeded stream).
 
@@ -40,6 +41,7 @@ the combined task leaves room between attention variants.
 """
 
 import argparse
+import functools
 import io
 import json
 import os
@@ -135,19 +137,21 @@ def paint(pen: ImageDraw.ImageDraw, shape: str, fill: tuple, cx: float, cy: floa
         pen.rectangle((cx - bar, cy - r, cx + bar, cy + r), fill=fill)
 
 
-def random_scene(rng: np.random.Generator) -> dict:
-    """Pick colour, shape and grid cell uniformly, and the extent uniformly in EXTENT."""
+def random_scene(rng: np.random.Generator, extent: tuple[float, float] = EXTENT) -> dict:
+    """Pick colour, shape and grid cell uniformly, and the extent uniformly in `extent` (EXTENT)."""
     return {
         "colour": str(rng.choice(list(COLOURS))),
         "shape": str(rng.choice(SHAPES)),
         "row": str(rng.choice(ROWS)),
         "column": str(rng.choice(COLUMNS)),
-        "extent": float(rng.uniform(*EXTENT)),
+        "extent": float(rng.uniform(*extent)),
     }
 
 
-def size_word(extent: float) -> str:
-    return "large" if extent >= LARGE else "small"
+def size_word(extent: float, bounds: tuple[float, float] = EXTENT) -> str:
+    """'large' from the middle of the extent's range up (LARGE for the default range), else 'small'."""
+    middle = LARGE if tuple(bounds) == EXTENT else (bounds[0] + bounds[1]) / 2
+    return "large" if extent >= middle else "small"
 
 
 def add_file(tar: tarfile.TarFile, name: str, data: bytes) -> None:
@@ -157,14 +161,14 @@ def add_file(tar: tarfile.TarFile, name: str, data: bytes) -> None:
     tar.addfile(info, io.BytesIO(data))
 
 
-def write_shard(path: Path, first_key: int, count: int, seed: int, stream: int, image_size: int) -> None:
+def write_shard(path: Path, first_key: int, count: int, seed: int, stream: int, image_size: int, extent=EXTENT) -> None:
     """Write `count` samples with keys first_key.. into one tar; seeded by (seed, split, shard) = `stream`."""
     rng = np.random.default_rng([seed, *stream])
     with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
         for key in range(first_key, first_key + count):
-            scene = random_scene(rng)
+            scene = random_scene(rng, extent)
             image = draw(**scene, image_size=image_size, rng=rng)
-            size = size_word(scene["extent"])
+            size = size_word(scene["extent"], extent)
             text = caption(scene["colour"], scene["shape"], scene["row"], scene["column"], size, rng)
             jpg = io.BytesIO()
             image.save(jpg, format="JPEG", quality=90)
@@ -176,7 +180,14 @@ def write_shard(path: Path, first_key: int, count: int, seed: int, stream: int, 
 
 
 def write_split(
-    out: Path, samples: int, shard_size: int, seed: int, split: int, image_size: int, captions: str = "short"
+    out: Path,
+    samples: int,
+    shard_size: int,
+    seed: int,
+    split: int,
+    image_size: int,
+    captions: str = "short",
+    extent=EXTENT,
 ) -> str:
     """Write the shards of one split (0 train, 2 validation) and sizes.json; return the brace spec of the shards."""
     out.mkdir(parents=True, exist_ok=True)
@@ -185,7 +196,7 @@ def write_split(
         # imported here because data.synthetic_long builds on this module
         from data.synthetic_long import write_long_shard as write
     else:
-        write = write_shard
+        write = functools.partial(write_shard, extent=extent)
     for shard, count in enumerate(counts):
         write(out / f"{shard:05d}.tar", shard * shard_size, count, seed, (split, shard), image_size)
     sizes = {f"{shard:05d}.tar": count for shard, count in enumerate(counts)}
@@ -194,7 +205,7 @@ def write_split(
     return str(out / f"{{00000..{last:05d}}}.tar") if last > 0 else str(out / "00000.tar")
 
 
-def write_eval(out: Path, per_class: int, seed: int, image_size: int) -> list[str]:
+def write_eval(out: Path, per_class: int, seed: int, image_size: int, extent=EXTENT) -> list[str]:
     """Write the ImageFolder eval set, classnames.txt and templates.txt; return the class names."""
     classes = sorted((colour, shape) for colour in COLOURS for shape in SHAPES)
     for index, (colour, shape) in enumerate(classes):
@@ -202,7 +213,7 @@ def write_eval(out: Path, per_class: int, seed: int, image_size: int) -> list[st
         folder.mkdir(parents=True, exist_ok=True)
         rng = np.random.default_rng([seed, 1, index])
         for i in range(per_class):
-            scene = random_scene(rng) | {"colour": colour, "shape": shape}
+            scene = random_scene(rng, extent) | {"colour": colour, "shape": shape}
             draw(**scene, image_size=image_size, rng=rng).save(folder / f"{i:05d}.png")
     names = [f"{colour} {shape}" for colour, shape in classes]
     (out / "classnames.txt").write_text("\n".join(names) + "\n")
@@ -219,20 +230,30 @@ def make_synthetic(
     shard_size: int = 1000,
     val_samples: int = 512,
     captions: str = "short",
+    extent: tuple[float, float] = EXTENT,
 ) -> str:
-    """Write the whole data set under `out` (layout in the module docstring); return the train spec."""
+    """Write the whole data set under `out` (layout in the module docstring); return the train spec.
+
+    extent: the range of shape sizes as fractions of the image side; small shapes at a high resolution make a task
+    that needs the resolution (a shape a few pixels wide loses its form when the model sees the image smaller)."""
     if captions not in CAPTIONS:
         raise ValueError(f"synthetic data: captions {captions!r} is not one of {', '.join(CAPTIONS)}")
+    extent = tuple(float(e) for e in extent)
+    if len(extent) != 2 or not 0.02 <= extent[0] <= extent[1] <= 0.9 or (captions == "long" and extent != EXTENT):
+        raise ValueError(
+            f"synthetic data: extent {list(extent)} must be two fractions 0.02 <= low <= high <= 0.9 "
+            "(short captions only)"
+        )
     if train_samples < 1 or shard_size < 1 or eval_per_class < 0 or image_size < 8 or val_samples < 0:
         raise ValueError(
             "synthetic data: need train_samples >= 1, shard_size >= 1, eval_per_class >= 0, val_samples >= 0, "
             "image_size >= 8"
         )
     out = Path(out)
-    spec = write_split(out / "train", train_samples, shard_size, seed, 0, image_size, captions)
+    spec = write_split(out / "train", train_samples, shard_size, seed, 0, image_size, captions, extent)
     if val_samples:
-        write_split(out / "val", val_samples, shard_size, seed, 2, image_size, captions)
-    names = write_eval(out / "eval", eval_per_class, seed, image_size)
+        write_split(out / "val", val_samples, shard_size, seed, 2, image_size, captions, extent)
+    names = write_eval(out / "eval", eval_per_class, seed, image_size, extent)
     if captions == "long" and eval_per_class:
         from data.synthetic_long import write_retrieval
 
@@ -259,6 +280,9 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--image-size", type=int, default=32)
     parser.add_argument("--shard-size", type=int, default=1000)
     parser.add_argument("--captions", choices=CAPTIONS, default="short", help="long: several shapes, 60-300 tokens")
+    parser.add_argument(
+        "--extent", type=float, nargs=2, default=EXTENT, metavar=("LOW", "HIGH"), help="shape sizes / image side"
+    )
     args = parser.parse_args(argv)
     start = time.perf_counter()
     try:
@@ -272,6 +296,7 @@ def main(argv: list[str] | None = None) -> str:
             args.shard_size,
             val_samples=args.val_samples,
             captions=args.captions,
+            extent=args.extent,
         )
     except (ValueError, OSError) as e:
         raise SystemExit(f"error: {e}") from None

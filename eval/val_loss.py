@@ -26,6 +26,7 @@ from torch import Tensor, nn
 from data.errors import BadSample
 from data.sources import check_local, expand_spec
 from data.stream import decode, tar_samples
+from eval.replay import Replay
 
 MAX_PIXELS = 89_478_485  # PIL's decompression-bomb limit, as data.max_image_pixels
 
@@ -67,6 +68,19 @@ def batch_loss(model: nn.Module, loss_fn: nn.Module, batch, device, logit_bias: 
     return loss_fn(image_features, text_features, scale, logit_bias).double()
 
 
+def rank_batches(spec: str, batch_size: int, image_transform, tokenizer, rank: int, world: int) -> Iterator:
+    """(j, batch) for every validation batch j: its tensors where this rank scores it (j % world == rank) or needs
+    it as the spare for the last round (batch 0 on the ranks that score none), else (j, None)."""
+    for j, raw in enumerate(raw_batches(spec, batch_size)):
+        if j % world != rank and j != 0:
+            yield j, None
+            continue
+        batch = to_tensors(raw, image_transform, tokenizer)
+        if batch is None:
+            raise ValidationError(f"validation batch {j} of {spec} has no readable sample; check the shards")
+        yield j, batch
+
+
 @torch.no_grad()
 def validation_loss(
     model: nn.Module,
@@ -78,11 +92,13 @@ def validation_loss(
     tokenizer: Callable,
     device: torch.device | str = "cpu",
     logit_bias: Tensor | None = None,
+    replay: Replay | None = None,
 ) -> float:
     """The mean contrastive loss over the fixed validation batches (module docstring), the same on every rank.
 
     model(images, tokens) -> (image features [b, D], text features [b, D], logit scale); loss_fn(image features,
     text features, logit scale, logit bias) must not gather across ranks (train.loss.build_loss(..., gather=False)).
+    replay: the same shards evaluated again and again (eval.replay.Replay): decoded once while they fit.
     """
     device = torch.device(device)
     rank, world = rank_and_world()
@@ -90,18 +106,18 @@ def validation_loss(
     model.eval()
     total = torch.zeros(2, dtype=torch.float64, device=device)  # [sum of batch losses, number of batches]
     last, batches = None, 0
+
+    def make_batches():
+        return rank_batches(spec, batch_size, image_transform, tokenizer, rank, world)
+
     try:
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-            for j, raw in enumerate(raw_batches(spec, batch_size)):
+            for j, batch in replay(make_batches) if replay is not None else make_batches():
                 batches = j + 1
-                if j % world != rank and not (last is None and j == 0):
-                    continue
-                batch = to_tensors(raw, image_transform, tokenizer)
-                if batch is None:
-                    raise ValidationError(f"validation batch {j} of {spec} has no readable sample; check the shards")
                 if j % world == rank:
                     total += torch.stack([batch_loss(model, loss_fn, batch, device, logit_bias), total.new_ones(())])
-                last = batch
+                if batch is not None:
+                    last = batch
             if batches == 0:
                 raise ValidationError(
                     f"validation shards {spec} hold fewer than eval.batch_size={batch_size} samples; "

@@ -21,6 +21,7 @@ from tqdm import tqdm
 
 from eval import checkpoint, datasets
 from eval.datasets import EvalInputError
+from eval.replay import Replay
 from eval.sharding import Shard, count_skipped, sum_over_ranks
 
 
@@ -140,10 +141,12 @@ def evaluate_set(
     amp: bool | None = None,
     progress: bool = False,
     shard: Shard | None = None,
+    replay: Replay | None = None,
 ) -> dict:
     """Zero-shot results of an opened set (see `evaluate`); with `shard`, every rank of the job must call it.
 
     amp: bf16 autocast (default: on for CUDA, off for CPU). The model's train/eval mode is restored after.
+    replay: the same set evaluated again and again (eval.replay.Replay): its images decoded once while they fit.
     """
     shard = shard or Shard()
     device = torch.device(device or next(model.parameters()).device)
@@ -158,8 +161,9 @@ def evaluate_set(
                 model, tokenizer, evalset.classnames, evalset.templates, device, texts_per_batch, progress
             )
             total = len(loader.dataset) if hasattr(loader.dataset, "__len__") else None
+            batches = replay(lambda: loader) if replay is not None else loader
             for images, targets, bad in tqdm(
-                loader, desc="images", total=total and -(-total // batch_size), disable=not progress
+                batches, desc="images", total=total and -(-total // batch_size), disable=not progress
             ):
                 skipped += bad
                 if images is None:

@@ -27,10 +27,12 @@ import warnings
 from datetime import UTC, datetime
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from data import make_synthetic
 from eval.scaling import ScalingInputError, ScalingWarning, fit, format_table, load_points, plot
+from models import layout
 from scripts import bench_attention, demo_plots, demo_report
 from scripts.demo_study import REPO, Study, StudyError, jobs_of, load_study, run_jobs
 from scripts.demo_sweep import choose, reuse_chosen, sweep_jobs
@@ -129,6 +131,7 @@ def run_rows(jobs) -> list[dict]:
                 "run_dir": str(job.run_dir),
                 "wall_seconds": job.wall_seconds,
                 "cpu_seconds": job.cpu_seconds,
+                "samples_per_s": throughput(job.run_dir),
                 "params_without_token_embedding": int(final["params_without_token_embedding"]),
                 "gmacs_per_sample": float(final["gmacs_per_sample"]),
                 "samples_seen": int(final["samples_seen"]),
@@ -157,6 +160,13 @@ def run_rows(jobs) -> list[dict]:
             tail = rows[-1]["curve"][len(rows[-1]["curve"]) // 2 :]
             rows[-1]["tail_slope"] = demo_plots.log_slope([s for s, _ in tail], [1 - t for _, t in tail])
     return rows
+
+
+def throughput(run_dir: Path) -> float:
+    """The run's median training samples per second over its logged steps (runs share the cores alike)."""
+    lines = (run_dir / layout.METRICS).read_text().splitlines()
+    rates = [r["samples_per_s"] for r in map(json.loads, lines) if "samples_per_s" in r]
+    return float(np.median(rates)) if rates else float("nan")
 
 
 def scaling_fits(jobs, out: Path, study: Study) -> dict[str, dict]:

@@ -150,6 +150,13 @@ def support(runs: list[dict], fits: dict) -> list[str]:
     return lines
 
 
+def times(m, ratio: float) -> str:
+    """The samples multiplier m.k times a cost ratio per sample, '>' for a lower bound; '' when either is unknown."""
+    if np.isnan(m.k) or not np.isfinite(ratio):
+        return ""
+    return f"{'>' if m.censored else ''}{m.k * ratio:.2f}x"
+
+
 def multiplier_table(runs: list[dict], targets: list[float], n_images: int, n_boot: int) -> str:
     """Per linear attention, size and target error: the samples (and compute) multiplier over softmax of the same
     size to first reach the target, with its 95% bootstrap interval (eval.multiplier)."""
@@ -157,8 +164,8 @@ def multiplier_table(runs: list[dict], targets: list[float], n_images: int, n_bo
     soft = {r["size"]: r for r in groups.get("softmax", [])}
     rows = [
         "| attention | size | target error | samples to it | softmax's | samples multiplier [95% CI] | "
-        "compute multiplier |",
-        "|---|---|---|---|---|---|---|",
+        "compute multiplier | time multiplier |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for attention, group in groups.items():
         for run, target in itertools.product(group if attention != "softmax" else [], targets):
@@ -170,10 +177,12 @@ def multiplier_table(runs: list[dict], targets: list[float], n_images: int, n_bo
             if not np.isfinite(m.reference_samples):
                 continue  # softmax of this size never gets there: nothing to compare with
             compute = run["gmacs_per_sample"] / ref["gmacs_per_sample"]
-            k = "" if np.isnan(m.k) else f"{'>' if m.censored else ''}{m.k * compute:.2f}x"
+            # seconds per sample at the study's own measured training throughput
+            seconds = ref.get("samples_per_s", np.nan) / run.get("samples_per_s", np.nan)
+            k, t = (times(m, ratio) for ratio in (compute, seconds))
             rows.append(
                 f"| {attention} | {run['size']} | {100 * target:.0f}% | {m.samples:,.0f} | "
-                f"{m.reference_samples:,.0f} | {m.text()} | {k} |"
+                f"{m.reference_samples:,.0f} | {m.text()} | {k} | {t} |"
             )
     return "\n".join(rows) + "\n"
 
@@ -277,7 +286,8 @@ def report_md(runs, fits, specs, bench, study, args, clock, format_table, num_cl
         f"multiplier is that over softmax's, the interval a bootstrap over the noise of the {n_images} zero-shot "
         f"images (eval/multiplier.py); '>' marks a run that never reaches the target within its budget (a lower "
         f"bound); targets softmax of that size never reaches are left out. The compute multiplier also counts the "
-        f"GMACs per sample of each attention.\n",
+        f"GMACs per sample of each attention, the time multiplier each run's median training samples per second "
+        f"in this study (runs {study.jobs} at a time on {study.threads_per_job} thread(s) each).\n",
     ]
     for name, (_, _, _, _, _, title) in specs.items():
         report = fits[name]

@@ -94,6 +94,7 @@ class EvalConfig:
     batch_size: int = 64
     val_shards: str | None = None  # held-out webdataset shards (training format): val_loss at every evaluation
     workers: int = 0
+    cache_mb: float = 1024  # per process: eval sets decoded once while they fit in this (eval/replay.py); 0 = never
 
 
 @dataclass
@@ -252,6 +253,7 @@ RANGES = {
     ("eval", "every"): at_least(0),
     ("eval", "batch_size"): above(0),
     ("eval", "workers"): at_least(0),
+    ("eval", "cache_mb"): at_least(0),
 }
 
 

@@ -23,6 +23,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 
 from data import DataConfig, build_train_data
 from data.errors import DataError
+from eval.replay import Replay
 from eval.sharding import Shard, random_state_kept
 from eval.val_loss import check_val_shards, validation_loss
 from eval.zeroshot import evaluate
@@ -263,6 +264,7 @@ def make_val_loss(cfg: Config, accelerator, model: nn.Module):
         return None
     _, eval_transform = transforms(cfg.model)
     tok, loss_fn = tokenizer(cfg.model), build_loss(cfg.train.loss, gather=False)
+    replay = Replay(cfg.eval.cache_mb)
 
     def run() -> dict:
         net = accelerator.unwrap_model(model)
@@ -275,6 +277,7 @@ def make_val_loss(cfg: Config, accelerator, model: nn.Module):
             tokenizer=tok,
             device=accelerator.device,
             logit_bias=plain_param(getattr(net, "logit_bias", None)),
+            replay=replay,
         )
         return {"val_loss": loss}
 
@@ -292,6 +295,7 @@ def make_zeroshot(cfg: Config, accelerator, model: nn.Module, net_of=None):
     _, eval_transform = transforms(cfg.model)
     tok = tokenizer(cfg.model)
     shard = Shard(accelerator.process_index, accelerator.num_processes)
+    replay = Replay(cfg.eval.cache_mb)
 
     def run() -> dict:
         net = net_of() if net_of is not None else eval_model(accelerator, model, cfg.model)
@@ -310,6 +314,7 @@ def make_zeroshot(cfg: Config, accelerator, model: nn.Module, net_of=None):
                 device=accelerator.device,
                 workers=cfg.eval.workers,
                 shard=shard,
+                replay=replay,
             )
         net.train(was_training)
         if not accelerator.is_main_process:

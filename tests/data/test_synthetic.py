@@ -67,3 +67,19 @@ def test_validation_split_is_held_out_and_captions_fit_a_short_context(tmp_path)
     assert [v["txt"] for v in val[:20]] != [t["txt"] for t in train[:20]]
     tokens = open_clip.get_tokenizer("demo-w32")([s["txt"] for s in train + val])
     assert tokens.shape[1] == 16 and bool((tokens[:, -1] == 0).all()), "a caption was cut at 16 tokens"
+
+
+def test_extent_draws_shapes_in_its_range_and_calls_the_upper_half_large(tmp_path, capsys):
+    """--extent: small shapes at a high resolution (a task that needs the resolution); the size words split the
+    range in the middle; a range outside (0.02, 0.9) is one error line."""
+    spec = make_synthetic(tmp_path, train_samples=60, eval_per_class=1, image_size=64, extent=(0.1, 0.2))
+    metas = [s["json"] for s in wds.WebDataset(spec, shardshuffle=False).decode()]
+    assert len(metas) == 60 and all(0.1 <= m["extent"] <= 0.2 for m in metas)
+    assert all(m["size"] == ("large" if m["extent"] >= 0.15 else "small") for m in metas)
+    assert {m["size"] for m in metas} == {"large", "small"}
+    try:
+        main([str(tmp_path / "bad"), "--train-samples", "4", "--extent", "0.5", "0.3"])
+    except SystemExit as e:
+        assert "extent [0.5, 0.3] must be two fractions 0.02 <= low <= high <= 0.9" in str(e.code)
+    else:
+        raise AssertionError("a reversed extent was accepted")
