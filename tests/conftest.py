@@ -34,6 +34,7 @@ LONG_FIRST = (
     "tests/train/test_preemption.py",
     "tests/eval/test_sharding.py",
     "tests/train/test_distributed.py",
+    "tests/train/test_distill_distributed.py",
 )
 
 

@@ -177,9 +177,19 @@ def agree(
 
 def sum_over_ranks(accelerator: Accelerator, counts: dict[str, int]) -> dict[str, int]:
     """Counters (e.g. skipped samples by cause) summed over all ranks; every rank must call it."""
-    if accelerator.num_processes == 1 or not counts:
-        return dict(counts)
-    keys = sorted(counts)
-    t = torch.tensor([counts[k] for k in keys], dtype=torch.float64, device=accelerator.device)
+    return {k: int(v) for k, v in reduce_over_ranks(accelerator, counts).items()}
+
+
+def mean_over_ranks(accelerator: Accelerator, values: dict[str, float]) -> dict[str, float]:
+    """Values (e.g. the terms of a composite loss) averaged over all ranks; every rank must call it."""
+    return {k: v / accelerator.num_processes for k, v in reduce_over_ranks(accelerator, values).items()}
+
+
+def reduce_over_ranks(accelerator: Accelerator, values: dict) -> dict:
+    """Values summed over all ranks in one float64 all-reduce; every rank must call it."""
+    if accelerator.num_processes == 1 or not values:
+        return dict(values)
+    keys = sorted(values)
+    t = torch.tensor([values[k] for k in keys], dtype=torch.float64, device=accelerator.device)
     torch.distributed.all_reduce(t)
-    return {k: int(v) for k, v in zip(keys, t.tolist())}
+    return dict(zip(keys, t.tolist()))

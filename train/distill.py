@@ -19,12 +19,13 @@ In training (`distill.teacher` set, train/config.py's DistillConfig) the loss is
 teacher runs once per micro-batch; then the student runs its ordinary forward (through DDP or FSDP, so their
 gradient sync holds), each attention layer's input replaced by a forward pre-hook with its teacher layer's,
 and the MSE of each layer's output is summed. The student's other parameters are frozen; the teacher is kept
-out of the module tree, so it is never in the optimizer, never sharded (replicated on every rank, in the
-training precision through autocast) and never written into a checkpoint.
+out of the module tree, so it is never in the optimizer, never wrapped or sharded (under DDP and FSDP alike a
+full fp32 copy on every rank, run under the training's autocast: its matmuls in bf16 with train.precision=bf16)
+and never written into a checkpoint.
 
 Stage 2 (`distill.stage: distill`, `Distillation`): the whole student trains on a weighted sum of the
 contrastive loss on the data and a distillation loss to the frozen teacher (its image and text embeddings,
-and its image-text similarity distribution over the batch as soft targets), each term logged. The whole
+and its image-text similarity distribution over the global batch as soft targets), each term logged. The whole
 student, not low-rank adapters: at the sizes this project trains on one node the full model fits, and
 ViT-AdaLA fine-tunes it whole; LoRA (for a teacher and student too big for that) is not here.
 
@@ -39,11 +40,13 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.distributed.fsdp import FSDPModule
 
 from models import ModelConfig, build_clip, layout
 from models.attention import Attention
 from models.layout import CheckpointError
 from models.pretrained import match_scalars, read_state_dict
+from train.loss import gather_with_grad
 
 SHARED = ("in_proj_weight", "in_proj_bias", "out_proj.weight", "out_proj.bias")  # open_clip's, in every variant
 
@@ -130,13 +133,19 @@ class AttentionTransfer:
         hooks += [m.register_forward_hook(keep(i), with_kwargs=True) for i, m in enumerate(layers)]
         try:
             with self.autocast():
-                model(images, tokens)
+                features = model(images, tokens)[:2]
         finally:
             for h in hooks:
                 h.remove()
         losses = [(out.float() - rec[2].float()).square().mean() for out, rec in zip(outputs, records)]
         self.last = {i: loss.detach() for i, loss in enumerate(losses)}
-        return torch.stack(losses).sum()
+        loss = torch.stack(losses).sum()
+        if isinstance(model, FSDPModule):
+            # FSDP2 gathers a unit's weights for the backward, and reduce-scatters its gradients after it, from hooks
+            # on the unit's outputs and inputs, which the layers' MSEs alone never reach (the inputs are the
+            # teacher's): a zero multiple of the features takes the backward through every unit
+            loss = loss + 0 * sum(f.float().sum() for f in features)
+        return loss
 
 
 def teacher_records(teacher: nn.Module, images: Tensor, tokens: Tensor, autocast) -> list[tuple]:
@@ -162,8 +171,8 @@ class Distillation:
     """Stage 2: objective(model, images, tokens) -> contrastive_weight x the contrastive loss (the run's own,
     over the global batch) + embedding_weight x mean(1 - cos(student, teacher)) of the image and of the text
     embeddings + similarity_weight x KL(teacher || student) of the softmax over the batch of each image's
-    similarities to the texts and each text's to the images (each model at its own logit scale; this rank's
-    batch). `terms` holds the last step's three terms for the log."""
+    similarities to the texts and each text's to the images (each model at its own logit scale; like the
+    contrastive loss, over the global batch). `terms` holds the last call's three terms (this rank's)."""
 
     def __init__(self, teacher: nn.Module, autocast, contrastive, weights: tuple[float, float, float]):
         self.teacher, self.autocast, self.contrastive, self.weights = teacher, autocast, contrastive, weights
@@ -178,11 +187,15 @@ class Distillation:
         bias = getattr(getattr(model, "module", model), "logit_bias", None)  # SigLIP's (DDP wraps the model)
         contrastive = self.contrastive(image, text, scale, bias)
         embedding = (2 - (image * t_image).sum(-1) - (text * t_text).sum(-1)).mean() / 2
-        student_logits, teacher_logits = scale * image @ text.T, t_scale * t_image @ t_text.T
+        # this rank's rows against the global batch's columns (train/loss.py's local-loss form): with the ranks'
+        # gradients averaged, that of the KL over the global batch, whatever the number of ranks
+        pairs = (
+            (scale * image @ gather_with_grad(text).T, t_scale * t_image @ gather_with_grad(t_text).T),
+            (scale * text @ gather_with_grad(image).T, t_scale * t_text @ gather_with_grad(t_image).T),
+        )
         similarity = (
             sum(
-                F.kl_div(s.log_softmax(-1), t.log_softmax(-1), log_target=True, reduction="batchmean")
-                for s, t in ((student_logits, teacher_logits), (student_logits.T, teacher_logits.T))
+                F.kl_div(s.log_softmax(-1), t.log_softmax(-1), log_target=True, reduction="batchmean") for s, t in pairs
             )
             / 2
         )

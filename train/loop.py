@@ -22,7 +22,7 @@ from torch import Tensor, nn
 
 from train.checkpoint import save_checkpoint
 from train.config import TrainConfig
-from train.dist import StopFlag, agree, sum_over_ranks
+from train.dist import StopFlag, agree, mean_over_ranks, sum_over_ranks
 from train.log import RunLog
 from train.metrics import Throughput
 from train.optim import clamp_logit_scale
@@ -126,16 +126,21 @@ def compute_gradients(
     return loss.detach()
 
 
-def objective_gradients(accelerator: Accelerator, model: nn.Module, objective, micro_batches: list) -> Tensor:
+def objective_gradients(
+    accelerator: Accelerator, model: nn.Module, objective, micro_batches: list
+) -> tuple[Tensor, dict[str, float]]:
     """Backward of `objective(model, images, tokens)` (a per-sample mean, e.g. train/distill.py's attention
-    transfer) averaged over the micro-batches; returns it (detached)."""
-    total = 0.0
+    transfer) averaged over the micro-batches; returns it (detached) and the mean of the objective's `terms`
+    (those of a composite loss, this rank's) over the micro-batches."""
+    total, terms = 0.0, {}
     for j, (images, tokens) in enumerate(micro_batches):
         with nullcontext() if j == len(micro_batches) - 1 else accelerator.no_sync(model):
             loss = objective(model, images, tokens) / len(micro_batches)
             accelerator.backward(loss)
         total = total + loss.detach()
-    return total
+        for k, v in getattr(objective, "terms", {}).items():
+            terms[k] = terms.get(k, 0.0) + v / len(micro_batches)
+    return total, terms
 
 
 def clip_gradients(accelerator: Accelerator, model: nn.Module, clip_norm: float | None) -> Tensor:
@@ -171,6 +176,7 @@ class Trainer:
     gmacs_per_sample: float | None = None  # the model's forward MACs per sample, for TFLOP/s
     throughput: Throughput | None = None  # started by run()
     objective: Callable | None = None  # objective(model, images, tokens) -> loss in place of the contrastive loss
+    terms: dict[str, float] = field(default_factory=dict)  # the objective's terms of the last step, this rank's
 
     def run(self, stop: StopFlag) -> int:
         """Train to cfg.max_steps; returns the exit code (0 done, 75 pre-empted)."""
@@ -220,7 +226,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         bias = getattr(acc.unwrap_model(self.model), "logit_bias", None)
         if self.objective is not None:
-            loss = objective_gradients(acc, self.model, self.objective, batches)
+            loss, self.terms = objective_gradients(acc, self.model, self.objective, batches)
         else:
             loss = compute_gradients(acc, self.model, self.loss_fn, batches, logit_bias=bias)
         grad_norm = clip_gradients(acc, self.model, self.clip_norm)
@@ -289,7 +295,7 @@ class Trainer:
                 "skipped": skipped,
                 **truncation(captions),
                 "time": time.time(),
-                **getattr(self.objective, "terms", {}),  # each term of a composite objective (train/distill.py)
+                **mean_over_ranks(acc, self.terms),  # each term of a composite objective (train/distill.py)
             }
         )
 

@@ -11,8 +11,9 @@ from pathlib import Path
 import torch
 import yaml
 from accelerate.state import AcceleratorState, GradientState
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
+import models
 from train.main import main
 
 REPO = Path(__file__).resolve().parents[2]
@@ -50,6 +51,14 @@ def tiny_config(tmp_path: Path, synthetic: dict, **sections) -> Path:
         cfg[section].update(values)
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def save_teacher(path: Path) -> Path:
+    """A tiny-s softmax CLIP (seed 0) saved as safetensors at `path`: the teacher of the distillation tests."""
+    torch.manual_seed(0)
+    teacher = models.create_model("tiny-s")
+    save_file({k: v.contiguous() for k, v in teacher.state_dict().items()}, str(path))
     return path
 
 
@@ -126,6 +135,13 @@ def finish(proc: subprocess.Popen, timeout: float = 240) -> tuple[int, str, str]
         out, err = proc.communicate()
         raise AssertionError(f"timed out after {timeout} s: {err[-3000:]}") from None
     return proc.returncode, out, err
+
+
+def torchrun(args: list[str], *, module: str = "train", timeout: float = 240) -> None:
+    """`python -m MODULE ARGS` on two gloo processes (TORCHRUN); fails the test with the end of its stderr unless
+    it exits 0."""
+    code, _, err = finish(cli(args, launcher=TORCHRUN, module=module), timeout=timeout)
+    assert code == 0, err[-3000:]
 
 
 def metrics(run_dir: Path) -> list[dict]:

@@ -8,6 +8,7 @@ from safetensors.torch import load_file, save_file
 
 import models
 from models.layout import CheckpointError
+from tests.train.common import save_teacher
 from train.distill import (
     AttentionTransfer,
     attention_layers,
@@ -26,11 +27,7 @@ def batch(model):
 
 @pytest.fixture
 def teacher_file(tmp_path):
-    torch.manual_seed(0)
-    teacher = models.create_model("tiny-s")
-    path = tmp_path / "teacher.safetensors"
-    save_file({k: v.contiguous() for k, v in teacher.state_dict().items()}, str(path))
-    return path
+    return save_teacher(tmp_path / "teacher.safetensors")
 
 
 def test_a_softmax_student_equal_to_its_teacher_has_zero_loss(teacher_file):
