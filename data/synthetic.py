@@ -2,7 +2,7 @@
 
     python -m data.synthetic OUT [--train-samples 10000] [--val-samples 1000] [--eval-per-class 20]
                                  [--seed 0] [--image-size 32] [--shard-size 1000] [--captions short|long]
-                                 [--extent 0.35 0.75]
+                                 [--extent 0.35 0.75] [--patterns]
 
 Every image shows one shape (circle, square, triangle, cross) in one of six colours, in one of
 nine cells of a 3 x 3 grid (jittered), of a size drawn uniformly between 35% and 75% of the image
@@ -67,6 +67,11 @@ EXTENT = (0.35, 0.75)  # shape size as a fraction of the image side, drawn unifo
 LARGE = 0.55  # captions call a shape of at least this extent "large", else "small"
 CELL = 0.22  # distance of the outer grid cells' centres from the image centre, as a fraction of the side
 CAPTIONS = ("short", "long")  # --captions: one shape with a short caption, or data.synthetic_long
+# --patterns: each shape plain or with a pattern of 1-pixel lines at the data's own resolution, in a darker shade of
+# its colour: striped = every other row, barred = every other column, checked = a checkerboard. A view at half the
+# resolution averages each pattern to the same shade, so telling them apart needs the full resolution.
+PATTERNS = ("plain", "striped", "barred", "checked")
+SHADE = 0.55  # a pattern's pixels: the shape's colour times this
 TEMPLATES = (
     "a photo of a {c}.",
     "a drawing of a {c}.",
@@ -108,9 +113,17 @@ def caption(colour: str, shape: str, row: str, column: str, size: str, rng: np.r
 
 
 def draw(
-    shape: str, colour: str, row: str, column: str, extent: float, image_size: int, rng: np.random.Generator
+    shape: str,
+    colour: str,
+    row: str,
+    column: str,
+    extent: float,
+    image_size: int,
+    rng: np.random.Generator,
+    pattern: str = "plain",
 ) -> Image.Image:
-    """Draw one shape on a grey background; drawn at 4x (up to 128 px) then downscaled for smooth edges."""
+    """Draw one shape on a grey background; drawn at 4x (up to 128 px) then downscaled for smooth edges; a
+    pattern (PATTERNS) is laid on the shape's pixels at the final resolution."""
     scale = max(1, min(4, 128 // image_size))
     side = image_size * scale
     background = int(rng.integers(70, 190))
@@ -120,7 +133,17 @@ def draw(
     cy = side * (0.5 + CELL * (ROWS.index(row) - 1) + rng.uniform(-0.04, 0.04))
     fill = tuple(int(np.clip(c + rng.integers(-20, 21), 0, 255)) for c in COLOURS[colour])
     paint(pen, shape, fill, cx, cy, extent * side / 2)
-    return image.resize((image_size, image_size), Image.BOX) if scale > 1 else image
+    image = image.resize((image_size, image_size), Image.BOX) if scale > 1 else image
+    if pattern == "plain":
+        return image
+    mask = Image.new("L", (side, side), 0)
+    paint(ImageDraw.Draw(mask), shape, 255, cx, cy, extent * side / 2)
+    inside = np.asarray(mask.resize((image_size, image_size), Image.BOX)) >= 128
+    y, x = np.mgrid[:image_size, :image_size]
+    lines = {"striped": y % 2 == 0, "barred": x % 2 == 0, "checked": (x + y) % 2 == 0}[pattern]
+    pixels = np.array(image)
+    pixels[inside & lines] = (pixels[inside & lines] * SHADE).astype(np.uint8)
+    return Image.fromarray(pixels)
 
 
 def paint(pen: ImageDraw.ImageDraw, shape: str, fill: tuple, cx: float, cy: float, r: float) -> None:
@@ -137,15 +160,19 @@ def paint(pen: ImageDraw.ImageDraw, shape: str, fill: tuple, cx: float, cy: floa
         pen.rectangle((cx - bar, cy - r, cx + bar, cy + r), fill=fill)
 
 
-def random_scene(rng: np.random.Generator, extent: tuple[float, float] = EXTENT) -> dict:
-    """Pick colour, shape and grid cell uniformly, and the extent uniformly in `extent` (EXTENT)."""
-    return {
+def random_scene(rng: np.random.Generator, extent: tuple[float, float] = EXTENT, patterns: bool = False) -> dict:
+    """Pick colour, shape and grid cell uniformly, and the extent uniformly in `extent` (EXTENT); with
+    `patterns` also one of PATTERNS."""
+    scene = {
         "colour": str(rng.choice(list(COLOURS))),
         "shape": str(rng.choice(SHAPES)),
         "row": str(rng.choice(ROWS)),
         "column": str(rng.choice(COLUMNS)),
         "extent": float(rng.uniform(*extent)),
     }
+    if patterns:
+        scene["pattern"] = str(rng.choice(PATTERNS))
+    return scene
 
 
 def size_word(extent: float, bounds: tuple[float, float] = EXTENT) -> str:
@@ -161,15 +188,18 @@ def add_file(tar: tarfile.TarFile, name: str, data: bytes) -> None:
     tar.addfile(info, io.BytesIO(data))
 
 
-def write_shard(path: Path, first_key: int, count: int, seed: int, stream: int, image_size: int, extent=EXTENT) -> None:
+def write_shard(
+    path: Path, first_key: int, count: int, seed: int, stream: int, image_size: int, extent=EXTENT, patterns=False
+) -> None:
     """Write `count` samples with keys first_key.. into one tar; seeded by (seed, split, shard) = `stream`."""
     rng = np.random.default_rng([seed, *stream])
     with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
         for key in range(first_key, first_key + count):
-            scene = random_scene(rng, extent)
+            scene = random_scene(rng, extent, patterns)
             image = draw(**scene, image_size=image_size, rng=rng)
             size = size_word(scene["extent"], extent)
-            text = caption(scene["colour"], scene["shape"], scene["row"], scene["column"], size, rng)
+            shape = f"{scene['pattern']} {scene['shape']}" if patterns else scene["shape"]
+            text = caption(scene["colour"], shape, scene["row"], scene["column"], size, rng)
             jpg = io.BytesIO()
             image.save(jpg, format="JPEG", quality=90)
             meta = {"key": f"{key:09d}", "caption": text, **scene, "size": size}
@@ -188,6 +218,7 @@ def write_split(
     image_size: int,
     captions: str = "short",
     extent=EXTENT,
+    patterns: bool = False,
 ) -> str:
     """Write the shards of one split (0 train, 2 validation) and sizes.json; return the brace spec of the shards."""
     out.mkdir(parents=True, exist_ok=True)
@@ -196,7 +227,7 @@ def write_split(
         # imported here because data.synthetic_long builds on this module
         from data.synthetic_long import write_long_shard as write
     else:
-        write = functools.partial(write_shard, extent=extent)
+        write = functools.partial(write_shard, extent=extent, patterns=patterns)
     for shard, count in enumerate(counts):
         write(out / f"{shard:05d}.tar", shard * shard_size, count, seed, (split, shard), image_size)
     sizes = {f"{shard:05d}.tar": count for shard, count in enumerate(counts)}
@@ -205,17 +236,21 @@ def write_split(
     return str(out / f"{{00000..{last:05d}}}.tar") if last > 0 else str(out / "00000.tar")
 
 
-def write_eval(out: Path, per_class: int, seed: int, image_size: int, extent=EXTENT) -> list[str]:
-    """Write the ImageFolder eval set, classnames.txt and templates.txt; return the class names."""
-    classes = sorted((colour, shape) for colour in COLOURS for shape in SHAPES)
-    for index, (colour, shape) in enumerate(classes):
-        folder = out / f"{colour}_{shape}"
+def write_eval(
+    out: Path, per_class: int, seed: int, image_size: int, extent=EXTENT, patterns: bool = False
+) -> list[str]:
+    """Write the ImageFolder eval set, classnames.txt and templates.txt; return the class names. The classes are
+    colour x shape, or with `patterns` colour x pattern (any shape: "red striped shape")."""
+    kind, kinds = ("pattern", PATTERNS) if patterns else ("shape", SHAPES)
+    classes = sorted((colour, k) for colour in COLOURS for k in kinds)
+    for index, (colour, k) in enumerate(classes):
+        folder = out / f"{colour}_{k}"
         folder.mkdir(parents=True, exist_ok=True)
         rng = np.random.default_rng([seed, 1, index])
         for i in range(per_class):
-            scene = random_scene(rng, extent) | {"colour": colour, "shape": shape}
+            scene = random_scene(rng, extent, patterns) | {"colour": colour, kind: k}
             draw(**scene, image_size=image_size, rng=rng).save(folder / f"{i:05d}.png")
-    names = [f"{colour} {shape}" for colour, shape in classes]
+    names = [f"{colour} {k} shape" if patterns else f"{colour} {k}" for colour, k in classes]
     (out / "classnames.txt").write_text("\n".join(names) + "\n")
     (out / "templates.txt").write_text("\n".join(TEMPLATES) + "\n")
     return names
@@ -231,14 +266,19 @@ def make_synthetic(
     val_samples: int = 512,
     captions: str = "short",
     extent: tuple[float, float] = EXTENT,
+    patterns: bool = False,
 ) -> str:
     """Write the whole data set under `out` (layout in the module docstring); return the train spec.
 
     extent: the range of shape sizes as fractions of the image side; small shapes at a high resolution make a task
-    that needs the resolution (a shape a few pixels wide loses its form when the model sees the image smaller)."""
+    that needs the resolution (a shape a few pixels wide loses its form when the model sees the image smaller).
+    patterns: shapes plain or patterned in 1-pixel lines (PATTERNS), zero-shot classes colour x pattern: a detail
+    that a view at half the resolution loses."""
     if captions not in CAPTIONS:
         raise ValueError(f"synthetic data: captions {captions!r} is not one of {', '.join(CAPTIONS)}")
     extent = tuple(float(e) for e in extent)
+    if captions == "long" and patterns:
+        raise ValueError("synthetic data: patterns go with short captions only; drop --patterns or --captions long")
     if len(extent) != 2 or not 0.02 <= extent[0] <= extent[1] <= 0.9 or (captions == "long" and extent != EXTENT):
         raise ValueError(
             f"synthetic data: extent {list(extent)} must be two fractions 0.02 <= low <= high <= 0.9 "
@@ -250,10 +290,10 @@ def make_synthetic(
             "image_size >= 8"
         )
     out = Path(out)
-    spec = write_split(out / "train", train_samples, shard_size, seed, 0, image_size, captions, extent)
+    spec = write_split(out / "train", train_samples, shard_size, seed, 0, image_size, captions, extent, patterns)
     if val_samples:
-        write_split(out / "val", val_samples, shard_size, seed, 2, image_size, captions, extent)
-    names = write_eval(out / "eval", eval_per_class, seed, image_size, extent)
+        write_split(out / "val", val_samples, shard_size, seed, 2, image_size, captions, extent, patterns)
+    names = write_eval(out / "eval", eval_per_class, seed, image_size, extent, patterns)
     if captions == "long" and eval_per_class:
         from data.synthetic_long import write_retrieval
 
@@ -283,6 +323,9 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument(
         "--extent", type=float, nargs=2, default=EXTENT, metavar=("LOW", "HIGH"), help="shape sizes / image side"
     )
+    parser.add_argument(
+        "--patterns", action="store_true", help="1-pixel patterns on the shapes; classes colour x pattern"
+    )
     args = parser.parse_args(argv)
     start = time.perf_counter()
     try:
@@ -297,6 +340,7 @@ def main(argv: list[str] | None = None) -> str:
             val_samples=args.val_samples,
             captions=args.captions,
             extent=args.extent,
+            patterns=args.patterns,
         )
     except (ValueError, OSError) as e:
         raise SystemExit(f"error: {e}") from None

@@ -3,6 +3,7 @@
 import json
 from pathlib import Path
 
+import pytest
 import webdataset as wds
 from torchvision.datasets import ImageFolder
 
@@ -83,3 +84,33 @@ def test_extent_draws_shapes_in_its_range_and_calls_the_upper_half_large(tmp_pat
         assert "extent [0.5, 0.3] must be two fractions 0.02 <= low <= high <= 0.9" in str(e.code)
     else:
         raise AssertionError("a reversed extent was accepted")
+
+
+def test_patterns_need_the_full_resolution(tmp_path):
+    """--patterns: classes colour x pattern; the patterns are 1-pixel lines in the shape, which a half-resolution view
+    averages to one shade (what the resolution study, configs/study/resolution.yaml, needs)."""
+    import numpy as np
+    from PIL import Image
+
+    from data.synthetic import PATTERNS, draw
+
+    spec = make_synthetic(tmp_path, train_samples=40, eval_per_class=1, image_size=64, patterns=True)
+    names = (tmp_path / "eval" / "classnames.txt").read_text().splitlines()
+    assert len(names) == 24 and "red striped shape" in names and "blue plain shape" in names
+    metas = [s["json"] for s in wds.WebDataset(spec, shardshuffle=False).decode()]
+    assert all(m["pattern"] in PATTERNS and m["pattern"] in m["caption"] for m in metas)
+    scene = {"shape": "square", "colour": "red", "row": "middle", "column": "center", "extent": 0.7}
+    views = {
+        p: np.asarray(draw(**scene, image_size=64, rng=np.random.default_rng(0), pattern=p), dtype=float)
+        for p in PATTERNS
+    }
+    half = {
+        p: np.asarray(Image.fromarray(v.astype(np.uint8)).resize((32, 32), Image.BICUBIC), float)
+        for p, v in views.items()
+    }
+    centre = (slice(24, 40), slice(24, 40))
+    assert abs(views["striped"][centre] - views["barred"][centre]).mean() > 10  # apart at full resolution
+    assert abs(half["striped"][12:20, 12:20] - half["barred"][12:20, 12:20]).mean() < 3  # one shade at half
+    assert abs(half["plain"][12:20, 12:20] - half["striped"][12:20, 12:20]).mean() > 10  # plain stays lighter
+    with pytest.raises(ValueError, match="patterns go with short captions only"):
+        make_synthetic(tmp_path / "long", train_samples=4, captions="long", patterns=True)

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from models.config import size_config
 from scripts import demo
 from scripts.demo_study import Job, StudyError, jobs_of, load_study, overrides
 from scripts.demo_sweep import reuse_chosen, sweep_jobs
@@ -230,3 +231,18 @@ def test_full_study_doubles_the_budgets_with_the_main_jobs_rates():
         "linear_affine": 1.0,
         "linear_affine_nodenom": 0.25,
     }
+
+
+def test_resolution_study_puts_softmax_where_attention_dominates():
+    """configs/study/resolution.yaml: the same model at two resolutions, the larger >= 256 patches (issue 29), on
+    data drawn at the larger one with 1-pixel patterns that the smaller view averages away."""
+    study = load_study(demo.REPO / "configs" / "study" / "resolution.yaml")
+    vision = {size: size_config(size)["vision_cfg"] for size in study.sizes}
+    tokens = {size: (v["image_size"] // v["patch_size"]) ** 2 + 1 for size, v in vision.items()}
+    assert list(tokens.values()) == sorted(tokens.values()) and max(tokens.values()) >= 257 > min(tokens.values())
+    assert {v["width"] for v in vision.values()} == {32} and study.data["image_size"] == max(
+        v["image_size"] for v in vision.values()
+    )
+    assert study.data["patterns"] and study.attentions == ["softmax", "linear_affine_nodenom"]
+    assert study.lr_sweep["size"] == next(iter(study.sizes))  # swept where it is cheap
+    assert load_study(demo.REPO / "configs" / "study" / "resolution.yaml", quick=True).run["train.max_steps"] < 10
