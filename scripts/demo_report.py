@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 from datetime import UTC, datetime
+from pathlib import Path
 
 import numpy as np
 
@@ -245,6 +246,12 @@ def best_table(runs: list[dict]) -> str:
     return "\n".join(rows) + "\n"
 
 
+def study_flag(args) -> str:
+    """' --study configs/study/NAME' for a study other than the main job's, else ''."""
+    name = Path(getattr(args, "study", None) or "demo.yaml").name
+    return "" if name == "demo.yaml" else f" --study configs/study/{name}"
+
+
 def report_md(runs, fits, specs, bench, study, args, clock, format_table, num_classes: int, sweep=()) -> str:
     """The whole report.md."""
     loads = clock["load"]
@@ -252,7 +259,7 @@ def report_md(runs, fits, specs, bench, study, args, clock, format_table, num_cl
     n_images = num_classes * study.data.get("eval_per_class", 1)
     head = (
         f"# Softmax vs linear attention on the embedded synthetic data\n\n"
-        f"Made by `python -m scripts.demo{' --quick' if args.quick else ''} --seed {args.seed}` on "
+        f"Made by `python -m scripts.demo{' --quick' if args.quick else ''}{study_flag(args)} --seed {args.seed}` on "
         f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC: {len(runs)} runs ({len(study.sizes)} sizes x "
         f"{len(study.attentions)} attentions, the same attention in both towers), {study.jobs} at a time. "
         f"The study took {clock['wall'] / 60:.1f} minutes wall and {clock['cpu'] / 60:.1f} CPU-minutes on "

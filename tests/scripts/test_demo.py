@@ -102,7 +102,7 @@ def check_full_study(out: Path) -> None:
     for attention, rows in by.items():
         # 1. Every attention learns the task; the largest run's flattening is judged between its last two budgets.
         assert max(r["top1"] for r in rows) >= 0.8, attention
-        assert len(rows) >= 4 and len(rows[-1]["budgets"]) == 3, attention
+        assert len(rows) >= 3 and len(rows[-1]["budgets"]) == 3, attention
         assert f"- {attention}: the largest run" in report and "between its last two budgets" in report
     for attention in ("softmax", "linear_affine_nodenom"):
         rows = by[attention]
