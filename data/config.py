@@ -20,6 +20,7 @@ class DataConfig:
     seed: int = 0
     max_image_pixels: int = 89_478_485  # larger images are skipped (PIL's decompression-bomb limit)
     drop_last: bool = False  # epoch mode: drop the last partial step instead of a smaller one
+    cache_mb: float = 0  # workers 0 only: keep whole shards and their decoded images in memory (data/cache.py)
 
     def validate(self, world_size: int) -> None:
         """Raise DataError (one line, naming the fix) for a config that cannot work."""
@@ -38,6 +39,11 @@ class DataConfig:
         if self.train_num_samples is not None and self.train_num_samples < 1:
             raise DataError(
                 f"data.train_num_samples={self.train_num_samples} must be >= 1 (or null to read sizes.json)"
+            )
+        if self.cache_mb < 0 or (self.cache_mb and self.workers):
+            raise DataError(
+                f"data.cache_mb={self.cache_mb} needs data.workers=0 (a worker process lives for one epoch, so its "
+                "cache would be thrown away): set data.workers=0, or data.cache_mb=0"
             )
         if self.workers < 0 or self.shuffle_buffer < 1 or self.max_image_pixels < 1 or self.prefetch_factor < 1:
             raise DataError(

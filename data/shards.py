@@ -17,6 +17,7 @@ import logging
 import torch
 from torch.utils.data import DataLoader
 
+from data.cache import SampleCache
 from data.config import DataConfig
 from data.errors import SKIP_CAUSES, DataError, zero_counts
 from data.plan import epoch_pieces, epoch_shape, worker_batches
@@ -66,6 +67,7 @@ class TrainData:
         self._done_counts, self._live_counts = zero_counts(), {}
         self.captions = {"seen": 0, "truncated": 0}  # captions on this rank so far, and those cut to the context
         self.loader = Batches(self)
+        self.cache = SampleCache(cfg.cache_mb) if cfg.cache_mb else None  # kept across epochs (workers 0)
         self._job()  # plan epoch 0 now, so that an impossible split fails at start-up
 
     def set_epoch(self, epoch: int) -> None:
@@ -168,7 +170,7 @@ class TrainData:
 
     def iterate(self):
         """Yield the rest of the epoch's batches, keeping position and skip counts up to date."""
-        dataset = ShardStream(self._job(), self.image_transform, self.tokenizer)
+        dataset = ShardStream(self._job(), self.image_transform, self.tokenizer, self.cache)
         loader = DataLoader(
             dataset,
             batch_size=None,

@@ -68,10 +68,11 @@ def tar_samples(url: str):
         yield current
 
 
-def piece_samples(piece: Piece, offset: int = 0):
-    """Raw samples of a piece, starting `offset` samples into it. A tar that breaks inside the part
-    passed over belongs to the worker that reads that part, which reports it; here it just ends."""
-    with contextlib.closing(tar_samples(piece.url)) as samples:
+def piece_samples(piece: Piece, offset: int = 0, read=tar_samples):
+    """Raw samples of a piece, starting `offset` samples into it (`read`: url -> raw samples, tar_samples or a
+    data.cache.SampleCache's). A tar that breaks inside the part passed over belongs to the worker that reads that
+    part, which reports it; here it just ends."""
+    with contextlib.closing(read(piece.url)) as samples:
         for count, sample in enumerate(samples, -(piece.skip + offset)):
             if count < 0:
                 if "__error__" in sample and sample["__key__"] is None:
@@ -82,21 +83,21 @@ def piece_samples(piece: Piece, offset: int = 0):
             yield sample
 
 
-def epoch_raw(pieces: list[Piece], piece: int = 0, offset: int = 0):
+def epoch_raw(pieces: list[Piece], piece: int = 0, offset: int = 0, read=tar_samples):
     """(sample, piece index, samples read in that piece) over the pieces, from a position."""
     for index in range(piece, len(pieces)):
         start = offset if index == piece else 0
-        for done, sample in enumerate(piece_samples(pieces[index], start), start + 1):
+        for done, sample in enumerate(piece_samples(pieces[index], start, read), start + 1):
             yield sample, index, done
 
 
-def resampled_raw(urls: list[str], weights: list[float] | None, rng: random.Random):
+def resampled_raw(urls: list[str], weights: list[float] | None, rng: random.Random, read=tar_samples):
     """Endless samples from shards drawn with replacement; fails if shard after shard has no sample."""
     empty_in_a_row = 0
     while True:
         url = rng.choices(urls, weights=weights)[0]
         good = 0
-        for sample in piece_samples(Piece(url)):
+        for sample in piece_samples(Piece(url), read=read):
             good += "__error__" not in sample
             yield sample, 0, 0
         empty_in_a_row = 0 if good else empty_in_a_row + 1
@@ -187,10 +188,12 @@ class StreamJob:
 
 class ShardStream(IterableDataset):
     """Yields (images [b,3,H,W], tokens [b,L], info) for this worker's batches of one epoch;
-    info = {"batch", "worker", "position", "skipped"} (skipped: this worker's counts by cause)."""
+    info = {"batch", "worker", "position", "skipped"} (skipped: this worker's counts by cause).
+    cache: a data.cache.SampleCache that outlives the epoch (data.workers 0), or None."""
 
-    def __init__(self, job: StreamJob, image_transform, tokenizer):
-        self.job, self.image_transform, self.tokenizer = job, image_transform, tokenizer
+    def __init__(self, job: StreamJob, image_transform, tokenizer, cache=None):
+        self.job, self.image_transform, self.tokenizer, self.cache = job, image_transform, tokenizer, cache
+        self.read = cache.read if cache is not None else tar_samples
 
     def __iter__(self):
         job = self.job
@@ -225,7 +228,7 @@ class ShardStream(IterableDataset):
                 good_in_pass = 0
                 continue
             try:
-                image, caption = decode(sample, self.job.max_pixels)
+                image, caption = self.decode(sample)
                 try:
                     image = self.transform(image, worker, position)
                 except Exception:
@@ -237,6 +240,16 @@ class ShardStream(IterableDataset):
                 continue
             good_in_pass += 1
             yield image, caption, position
+
+    def decode(self, sample: dict) -> tuple[Image.Image, str]:
+        """decode(), or the cache's copy of its result."""
+        kept = self.cache.decoded(sample) if self.cache is not None else None
+        if kept is not None:
+            return kept
+        image, caption = decode(sample, self.job.max_pixels)
+        if self.cache is not None:
+            self.cache.keep(sample, image, caption)
+        return image, caption
 
     def transform(self, image: Image.Image, worker: int, position: dict | None) -> torch.Tensor:
         """The image transform with torch's RNG seeded by the sample's place in the stream, so its random crops
@@ -259,7 +272,7 @@ class ShardStream(IterableDataset):
         key = f"{job.seed}:{job.epoch}:{job.rank}:{worker}"
         if job.pieces is None:
             stream_key = f"{key}:{job.start_batch}"
-            raw = resampled_raw(job.urls, job.weights, random.Random(f"{stream_key}:shards"))
+            raw = resampled_raw(job.urls, job.weights, random.Random(f"{stream_key}:shards"), self.read)
             yield from block_shuffle(raw, job.shuffle_buffer, partial(block_rng, stream_key))
             return
         position = job.positions.get(worker, {"pass": 0, "raw": 0})
@@ -268,7 +281,7 @@ class ShardStream(IterableDataset):
             rng_of_block = partial(block_rng, f"{key}:{pass_}")
             if "piece" in position:
                 where = {k: position[k] for k in ("block", "index", "piece", "offset")}
-                raw = epoch_raw(pieces, position["piece"], position["offset"])
+                raw = epoch_raw(pieces, position["piece"], position["offset"], self.read)
             else:
                 where, raw = self.seek(pieces, position["raw"])
             for sample, where_now in block_shuffle(raw, job.shuffle_buffer, rng_of_block, **where):
@@ -279,7 +292,7 @@ class ShardStream(IterableDataset):
     def seek(self, pieces: list[Piece], raw_count: int):
         """Re-enter a pass `raw_count` raw samples in, by reading (not decoding) the samples before."""
         block, index = divmod(raw_count, self.job.shuffle_buffer)
-        raw = epoch_raw(pieces)
+        raw = epoch_raw(pieces, read=self.read)
         piece = offset = 0
         # the loop only advances raw; piece and offset keep the last skipped sample's values, returned below
         for _, piece, offset in itertools.islice(raw, block * self.job.shuffle_buffer):  # noqa: B007

@@ -4,10 +4,11 @@ embedded data, as the study runs it.
     .venv/bin/python -m scripts.bench_step [--baseline 8fc8415] [--steps 200] [--rounds 2] [--out docs]
 
 Each contender is a whole `python -m train configs/demo.yaml` process (model demo-w64, batch 64, the same
-attention in both towers, one torch thread, one data worker, no evaluation), run from this tree ("ours") or
-from the baseline commit's tree (`git archive`, "baseline"), on the same shards. Two settings: one run alone,
-and two identical runs at once on the 2 cores, as the study runs them (`jobs: 2`), where each run's data
-worker competes with the other run for the cores. A run's speed is the median of the samples/s the trainer
+attention in both towers, one torch thread, no evaluation, and the data settings its tree's study gives every
+run: `run:` of configs/study/demo.yaml, e.g. no worker process and the sample cache), run from this tree ("ours")
+or from the baseline commit's tree (`git archive`, "baseline"), on the same 4,000 samples (200 steps: 3.2 epochs,
+the mean of the study's budgets). Two settings: one run alone, and two identical runs at once on the 2 cores, as
+the study runs them (`jobs: 2`). A run's speed is the median of the samples/s the trainer
 logs (train.log_every steps apart; the first interval, with the warm-up, left out), and its CPU seconds per
 1,000 samples come from the process and its data worker (wait4), start-up included. The contenders take
 turns, in reversed order every other round, and the fastest round is kept. Writes <out>/bench_step.csv and .md.
@@ -27,6 +28,8 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+import yaml
+
 from data import make_synthetic
 from models import layout
 
@@ -43,8 +46,15 @@ def baseline_tree(commit: str, folder: Path) -> Path:
     return tree
 
 
-def command(attention: str, shards: str, run_dir: Path, steps: int) -> list[str]:
+def study_run(tree: Path) -> dict:
+    """The overrides the tree's study gives every run (`run:` of configs/study/demo.yaml), e.g. data.workers."""
+    study = yaml.safe_load((tree / "configs/study/demo.yaml").read_text())
+    return dict(study.get("run") or {})
+
+
+def command(attention: str, shards: str, run_dir: Path, steps: int, study: dict) -> list[str]:
     overrides = {
+        **study,
         "model.name": "demo-w64",
         "model.image_attention": attention,
         "model.text_attention": attention,
@@ -82,7 +92,7 @@ def measure(trees: dict, attention: str, shards: str, steps: int, parallel: int,
         runs = []
         for i in range(parallel):
             run_dir = tmp / f"{name}-{attention}-{parallel}-{i}-{time.monotonic_ns()}"
-            runs.append((launch(tree, command(attention, shards, run_dir, steps)), run_dir))
+            runs.append((launch(tree, command(attention, shards, run_dir, steps, study_run(tree))), run_dir))
         results = [finish(process, run_dir) for process, run_dir in runs]
         rate = statistics.mean(r for r, _ in results)
         cpu = statistics.mean(c for _, c in results) / (steps * 64) * 1000
@@ -138,6 +148,7 @@ def main(argv: list[str] | None = None) -> Path:
         tmp = Path(tmp)
         shards = make_synthetic(tmp / "data", train_samples=4000, val_samples=64, eval_per_class=1, image_size=32)
         trees = {"baseline": baseline_tree(args.baseline, tmp), "ours": REPO}
+        settings = {name: study_run(tree) for name, tree in trees.items()}
         for setting, parallel in (("one run alone", 1), ("two runs at once", 2)):
             for attention in args.attentions:
                 best = race(trees, attention, shards, args.steps, parallel, args.rounds, tmp)
@@ -154,8 +165,10 @@ def main(argv: list[str] | None = None) -> Path:
         f"`python -m scripts.bench_step --steps {args.steps} --rounds {args.rounds}`, "
         f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, ours = {commit.stdout.strip()} (with uncommitted changes, if any), "
         f"baseline = {args.baseline}; CPU {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end; "
-        f"demo-w64, batch 64, 32 px, 1 torch thread and 1 data worker per run, no evaluation; fastest of "
-        f"{args.rounds} rounds; total {(time.perf_counter() - start) / 60:.1f} min."
+        f"demo-w64, batch 64, 32 px, 4,000 training samples ({args.steps * 64 / 4000:.1f} epochs), 1 torch thread per "
+        f"run, each tree's study settings (`run:` of configs/study/demo.yaml: ours {settings['ours']}, baseline "
+        f"{settings['baseline']}), no evaluation; fastest of {args.rounds} rounds; total "
+        f"{(time.perf_counter() - start) / 60:.1f} min."
     )
     out = Path(args.out)
     write(rows, out, header)

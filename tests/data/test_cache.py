@@ -1,0 +1,86 @@
+"""data.cache_mb: later epochs read no tar and decode no image, and the batches are the same bit for bit."""
+
+import pytest
+import torch
+from torchvision import transforms as T
+
+import data.cache
+import data.stream
+from data import DataConfig, build_train_data
+from data.errors import DataError
+from tests.data.shardmaker import ids_tokenizer, write_shards
+
+# a random crop, so that equal batches also mean equal augmentations
+CROP = T.Compose([T.RandomResizedCrop(6, scale=(0.3, 1.0)), T.PILToTensor()])
+
+
+def epochs(spec: str, n: int, **options) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
+    cfg = DataConfig(train_shards=spec, **{"batch_size": 8, "workers": 0, "shuffle_buffer": 5} | options)
+    train = build_train_data(cfg, CROP, ids_tokenizer)
+    out = []
+    for epoch in range(n):
+        train.set_epoch(epoch)
+        out.append(list(train.loader))
+    return out
+
+
+def same(a, b) -> bool:
+    return all(
+        len(x) == len(y) and all(torch.equal(i, j) and torch.equal(s, t) for (i, s), (j, t) in zip(x, y, strict=True))
+        for x, y in zip(a, b, strict=True)
+    )
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """Counts of tars opened and images decoded."""
+    counts = {"tars": 0, "decoded": 0}
+    real_tar, real_decode = data.stream.tar_samples, data.stream.decode
+
+    def tar_samples(url):
+        counts["tars"] += 1
+        yield from real_tar(url)
+
+    def decode(sample, max_pixels):
+        counts["decoded"] += 1
+        return real_decode(sample, max_pixels)
+
+    monkeypatch.setattr(data.stream, "tar_samples", tar_samples)
+    monkeypatch.setattr(data.cache, "tar_samples", tar_samples)
+    monkeypatch.setattr(data.stream, "decode", decode)
+    return counts
+
+
+def test_cached_epochs_equal_uncached_and_read_each_tar_once(tmp_path, counted):
+    spec = write_shards(tmp_path, [7, 13, 5, 11])  # 36 samples
+    plain = epochs(spec, 3)
+    assert counted == {"tars": 12, "decoded": 108}
+    counted.update(tars=0, decoded=0)
+    cached = epochs(spec, 3, cache_mb=1)
+    assert same(plain, cached)
+    assert counted == {"tars": 4, "decoded": 36}  # the first epoch's only
+    assert not same(plain[:1], plain[1:2])  # epochs differ (order, crops): the comparison could fail
+
+
+def test_shards_that_do_not_fit_are_read_every_epoch(tmp_path, counted):
+    spec = write_shards(tmp_path, [10, 10, 10])
+    shard_bytes = (tmp_path / "0000.tar").stat().st_size
+    plain = epochs(spec, 2)
+    counted.update(tars=0, decoded=0)
+    cached = epochs(spec, 2, cache_mb=1.5 * shard_bytes / 2**20)  # one shard fits, not two
+    assert same(plain, cached)
+    assert counted["tars"] == 1 + 2 * 2 and 30 < counted["decoded"] < 60
+
+
+def test_resampled_mode_and_bad_input_are_unchanged(tmp_path):
+    spec = write_shards(tmp_path, [6, 9])
+    (tmp_path / "0001.tar").write_bytes((tmp_path / "0001.tar").read_bytes()[:3000])  # broken off mid-shard
+    options = {"train_num_samples": 12, "resampled": True}
+    plain, cached = epochs(spec, 3, **options), epochs(spec, 3, cache_mb=1, **options)
+    assert same(plain, cached)
+
+
+def test_cache_with_worker_processes_is_one_line_error(tmp_path):
+    spec = write_shards(tmp_path, [4])
+    with pytest.raises(DataError, match=r"data.cache_mb=64 needs data.workers=0 .*: set data.workers=0"):
+        epochs(spec, 1, cache_mb=64, workers=2)
