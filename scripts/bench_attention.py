@@ -110,7 +110,7 @@ def make_step(name: str, causal: bool, n: int, dtype: torch.dtype, passes: str, 
     input gradients, and the implementation the dispatcher chose ("" for variants without one)."""
     cls, device = ATTENTIONS[name], args.device
     options = {"max_length": n} if "max_length" in inspect.signature(cls.__init__).parameters else {}
-    if name in dispatch.OPS:
+    if name in dispatch.TABLES:
         options["impl"] = args.impl
     layer = build_attention(name, args.heads * args.head_dim, args.heads, causal=causal, **options)
     layer = layer.to(device, dtype)
@@ -118,7 +118,7 @@ def make_step(name: str, causal: bool, n: int, dtype: torch.dtype, passes: str, 
     q, k, v = (torch.randn(shape, device=device, dtype=dtype, requires_grad=passes == "fwd+bwd") for _ in range(3))
     grad = torch.randn(shape, device=device, dtype=dtype)
     pinned = name == "softmax" and device == "cuda"
-    impl = dispatch.resolve(name, args.impl, q, causal) if name in dispatch.OPS else ""
+    impl = dispatch.resolve(name, args.impl, q, causal) if name in dispatch.TABLES else ""
 
     def step():
         with sdpa_kernel(peer_backends(dtype)) if pinned else nullcontext():

@@ -120,7 +120,7 @@ def test_nodenom_bf16_at_65536_tokens(exact_fp32):
 
 
 @needs_gpu
-@pytest.mark.parametrize("op", sorted(dispatch.OPS))
+@pytest.mark.parametrize("op", sorted(dispatch.TABLES))
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dtype,tolerance", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
 def test_every_cuda_impl_of_the_linear_ops_equals_reference(op, causal, dtype, tolerance, exact_fp32):

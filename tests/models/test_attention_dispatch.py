@@ -15,7 +15,7 @@ from models.attention import attend, build_attention, reference
 from models.attention.ops import dispatch
 from tests.models.test_attention import rel_err
 
-OPS = list(dispatch.OPS)
+OPS = list(dispatch.TABLES)
 
 
 @pytest.fixture(autouse=True)
@@ -109,7 +109,7 @@ def test_every_impl_that_runs_here_agrees_with_the_reference(op, causal):
     mask = torch.ones(2, 70, dtype=torch.bool)
     mask[1, 60:] = False
     exact = getattr(reference, op)(*base, causal=causal, key_mask=mask)
-    for impl in [i for i in dispatch.OPS[op] if not dispatch.why_not(op, i, base[0].float(), causal)]:
+    for impl in [i for i in dispatch.TABLES[op].impls if not dispatch.why_not(op, i, base[0].float(), causal)]:
         out = attend(op, *(t.float() for t in base), causal=causal, key_mask=mask, impl=impl)
         assert rel_err(out, exact) <= 1e-5, impl
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from models.attention import attend, build_attention
-from models.attention.ops import causal
+from models.attention.ops import causal, dispatch
 from models.attention.ops.causal import CausalLinear
 from models.attention.ops.linear_affine_nodenom import torch as nodenom_torch
 from models.attention.ops.normalised import NormalisedLinear
@@ -91,11 +91,11 @@ HAND_WRITTEN = {
     "nodenom-plain": lambda q, k, v, keep: nodenom_torch.NoDenom.apply(
         q, k, v, keep, (nodenom_torch.plain_forward, nodenom_torch.plain_backward)
     ),
-    "affine": lambda q, k, v, keep: NormalisedLinear.apply(q, k, v, keep, True),
-    "elu": lambda q, k, v, keep: NormalisedLinear.apply(q, k, v, keep, False),
+    "affine": lambda q, k, v, keep: NormalisedLinear.apply(q, k, v, keep, dispatch.TABLES["linear_affine"].op),
+    "elu": lambda q, k, v, keep: NormalisedLinear.apply(q, k, v, keep, dispatch.TABLES["linear_elu"].op),
     **{
-        f"causal-{kind}": lambda q, k, v, keep, kind=kind: CausalLinear.apply(q, k, v, keep, kind, 4)
-        for kind in causal.KINDS
+        f"causal-{name}": lambda q, k, v, keep, op=table.op: CausalLinear.apply(q, k, v, keep, op, 4)
+        for name, table in dispatch.TABLES.items()
     },
 }
 

@@ -16,7 +16,7 @@ import torch
 
 SHARED_MEMORY = 232448  # bytes one block may use on an H100 / H200 (227 KB)
 TYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.uint8: "u8"}
-VARIANTS = {"linear_affine_nodenom": (True, False), "linear_affine": (True, True), "linear_elu": (False, True)}
+VARIANTS = ("linear_affine_nodenom", "linear_affine", "linear_elu")
 
 
 def signature(kernel, args: tuple, kwargs: dict) -> tuple[dict, dict, dict]:
@@ -38,6 +38,7 @@ def signature(kernel, args: tuple, kwargs: dict) -> tuple[dict, dict, dict]:
 
 def launches(name: str, causal: bool, dtype: torch.dtype, head_dim: int) -> list:
     """(kernel, args, kwargs) of each launch of one forward and backward, recorded on meta tensors."""
+    from models.attention.ops import dispatch
     from models.attention.ops import triton_common as tc
 
     recorded = []
@@ -55,7 +56,7 @@ def launches(name: str, causal: bool, dtype: torch.dtype, head_dim: int) -> list
     try:
         q = torch.empty(2, 4, 1000, head_dim, device="meta", dtype=dtype)
         mask = torch.empty(2, 1000, device="meta", dtype=torch.uint8)
-        plan = tc.Plan(q, causal, *VARIANTS[name], masked=True)
+        plan = tc.Plan(q, causal, dispatch.TABLES[name].op, masked=True)
         _, state = tc.forward(plan, q, q, q, mask)
         tc.backward(plan, torch.empty_like(q), q, q, q, mask, state)
     finally:

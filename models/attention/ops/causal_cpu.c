@@ -1,11 +1,12 @@
-/* Fused CPU kernel for the causal forms of the three linear ops at short lengths (the text tower's 77 tokens).
+/* Fused CPU kernel for the causal forms of the linear ops at short lengths (the text tower's 77 tokens).
 
-   On one head's [N, D] rows, with phi(q), phi(k) the features and padded keys (keep_n = 0) left out:
-     nodenom (kind 0, Gerami et al. 2026, Eq. 7):  o_i = sum_{n <= i} w_in v_n,          w_in = (1 + q^_i.k^_n) / 2
-     affine  (kind 1):                            o_i = sum_{n <= i} w_in v_n / den_i,  w_in = 1 + q^_i.k^_n
-     elu     (kind 2):                            o_i = sum_{n <= i} w_in v_n / den_i,  w_in = phi(q_i).phi(k_n)
-   with den_i = sum_{n <= i} w_in and q^ = q / |q|, phi(x) = elu(x) + 1. For elu, q and k arrive as phi(q), phi(k)
-   and the gradients leave as dL/dphi: ops/causal_cpu.py applies elu + 1 and its derivative in PyTorch, whose
+   Each call takes the op's description (ops/op.py) as two flags, unit and normalised. On one head's [N, D] rows,
+   with phi(q), phi(k) the features and padded keys (keep_n = 0) left out:
+     not normalised (Gerami et al. 2026, Eq. 7):  o_i = sum_{n <= i} w_in v_n,          w_in = (1 + q^_i.k^_n) / 2
+     normalised, unit features:                   o_i = sum_{n <= i} w_in v_n / den_i,  w_in = 1 + q^_i.k^_n
+     normalised, elu features:                    o_i = sum_{n <= i} w_in v_n / den_i,  w_in = phi(q_i).phi(k_n)
+   with den_i = sum_{n <= i} w_in and q^ = q / |q|, phi(x) = elu(x) + 1. Without unit features q and k arrive as
+   phi(q), phi(k) and the gradients leave as dL/dphi: ops/causal_cpu.py applies elu + 1 and its derivative in PyTorch, whose
    exponential is vectorised. This is ops/causal.py's quadratic form (the same math in PyTorch ops, and its
    definitions of the corner cases: |x| clamped at 1e-12, 1 / den = 0 where den <= 0), computed row by row over
    the lower triangle only, so the N x N weights are never stored: a dozen PyTorch ops each way cost more than the
@@ -20,7 +21,6 @@
 #include <string.h>
 
 #define INLINE static inline __attribute__((always_inline))
-enum { NODENOM = 0, AFFINE = 1, ELU = 2 };
 
 INLINE float dot(const float *x, const float *y, const int D) {
   float s = 0.f;
@@ -40,11 +40,11 @@ INLINE void scales(const float *x, const float *keep, int64_t N, float *r, const
 }
 
 /* phi(x) of N rows into f [N, D]: x r (unit features) or x keep (elu: x is phi already). */
-INLINE void features(const float *x, const float *keep, const float *r, int64_t N, int kind, float *f, const int D) {
+INLINE void features(const float *x, const float *keep, const float *r, int64_t N, int unit, float *f, const int D) {
   for (int64_t n = 0; n < N; n++) {
     const float *xn = x + n * D;
     float *fn = f + n * D;
-    const float kn = kind == ELU ? (keep ? keep[n] : 1.f) : r[n];
+    const float kn = unit ? r[n] : (keep ? keep[n] : 1.f);
 #pragma omp simd
     for (int d = 0; d < D; d++) fn[d] = xn[d] * kn;
   }
@@ -91,33 +91,33 @@ INLINE void rows_times(const float *w, const float *x, int64_t m, float *y, cons
   }
 }
 
-/* w_in = (1 + s) / 2 keep_n (nodenom), (1 + s) keep_n (affine) or s (elu, whose phi(k) is zero for padding) for
-   n < m, in place. */
-INLINE void weights(float *s, const float *keep, int64_t m, int kind) {
-  if (kind == ELU) return;
-  const float c = kind == NODENOM ? 0.5f : 1.f;
+/* w_in = c (1 + s) keep_n with unit features, c s without (elu's phi(k) is zero for padding), c = 1/2 when not
+   normalised, for n < m, in place. */
+INLINE void weights(float *s, const float *keep, int64_t m, int unit, int normalised) {
+  if (!unit && normalised) return;
+  const float c = normalised ? 1.f : 0.5f, one = unit ? 1.f : 0.f;
 #pragma omp simd
-  for (int64_t n = 0; n < m; n++) s[n] = c * (1.f + s[n]) * (keep ? keep[n] : 1.f);
+  for (int64_t n = 0; n < m; n++) s[n] = c * (one + s[n]) * (keep && unit ? keep[n] : 1.f);
 }
 
-INLINE void head_forward(const float *q, const float *k, const float *v, const float *keep, int64_t N, int kind,
-                         float *o, float *rq, float *rk, float *inv_den, float *s, const int D) {
+INLINE void head_forward(const float *q, const float *k, const float *v, const float *keep, int64_t N, int unit,
+                         int normalised, float *o, float *rq, float *rk, float *inv_den, float *s, const int D) {
   const int64_t P = (N + 15) / 16 * 16;
   float *qf = s, *kf = s + N * D, *kft = s + 2 * N * D, *w = kft + D * P;
-  if (kind != ELU) {
+  if (unit) {
     scales(q, NULL, N, rq, D);
     scales(k, keep, N, rk, D);
   }
-  features(q, NULL, rq, N, kind, qf, D);
-  features(k, keep, rk, N, kind, kf, D);
+  features(q, NULL, rq, N, unit, qf, D);
+  features(k, keep, rk, N, unit, kf, D);
   transpose(kf, N, P, kft, D);
   for (int64_t i = 0; i < N; i++) {
     float *oi = o + i * D, den = 0.f;
     row_times(qf + i * D, kft, NULL, P, i + 1, w, D);
-    weights(w, keep, i + 1, kind);
+    weights(w, keep, i + 1, unit, normalised);
     for (int64_t n = 0; n <= i; n++) den += w[n];
     rows_times(w, v, i + 1, oi, D);
-    if (kind != NODENOM) {
+    if (normalised) {
       const float inv = den > 0.f ? 1.f / den : 0.f; /* no real key yet (padding, never used): o = 0 */
       inv_den[i] = inv;
       for (int d = 0; d < D; d++) oi[d] *= inv;
@@ -127,12 +127,12 @@ INLINE void head_forward(const float *q, const float *k, const float *v, const f
 
 /* dL/dx from dL/dphi(x) in gf: unit features remove the radial part and scale by r; elu's are dL/dphi(x) times
    keep (its caller applies elu's derivative). */
-INLINE void feature_grads(const float *f, const float *r, int64_t N, int kind, const float *gf, float *gx,
+INLINE void feature_grads(const float *f, const float *r, int64_t N, int unit, const float *gf, float *gx,
                           const int D) {
   for (int64_t n = 0; n < N; n++) {
     const float *fn = f + n * D, *gn = gf + n * D;
     float *out = gx + n * D;
-    if (kind == ELU) {
+    if (!unit) {
       for (int d = 0; d < D; d++) out[d] = gn[d] * (r ? r[n] : 1.f);
     } else {
       const float radial = dot(fn, gn, D), rn = r[n];
@@ -141,36 +141,36 @@ INLINE void feature_grads(const float *f, const float *r, int64_t N, int kind, c
   }
 }
 
-/* dL/dw_in = g_i . v_n (nodenom) or g_i . (v_n - o_i) / den_i; dL/ds = dL/dw_in dw/ds. g_i . (v_n - o_i) rather
+/* dL/dw_in = g_i . v_n (not normalised) or g_i . (v_n - o_i) / den_i; dL/ds = dL/dw_in dw/ds. g_i . (v_n - o_i) rather
    than g_i . v_n - g_i . o_i: exactly zero where o_i = v_n (a single key gets no gradient). */
 INLINE void head_backward(const float *g, const float *q, const float *k, const float *v, const float *keep,
-                          const float *rq, const float *rk, const float *inv_den, const float *o, int64_t N, int kind,
-                          float *gq, float *gk, float *gv, float *s, const int D) {
+                          const float *rq, const float *rk, const float *inv_den, const float *o, int64_t N, int unit,
+                          int normalised, float *gq, float *gk, float *gv, float *s, const int D) {
   const int64_t P = (N + 15) / 16 * 16;
   float *qf = s, *kf = s + N * D, *gkf = s + 2 * N * D, *kft = s + 3 * N * D, *vt = kft + D * P, *w = vt + D * P;
   float *gw = w + P, *gqi = gw + P;
-  features(q, NULL, rq, N, kind, qf, D); /* from the forward's scales */
-  features(k, keep, rk, N, kind, kf, D);
+  features(q, NULL, rq, N, unit, qf, D); /* from the forward's scales */
+  features(k, keep, rk, N, unit, kf, D);
   transpose(kf, N, P, kft, D);
   transpose(v, N, P, vt, D);
   memset(gkf, 0, N * D * sizeof(float));
   memset(gv, 0, N * D * sizeof(float));
   for (int64_t i = 0; i < N; i++) {
     const float *gi = g + i * D, *qi = qf + i * D;
-    const float inv = kind == NODENOM ? 1.f : inv_den[i], c = kind == NODENOM ? 0.5f : 1.f;
+    const float inv = normalised ? inv_den[i] : 1.f, c = normalised ? 1.f : 0.5f;
     row_times(qi, kft, NULL, P, i + 1, w, D);
-    weights(w, keep, i + 1, kind);
-    row_times(gi, vt, kind == NODENOM ? NULL : o + i * D, P, i + 1, gw, D);
+    weights(w, keep, i + 1, unit, normalised);
+    row_times(gi, vt, normalised ? o + i * D : NULL, P, i + 1, gw, D);
 #pragma omp simd
-    for (int64_t n = 0; n <= i; n++) gw[n] *= inv * (kind == ELU ? 1.f : c * (keep ? keep[n] : 1.f));
+    for (int64_t n = 0; n <= i; n++) gw[n] *= inv * (unit ? c * (keep ? keep[n] : 1.f) : c);
     rows_times(gw, kf, i + 1, gqi, D);
     for (int64_t n = 0; n <= i; n++) {
       axpy(gw[n], qi, gkf + n * D, D);
       axpy(w[n] * inv, gi, gv + n * D, D);
     }
-    feature_grads(qi, kind == ELU ? NULL : rq + i, 1, kind, gqi, gq + i * D, D);
+    feature_grads(qi, unit ? rq + i : NULL, 1, unit, gqi, gq + i * D, D);
   }
-  feature_grads(kf, kind == ELU ? keep : rk, N, kind, gkf, gk, D);
+  feature_grads(kf, unit ? rk : keep, N, unit, gkf, gk, D);
 }
 
 #define HEAD_DIM_OK(D) ((D) == 16 || (D) == 32 || (D) == 64 || (D) == 128)
@@ -194,21 +194,21 @@ INLINE void head_backward(const float *g, const float *q, const float *k, const 
   return status;
 
 int causal_forward(const float *q, const float *k, const float *v, const float *keep, int64_t G, int64_t N, int64_t D,
-                   int kind, float *o, float *rq, float *rk, float *inv_den, int threads) {
+                   int unit, int normalised, float *o, float *rq, float *rk, float *inv_den, int threads) {
   if (!HEAD_DIM_OK(D)) return 2;
 #define FORWARD(d)                                                                                              \
-  head_forward(q + h * N * d, k + h * N * d, v + h * N * d, keep ? keep + h * N : NULL, N, kind, o + h * N * d, \
-               rq + h * N, rk + h * N, inv_den + h * N, s, d)
+  head_forward(q + h * N * d, k + h * N * d, v + h * N * d, keep ? keep + h * N : NULL, N, unit, normalised, \
+               o + h * N * d, rq + h * N, rk + h * N, inv_den + h * N, s, d)
   FOR_EACH_HEAD(3, FORWARD)
 }
 
 int causal_backward(const float *g, const float *q, const float *k, const float *v, const float *keep,
                     const float *rq, const float *rk, const float *inv_den, const float *o, int64_t G, int64_t N,
-                    int64_t D, int kind, float *gq, float *gk, float *gv, int threads) {
+                    int64_t D, int unit, int normalised, float *gq, float *gk, float *gv, int threads) {
   if (!HEAD_DIM_OK(D)) return 2;
 #define BACKWARD(d)                                                                                               \
   head_backward(g + h * N * d, q + h * N * d, k + h * N * d, v + h * N * d, keep ? keep + h * N : NULL, rq + h * N, \
-                rk + h * N, inv_den + h * N, o ? o + h * N * d : NULL, N, kind, gq + h * N * d, gk + h * N * d,         \
-                gv + h * N * d, s, d)
+                rk + h * N, inv_den + h * N, o ? o + h * N * d : NULL, N, unit, normalised, gq + h * N * d,  \
+                gk + h * N * d, gv + h * N * d, s, d)
   FOR_EACH_HEAD(6, BACKWARD)
 }

@@ -1,4 +1,4 @@
-"""The causal forms of the three linear ops on the fused C kernel (causal_cpu.c): CPU, fp32 (bf16 and fp16 upcast
+"""The causal forms of the linear ops on the fused C kernel (causal_cpu.c): CPU, fp32 (bf16 and fp16 upcast
 to it), D in 16/32/64/128, up to causal.QUADRATIC_MAX tokens.
 
 At the text tower's 77 tokens the PyTorch quadratic form (ops/causal.py) is a dozen small ops each way whose fixed
@@ -14,28 +14,29 @@ from torch import Tensor
 
 from models.attention.ops import causal, cpu_build
 from models.attention.ops.common import elu_feature, elu_feature_grad, flatten, fresh, key_weights
-
-KIND_CODES = {"nodenom": 0, "affine": 1, "elu": 2}
+from models.attention.ops.op import Op
 
 
 class CausalKernel(torch.autograd.Function):
-    """forward(q, k, v [G, N, D] fp32 contiguous, keep [G, N, 1] or None, kind) -> o [G, N, D]. For elu, phi = elu + 1
-    and its derivative are applied here (PyTorch's exp is vectorised), the kernel works on the features."""
+    """forward(q, k, v [G, N, D] fp32 contiguous, keep [G, N, 1] or None, op) -> o [G, N, D]. Without unit
+    features phi = elu + 1 and its derivative are applied here (PyTorch's exp is vectorised), the kernel works on the
+    features."""
 
     @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, kind: str) -> Tensor:
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, op: Op) -> Tensor:
         G, N, D = q.shape
-        if kind == "elu":  # the kernel takes phi(q), phi(k) and returns dL/dphi
+        if not op.unit:  # the kernel takes phi(q), phi(k) and returns dL/dphi
             q, k = elu_feature(q), elu_feature(k)
         out = fresh(q, G, N, D)
         rq, rk, inv_den = (q.new_empty(G, N) for _ in range(3))
         status = cpu_build.library().causal_forward(
-            q.data_ptr(), k.data_ptr(), v.data_ptr(), cpu_build.pointer(keep), G, N, D, KIND_CODES[kind],
+            q.data_ptr(), k.data_ptr(), v.data_ptr(), cpu_build.pointer(keep), G, N, D, int(op.unit),
+            int(op.normalised),
             *(t.data_ptr() for t in (out, rq, rk, inv_den)), torch.get_num_threads(),
         )  # fmt: skip
         cpu_build.check(status, G, D)
-        ctx.kind = kind
-        ctx.save_for_backward(q, k, v, keep, rq, rk, inv_den, out if kind != "nodenom" else None)
+        ctx.op = op
+        ctx.save_for_backward(q, k, v, keep, rq, rk, inv_den, out if op.normalised else None)
         return out
 
     @staticmethod
@@ -46,11 +47,12 @@ class CausalKernel(torch.autograd.Function):
         grads = [fresh(x, G, N, D) for x in (q, k, v)]
         status = cpu_build.library().causal_backward(
             grad.data_ptr(), *(t.data_ptr() for t in (q, k, v)), cpu_build.pointer(keep),
-            *(t.data_ptr() for t in (rq, rk, inv_den)), cpu_build.pointer(out), G, N, D, KIND_CODES[ctx.kind],
+            *(t.data_ptr() for t in (rq, rk, inv_den)), cpu_build.pointer(out), G, N, D, int(ctx.op.unit),
+            int(ctx.op.normalised),
             *(t.data_ptr() for t in grads), torch.get_num_threads(),
         )  # fmt: skip
         cpu_build.check(status, G, D)
-        if ctx.kind == "elu":  # q, k are phi(q), phi(k) here
+        if not ctx.op.unit:  # q, k are phi(q), phi(k) here
             grads[0], grads[1] = elu_feature_grad(q, grads[0]), elu_feature_grad(k, grads[1])
         return *grads, None, None
 
@@ -61,8 +63,8 @@ def takes(q: Tensor) -> bool:
     return q.numel() > 0 and q.shape[-2] <= causal.QUADRATIC_MAX
 
 
-def attend(q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None, kind: str) -> Tensor:
-    """[B, H, N, D] x3 -> [B, H, N, D] causal in q's dtype, kind in nodenom / affine / elu; see takes()."""
+def attend(q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None, op: Op) -> Tensor:
+    """[B, H, N, D] x3 -> [B, H, N, D] causal in q's dtype for the op (ops/op.py); see takes()."""
     qf, kf, vf = (t.float().contiguous() for t in flatten(q, k, v))
     keep = key_weights(key_mask, q, torch.float32)
-    return CausalKernel.apply(qf, kf, vf, keep, kind).reshape(q.shape).to(q.dtype)
+    return CausalKernel.apply(qf, kf, vf, keep, op).reshape(q.shape).to(q.dtype)

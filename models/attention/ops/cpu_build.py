@@ -1,11 +1,12 @@
-"""Builds the fused CPU kernels (linear_affine_nodenom/nodenom_cpu.c, linear_affine/affine_cpu.c, with linear_cpu.h;
-causal_cpu.c) with the system C compiler on first use and loads them through ctypes; each op's cpu.py calls them.
+"""Builds the fused CPU kernels (causal_cpu.c and every op folder's *.c, with linear_cpu.h) into one library with the
+system C compiler on first use and loads it through ctypes; each op's cpu.py declares the signatures of its own
+kernels (`declare`) and calls them.
 
-The kernels compute non-causal linear_affine_nodenom and linear_affine, and the causal forms of those two and of
-linear_elu up to causal.QUADRATIC_MAX tokens, forward and backward, in one OpenMP region each (see the C files'
-headers); each op's torch.py is the same math in PyTorch ops, which the dispatcher (dispatch.py) takes where a
-kernel cannot run: no C compiler, a GPU, fp64, a head size other than 16/32/64/128, non-causal linear_elu,
-torch.compile, or CLIP_CPU_KERNEL=0. bf16 and fp16 inputs are upcast to
+The kernels compute the non-causal form of the ops that have one in C and the causal forms of every op up to
+causal.QUADRATIC_MAX tokens, forward and backward, in one OpenMP region each (see the C files' headers); each op's
+torch.py is the same math in PyTorch ops, which the dispatcher (dispatch.py) takes where a kernel cannot run: no C
+compiler, a GPU, fp64, a head size other than 16/32/64/128, a non-causal form without a C kernel, torch.compile, or
+CLIP_CPU_KERNEL=0. bf16 and fp16 inputs are upcast to
 fp32 for the kernels (one pass, far cheaper on the CPU than the many small ops of the PyTorch path).
 
 The library is compiled with -march=native into a cache folder ($CLIP_KERNEL_CACHE, else
@@ -34,12 +35,10 @@ from torch import Tensor
 from models.attention.ops.common import dtype_name
 
 HERE = Path(__file__).parent
-SOURCES = [  # one library
-    HERE / "linear_affine_nodenom" / "nodenom_cpu.c",
-    HERE / "linear_affine" / "affine_cpu.c",
-    HERE / "causal_cpu.c",
-]
+SOURCES = [HERE / "causal_cpu.c", *sorted(HERE.glob("*/*.c"))]  # one library: the shared kernel and each op's own
 HEADERS = [HERE / "linear_cpu.h"]
+P, I64, I32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+SIGNATURES: dict[str, list] = {}  # kernel name -> argument types (declare)
 FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fopenmp", "-shared", "-fPIC", "-std=gnu11"]
 HEAD_DIMS = (16, 32, 64, 128)
 DISABLE = "CLIP_CPU_KERNEL"
@@ -116,23 +115,22 @@ def load() -> tuple[ctypes.CDLL | None, str]:
             stacklevel=1,
         )
         return None, f"building the C kernels failed ({err}); set CLIP_KERNEL_CACHE to a writable folder"
-    p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-    lib.nodenom_forward.argtypes = [p, p, p, p, i64, i64, i64, i64, p, p, p, p, i32, i32]
-    lib.nodenom_backward.argtypes = [p, p, p, p, p, p, p, p, i64, i64, i64, i64, p, p, p, i32, i32]
-    lib.affine_forward.argtypes = [p, p, p, p, p, i64, i64, i64, i64, p, p, p, p, p, i32]
-    lib.affine_backward.argtypes = [p, p, p, p, p, p, p, p, p, p, i64, i64, i64, i64, p, p, p, i32]
-    lib.causal_forward.argtypes = [p, p, p, p, i64, i64, i64, i32, p, p, p, p, i32]
-    lib.causal_backward.argtypes = [p, p, p, p, p, p, p, p, p, i64, i64, i64, i32, p, p, p, i32]
-    for entry in (
-        lib.nodenom_forward,
-        lib.nodenom_backward,
-        lib.affine_forward,
-        lib.affine_backward,
-        lib.causal_forward,
-        lib.causal_backward,
-    ):
-        entry.restype = i32
+    for name, argtypes in SIGNATURES.items():
+        entry = getattr(lib, name)
+        entry.argtypes, entry.restype = argtypes, I32
     return lib, ""
+
+
+def declare(**signatures: list) -> None:
+    """The argument types of kernels of the library (P, I64, I32), by function name; every kernel returns a status."""
+    SIGNATURES.update(signatures)
+
+
+# the causal forms' kernel, shared by every op: unit and normalised are the op's description (ops/op.py)
+declare(
+    causal_forward=[P, P, P, P, I64, I64, I64, I32, I32, P, P, P, P, I32],
+    causal_backward=[P, P, P, P, P, P, P, P, P, I64, I64, I64, I32, I32, P, P, P, I32],
+)
 
 
 def library() -> ctypes.CDLL | None:

@@ -10,11 +10,13 @@
 - auto: triton for CUDA inputs when it can run, else cpu where the C kernels apply, else torch; under
   torch.compile always torch (the compiler traces and fuses it; it cannot trace the C call).
 
-A choice is resolved once per (op, impl, device, dtype, head size, causality) and cached: a layer checks what it
-can when it is built (the impl's name, whether it exists at all: `check`) and resolves at its first forward,
-where the device is known; later calls find the cached choice. Each (op, impl, reason) is logged once at INFO on
-the "models.attention" logger. An explicit impl that cannot run on the inputs raises a one-line ValueError naming
-what is missing.
+Each op's implementations are one table, built in its folder's __init__.py by `implementations` (reference and the
+lazily imported Triton kernels included) and registered here under the op's name; everything below reads only
+`TABLES`. A choice is resolved once per (op, impl, device, dtype, head size, causality) and cached: a layer checks
+what it can when it is built (the impl's name, whether it exists at all: `check`) and resolves at its first forward,
+where the device is known; later calls find the cached choice. Each (op, impl, reason) is logged once at INFO on the
+"models.attention" logger. An explicit impl that cannot run on the inputs raises a one-line ValueError naming what
+is missing.
 """
 
 from __future__ import annotations
@@ -23,34 +25,78 @@ import functools
 import importlib
 import logging
 import os
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from models.attention import reference
 from models.attention.ops import cpu_build
 from models.attention.ops.chunked import check_chunk_size
 from models.attention.ops.common import check_key_mask, dtype_name
+from models.attention.ops.op import Op
 
 IMPLS = ("auto", "reference", "torch", "cpu", "triton")
-OPS = {  # the impls each op has besides auto
-    "linear_affine_nodenom": ("reference", "torch", "cpu", "triton"),
-    "linear_affine": ("reference", "torch", "cpu", "triton"),
-    "linear_elu": ("reference", "torch", "cpu", "triton"),
-}
-CAUSAL_ONLY_CPU = ("linear_elu",)  # its C kernel is the causal form's
 TRITON_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 log = logging.getLogger("models.attention")
 choices: dict[tuple, str] = {}
 announced: set[tuple[str, str, str]] = set()
 
 
+@dataclass(frozen=True)
+class Table:
+    """An op and its implementations: {impl: attend(q, k, v, *, causal, key_mask, chunk_size)}."""
+
+    op: Op
+    impls: dict[str, Callable]
+
+
+TABLES: dict[str, Table] = {}  # op name -> its table, filled as the op folders are imported
+
+
+@functools.cache
+def import_error(module: str) -> str:
+    """Why `module` cannot be imported ("" when it can)."""
+    if importlib.util.find_spec(module) is None:
+        return f"{module.replace('.', '/')}.py is not in this checkout"
+    try:
+        importlib.import_module(module)
+    except Exception as err:  # a missing triton, or a driver it cannot load: auto then takes torch and says why
+        return f"importing its Triton kernels failed ({type(err).__name__}: {err})"
+    return ""
+
+
+class Lazy:
+    """An implementation in a module imported at its first use (Triton: slow to import, and it may be missing)."""
+
+    def __init__(self, module: str):
+        self.module = module
+
+    def __call__(self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool, key_mask: Tensor | None, chunk_size: int):
+        return importlib.import_module(self.module).attend(q, k, v, causal=causal, key_mask=key_mask)
+
+
+def implementations(op: Op, *, reference: Callable, torch: Callable, cpu: Callable, triton: str) -> Table:
+    """The one table of an op's implementations, registered under its name: reference(q, k, v, *, causal, key_mask)
+    (models/attention/reference.py), torch and cpu attend(q, k, v, *, causal, key_mask, chunk_size), and the module
+    of its Triton kernels (imported at their first use)."""
+    if op.name in TABLES:
+        raise ValueError(f"linear op {op.name!r} is registered twice")
+
+    def naive(q, k, v, *, causal, key_mask, chunk_size):
+        return reference(q, k, v, causal=causal, key_mask=key_mask)
+
+    TABLES[op.name] = Table(op, {"reference": naive, "torch": torch, "cpu": cpu, "triton": Lazy(triton)})
+    return TABLES[op.name]
+
+
 def check(op: str, impl: str, causal: bool) -> None:
     """What can be checked before any input is seen: a known impl that this op has and that exists here."""
     if impl not in IMPLS:
         raise ValueError(f"attention {op!r}: unknown impl {impl!r}; pick one of {', '.join(IMPLS)}")
-    if impl != "auto" and impl not in OPS[op]:
-        raise ValueError(f"attention {op!r} has no {impl} impl; pick one of auto, {', '.join(OPS[op])}")
+    impls = TABLES[op].impls
+    if impl != "auto" and impl not in impls:
+        raise ValueError(f"attention {op!r} has no {impl} impl; pick one of auto, {', '.join(impls)}")
     why = {"cpu": cpu_mode_missing(op, causal), "triton": triton_missing(op)}.get(impl, "")
     if why:
         raise ValueError(f"attention {op!r} cannot use impl={impl}: {why}; use impl=auto or impl=torch")
@@ -58,20 +104,13 @@ def check(op: str, impl: str, causal: bool) -> None:
 
 def cpu_mode_missing(op: str, causal: bool) -> str:
     """Why the op's C kernel cannot compute this causality ("" when it can)."""
-    return f"{op}'s C kernel is the causal form only" if op in CAUSAL_ONLY_CPU and not causal else ""
+    return f"{op}'s C kernel is the causal form only" if not (TABLES[op].op.cpu_noncausal or causal) else ""
 
 
-@functools.cache
 def triton_missing(op: str) -> str:
     """Why this op's Triton kernels cannot be imported ("" when they can)."""
-    module = f"models.attention.ops.{op}.triton"
-    if importlib.util.find_spec(module) is None:
-        return f"models/attention/ops/{op}/triton.py is not in this checkout"
-    try:
-        importlib.import_module(module)
-    except Exception as err:  # a missing triton, or a driver it cannot load: auto then takes torch and says why
-        return f"importing its Triton kernels failed ({type(err).__name__}: {err})"
-    return ""
+    triton = TABLES[op].impls.get("triton")
+    return import_error(triton.module) if triton is not None else f"{op} has no Triton kernels"
 
 
 def triton_why_not(op: str, q: Tensor) -> str:
@@ -102,12 +141,13 @@ def why_not(op: str, impl: str, q: Tensor, causal: bool) -> str:
 
 def choose(op: str, q: Tensor, causal: bool) -> tuple[str, str]:
     """(impl, reason) for impl=auto."""
-    if "triton" in OPS[op] and q.device.type == "cuda":
+    impls = TABLES[op].impls
+    if "triton" in impls and q.device.type == "cuda":
         why = triton_why_not(op, q)
         if not why:
             return "triton", "CUDA inputs"
         return "torch", why
-    if "cpu" in OPS[op]:
+    if "cpu" in impls:
         why = cpu_mode_missing(op, causal) or cpu_build.why_not(q)
         return ("cpu", "on the CPU: the fused C kernel") if not why else ("torch", why)
     return "torch", f"{op} has no C kernel" if q.device.type == "cpu" else f"inputs on {q.device.type}"
@@ -144,25 +184,21 @@ def forget() -> None:
     """Drops every cached choice and the C kernels' load result (tests that change the environment call it)."""
     choices.clear()
     announced.clear()
-    triton_missing.cache_clear()
+    import_error.cache_clear()
     cpu_build.load.cache_clear()
 
 
-def run(op: str, impls: dict, impl: str, q: Tensor, k: Tensor, v: Tensor, *, causal, key_mask, chunk_size) -> Tensor:
-    """Checks the arguments, resolves the impl and calls it; `impls` maps torch / cpu to the op's attend functions."""
+def run(op: str, impl: str, q: Tensor, k: Tensor, v: Tensor, *, causal, key_mask, chunk_size) -> Tensor:
+    """Checks the arguments, resolves the impl and calls the op's table's entry."""
     check_chunk_size(chunk_size)
     check_key_mask(key_mask, q)
     chosen = resolve(op, impl, q, causal)
-    if chosen == "reference":
-        return getattr(reference, op)(q, k, v, causal=causal, key_mask=key_mask)
-    if chosen == "triton":
-        attend = importlib.import_module(f"models.attention.ops.{op}.triton").attend
-        return attend(q, k, v, causal=causal, key_mask=key_mask)
-    return impls[chosen](q, k, v, causal=causal, key_mask=key_mask, chunk_size=chunk_size)
+    return TABLES[op].impls[chosen](q, k, v, causal=causal, key_mask=key_mask, chunk_size=chunk_size)
 
 
-def op_function(op: str, impls: dict, doc: str):
+def op_function(table: Table, doc: str):
     """The public function of an op: attend(q, k, v, *, causal, key_mask, chunk_size, impl) -> o, all [B, H, N, D]."""
+    op = table.op.name
 
     def attend(
         q: Tensor,
@@ -174,7 +210,7 @@ def op_function(op: str, impls: dict, doc: str):
         chunk_size: int = 64,
         impl: str = "auto",
     ) -> Tensor:
-        return run(op, impls, impl, q, k, v, causal=causal, key_mask=key_mask, chunk_size=chunk_size)
+        return run(op, impl, q, k, v, causal=causal, key_mask=key_mask, chunk_size=chunk_size)
 
     attend.__doc__, attend.__qualname__ = doc, f"{op}.attend"
     return attend

@@ -26,14 +26,15 @@ from models.attention.ops.common import (
     scaled_gram,
     unscale_grad,
 )
+from models.attention.ops.op import Op
 
 
-def features(q: Tensor, k: Tensor, keep: Tensor | None, unit: bool):
+def features(q: Tensor, k: Tensor, keep: Tensor | None, op: Op):
     """The features in the compute dtype: q, k with their row scales 1/|q|, 1/|k| (phi = r x, applied lazily;
     1/|k| zero for padded keys) for unit features, else elu(q) + 1, elu(k) + 1 (zero for padded keys), no scale."""
     dtype = compute_dtype(q)
     q, k = q.to(dtype), k.to(dtype)
-    if not unit:
+    if not op.unit:
         k_phi = elu_feature(k)
         return elu_feature(q), k_phi if keep is None else k_phi.mul_(keep), None, None
     rk = inv_norm(k) if keep is None else inv_norm(k).mul_(keep)
@@ -56,11 +57,11 @@ def row_sums(x: Tensor, r: Tensor | None) -> Tensor:
 
 
 class NormalisedLinear(torch.autograd.Function):
-    """forward(q, k, v [G, N, D], keep [G, N, 1] or None, unit) -> o [G, N, D] in q's dtype."""
+    """forward(q, k, v [G, N, D], keep [G, N, 1] or None, op) -> o [G, N, D] in q's dtype; op normalised."""
 
     @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, unit: bool) -> Tensor:
-        q_f, k_f, rq, rk = features(q, k, keep, unit)
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, op: Op) -> Tensor:
+        q_f, k_f, rq, rk = features(q, k, keep, op)
         v32 = v.to(q_f.dtype)
         count = v32.new_full((1, 1, 1), v.shape[1]) if keep is None else keep.sum(1, keepdim=True)  # [G or 1, 1, 1]
         centre = safe_divide(row_sums(v32, keep), count)  # [G, 1, D]
@@ -69,15 +70,15 @@ class NormalisedLinear(torch.autograd.Function):
         k_sum = row_sums(k_f, rk)  # [G, 1, D]
         state = torch.bmm(k_f.transpose(1, 2), v_centred) if rk is None else scaled_gram(k_f, rk, v_centred)
         den = scaled(torch.bmm(q_f, k_sum.transpose(1, 2)), rq)  # [G, N, 1]
-        den = (den.add_(count) if unit else den).clamp_min_(torch.finfo(den.dtype).tiny)
-        ctx.unit = unit
+        den = (den.add_(count) if op.unit else den).clamp_min_(torch.finfo(den.dtype).tiny)
+        ctx.op = op
         ctx.save_for_backward(q, k, v, keep, rq, rk, state, k_sum, den, count, centre)
         return scaled(torch.bmm(q_f, state), rq).div_(den).add_(centre).to(q.dtype)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
         q, k, v, keep, rq, rk, state, k_sum, den, count, centre = ctx.saved_tensors
-        q_f, k_f, _, _ = features(q, k, keep, ctx.unit)
+        q_f, k_f, _, _ = features(q, k, keep, ctx.op)
         v_centred = v.to(q_f.dtype) - centre
         grad = grad.to(q_f.dtype)
         grad_scaled = grad / den
@@ -96,13 +97,14 @@ class NormalisedLinear(torch.autograd.Function):
 
 
 def attend_normalised(
-    q: Tensor, k: Tensor, v: Tensor, *, causal: bool, key_mask: Tensor | None, chunk_size: int, unit: bool
+    q: Tensor, k: Tensor, v: Tensor, *, causal: bool, key_mask: Tensor | None, chunk_size: int, op: Op
 ) -> Tensor:
-    """[B, H, N, D] x3 -> [B, H, N, D] in q's dtype: linear_affine (unit) or linear_elu, causal chunkwise."""
+    """[B, H, N, D] x3 -> [B, H, N, D] in q's dtype for a normalised op (linear_affine, linear_elu), causal
+    through causal.py."""
     qf, kf, vf = flatten(q, k, v)
     keep = key_weights(key_mask, q, compute_dtype(q))
     if causal:
-        out = CausalLinear.apply(qf, kf, vf, keep, "affine" if unit else "elu", chunk_size)
+        out = CausalLinear.apply(qf, kf, vf, keep, op, chunk_size)
     else:
-        out = NormalisedLinear.apply(qf, kf, vf, keep, unit)
+        out = NormalisedLinear.apply(qf, kf, vf, keep, op)
     return out.reshape(q.shape)

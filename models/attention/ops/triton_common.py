@@ -52,6 +52,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from models.attention.ops.op import Op
+
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"  # triton.jit decides this when the kernels are defined
 # the interpreter computes every tl.dot exactly in numpy; mm() rounds as the GPU does for the bf16x3 products
 EMULATE = tl.constexpr(INTERPRET)
@@ -383,11 +385,11 @@ def target_programs(device: torch.device) -> int:
 class Plan:
     """Block sizes, grid and strides of one call: q, k, v [B, H, N, D] (strides shared), outputs [B, N, H, D]."""
 
-    def __init__(self, q: Tensor, causal: bool, unit: bool, normalised: bool, masked: bool):
+    def __init__(self, q: Tensor, causal: bool, op: Op, masked: bool):
         B, H, N, D = q.shape
         self.shape, self.causal, self.dtype = (B, H, N, D), causal, q.dtype
         self.BD = max(16, triton.next_power_of_2(D))
-        self.flags = dict(UNIT=unit, NORM=normalised, HAS_MASK=masked)
+        self.flags = dict(UNIT=op.unit, NORM=op.normalised, HAS_MASK=masked)  # the op's description (ops/op.py)
         # see "Precision" in the module docstring
         self.prec = "ieee" if q.dtype == torch.float32 else "bf16x3"
         if q.dtype == torch.float32 and causal and self.BD == 128:
@@ -492,10 +494,10 @@ class LinearAttention(torch.autograd.Function):
     non-causal [D + 4, D] state."""
 
     @staticmethod
-    def forward(ctx, q, k, v, key_mask, causal: bool, unit: bool, normalised: bool):
+    def forward(ctx, q, k, v, key_mask, causal: bool, op: Op):
         q, k, v = one_layout(q, k, v)
         mask = None if key_mask is None else key_mask.contiguous().view(torch.uint8)
-        ctx.plan = Plan(q, causal, unit, normalised, mask is not None)
+        ctx.plan = Plan(q, causal, op, mask is not None)
         out, state = forward(ctx.plan, q, k, v, mask)
         ctx.save_for_backward(q, k, v, mask, state)
         return out
@@ -503,16 +505,15 @@ class LinearAttention(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad):
-        return *backward(ctx.plan, grad, *ctx.saved_tensors), None, None, None, None
+        return *backward(ctx.plan, grad, *ctx.saved_tensors), None, None, None
 
 
-def attend(
-    q: Tensor, k: Tensor, v: Tensor, *, causal: bool, key_mask: Tensor | None, unit: bool, normalised: bool
-) -> Tensor:
-    """o [B, H, N, D] in q.dtype from q, k, v [B, H, N, D] and key_mask [B, N] bool (True = real) or None."""
+def attend(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, key_mask: Tensor | None, op: Op) -> Tensor:
+    """o [B, H, N, D] in q.dtype from q, k, v [B, H, N, D] and key_mask [B, N] bool (True = real) or None, for the
+    op's description (ops/op.py)."""
     reason = unsupported(q, k, v, key_mask)
     if reason is not None:
         raise ValueError(f"triton linear attention: {reason}")
     if q.numel() == 0:
         return torch.zeros_like(q)
-    return LinearAttention.apply(q, k, v, key_mask, causal, unit, normalised)
+    return LinearAttention.apply(q, k, v, key_mask, causal, op)

@@ -1,22 +1,28 @@
 """linear_affine: o_i = sum_n (1 + q^_i.k^_n) v_n / sum_n (1 + q^_i.k^_n), q^, k^ L2-normalised per head.
 
-Its implementations side by side: torch.py (PyTorch, ops/normalised.py and ops/causal.py), cpu.py + affine_cpu.c
-(fused C kernel, non-causal fp32; the causal form in ../causal_cpu.c), triton.py (Triton kernels, where present);
-reference.linear_affine defines it.
+Everything of the op is in this folder: definition.py (its Op description: the features, whether it normalises; the
+pointer to its reference and tests), torch.py (PyTorch, any device and dtype), cpu.py + affine_cpu.c (fused C
+kernel, non-causal fp32; the causal form in ../causal_cpu.c), triton.py (Triton kernels). IMPLS below is the one
+table of its implementations; the dispatcher (../dispatch.py) reads only it.
 """
 
 from __future__ import annotations
 
+from models.attention import reference
 from models.attention.ops import dispatch
 from models.attention.ops.linear_affine import cpu
 from models.attention.ops.linear_affine import torch as torch_path
+from models.attention.ops.linear_affine.definition import OP
 
-OP = "linear_affine"
-IMPLS = {"torch": torch_path.attend, "cpu": cpu.attend}
-
+IMPLS = dispatch.implementations(
+    OP,
+    reference=reference.linear_affine,
+    torch=torch_path.attend,
+    cpu=cpu.attend,
+    triton="models.attention.ops.linear_affine.triton",
+)
 
 attend = dispatch.op_function(
-    OP,
     IMPLS,
     """o_i = sum_n (1 + q^_i.k^_n) v_n / sum_n (1 + q^_i.k^_n), [B, H, N, D] x3 -> [B, H, N, D].
 

@@ -13,6 +13,13 @@ from torch import Tensor
 from models.attention.ops import causal_cpu, cpu_build
 from models.attention.ops.common import flatten, fresh, key_weights
 from models.attention.ops.linear_affine import torch as torch_path
+from models.attention.ops.linear_affine.definition import OP
+
+P, I64, I32 = cpu_build.P, cpu_build.I64, cpu_build.I32
+cpu_build.declare(
+    affine_forward=[P, P, P, P, P, I64, I64, I64, I64, P, P, P, P, P, I32],
+    affine_backward=[P, P, P, P, P, P, P, P, P, P, I64, I64, I64, I64, P, P, P, I32],
+)
 
 
 def pointers(*tensors: Tensor | None) -> list[int | None]:
@@ -56,7 +63,7 @@ class AffineKernel(torch.autograd.Function):
 def attend(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, key_mask: Tensor | None, chunk_size: int = 64) -> Tensor:
     """[B, H, N, D] x3 -> [B, H, N, D]."""
     if causal and causal_cpu.takes(q):
-        return causal_cpu.attend(q, k, v, key_mask, "affine")
+        return causal_cpu.attend(q, k, v, key_mask, OP)
     if causal or q.numel() == 0 or k.numel() == 0:
         return torch_path.attend(q, k, v, causal=causal, key_mask=key_mask, chunk_size=chunk_size)
     qf, kf, vf = (t.float() for t in flatten(q, k, v))  # bf16 / fp16 upcast: the kernels compute in fp32

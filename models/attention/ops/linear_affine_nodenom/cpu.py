@@ -13,6 +13,13 @@ from torch import Tensor
 from models.attention.ops import causal_cpu, cpu_build
 from models.attention.ops.common import flatten, fresh, key_weights
 from models.attention.ops.linear_affine_nodenom import torch as torch_path
+from models.attention.ops.linear_affine_nodenom.definition import OP
+
+P, I64, I32 = cpu_build.P, cpu_build.I64, cpu_build.I32
+cpu_build.declare(
+    nodenom_forward=[P, P, P, P, I64, I64, I64, I64, P, P, P, P, I32, I32],
+    nodenom_backward=[P, P, P, P, P, P, P, P, I64, I64, I64, I64, P, P, P, I32, I32],
+)
 
 
 def forward(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -48,7 +55,7 @@ def backward(grad, q, k, v, keep, rq, rk, state) -> tuple[Tensor, Tensor, Tensor
 def attend(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, key_mask: Tensor | None, chunk_size: int = 64) -> Tensor:
     """[B, H, N, D] x3 -> [B, H, N, D]."""
     if causal and causal_cpu.takes(q):
-        return causal_cpu.attend(q, k, v, key_mask, "nodenom")
+        return causal_cpu.attend(q, k, v, key_mask, OP)
     if causal or q.numel() == 0 or k.numel() == 0:
         return torch_path.attend(q, k, v, causal=causal, key_mask=key_mask, chunk_size=chunk_size)
     qf, kf, vf = (t.float() for t in flatten(q, k, v))  # bf16 / fp16 upcast: the kernels compute in fp32

@@ -19,6 +19,7 @@ from torch import Tensor
 
 from models.attention.ops.causal import CausalLinear
 from models.attention.ops.common import compute_dtype, flatten, fresh, inv_norm, key_weights, remove_radial
+from models.attention.ops.linear_affine_nodenom.definition import OP
 
 ROWS = 2048
 GPU_ROWS = 1 << 20  # a GPU block's fp32 temporaries stay near 256 MB at D = 64; fewer blocks, fewer launches
@@ -205,7 +206,7 @@ def attend(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, key_mask: Tensor | 
     qf, kf, vf = flatten(q, k, v)
     keep = key_weights(key_mask, q, compute_dtype(q))
     if causal:
-        out = CausalLinear.apply(qf, kf, vf, keep, "nodenom", chunk_size)
+        out = CausalLinear.apply(qf, kf, vf, keep, OP, chunk_size)
     else:
         compiling = torch.compiler.is_compiling()  # the compiler cannot trace the blocks' out= views
         out = NoDenom.apply(qf, kf, vf, keep, (plain_forward, plain_backward) if compiling else (forward, backward))

@@ -8,10 +8,11 @@ from torch import Tensor
 
 from models.attention.ops import causal_cpu
 from models.attention.ops.linear_elu import torch as torch_path
+from models.attention.ops.linear_elu.definition import OP
 
 
 def attend(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, key_mask: Tensor | None, chunk_size: int = 64) -> Tensor:
     """[B, H, N, D] x3 -> [B, H, N, D]."""
     if causal and causal_cpu.takes(q):
-        return causal_cpu.attend(q, k, v, key_mask, "elu")
+        return causal_cpu.attend(q, k, v, key_mask, OP)
     return torch_path.attend(q, k, v, causal=causal, key_mask=key_mask, chunk_size=chunk_size)
