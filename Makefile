@@ -19,7 +19,7 @@ lint: install
 	$(VENV)/bin/ruff format --check .
 
 # Two workers (pytest-xdist); a module's tests stay on one worker, so its module fixtures are built once.
-PYTEST := $(PY) -m pytest -q -n 2 --dist loadscope
+PYTEST := $(PY) -m pytest -q -n 2 --dist loadscope --durations=20
 
 test: install lint
 	$(PYTEST) tests

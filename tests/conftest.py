@@ -1,4 +1,7 @@
+import contextlib
 import os
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -58,6 +61,33 @@ TRAINS = (
     "tests/eval/test_numbered_folders.py",
     "tests/data/test_epochs.py",
 )
+
+
+RAM_DISK = Path("/dev/shm")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config):
+    """Test folders in RAM (/dev/shm) where it has room, unless --basetemp says otherwise: tiny runs write and fsync
+    50 MB checkpoints, which on a virtual disk take longer than their training. One folder per session (the pid),
+    so that two sessions at once never share one; folders of sessions that have ended are removed."""
+    if config.option.basetemp or hasattr(config, "workerinput") or not RAM_DISK.is_dir():
+        return  # xdist workers get theirs from the controller
+    if shutil.disk_usage(RAM_DISK).free < 4 << 30:
+        return
+    for old in RAM_DISK.glob(f"pytest-{os.getuid()}-*"):
+        with contextlib.suppress(ValueError, ProcessLookupError, PermissionError):
+            os.kill(int(old.name.rsplit("-", 1)[1]), 0)  # raises when that session has ended
+            continue
+        shutil.rmtree(old, ignore_errors=True)
+    config.option.basetemp = str(RAM_DISK / f"pytest-{os.getuid()}-{os.getpid()}")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """A green session's RAM folder goes at once; a failed one's stays until the next session starts."""
+    basetemp, worker = session.config.option.basetemp, hasattr(session.config, "workerinput")
+    if exitstatus == 0 and basetemp and Path(basetemp).parent == RAM_DISK and not worker:
+        shutil.rmtree(basetemp, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(items):
