@@ -128,6 +128,20 @@ def evaluate(
 
 
 @torch.no_grad()
+def score_images(model, batches, classifier: torch.Tensor, tally: "Tally", device, class_chunk: int) -> list:
+    """Add each batch's top-5 classes to the tally; returns the skipped samples the batches reported."""
+    skipped = []
+    for images, targets, bad in batches:
+        skipped += bad
+        if images is None:
+            continue
+        targets = torch.as_tensor(targets)
+        check_labels(targets, classifier.shape[1])
+        features = F.normalize(model.encode_image(images.to(device)).float(), dim=-1)
+        tally.add(topk_chunked(features, classifier, 5, class_chunk)[1], targets)
+    return skipped
+
+
 def evaluate_set(
     model,
     evalset: datasets.ClassificationSet,
@@ -162,16 +176,8 @@ def evaluate_set(
             )
             total = len(loader.dataset) if hasattr(loader.dataset, "__len__") else None
             batches = replay(lambda: loader) if replay is not None else loader
-            for images, targets, bad in tqdm(
-                batches, desc="images", total=total and -(-total // batch_size), disable=not progress
-            ):
-                skipped += bad
-                if images is None:
-                    continue
-                targets = torch.as_tensor(targets)
-                check_labels(targets, len(evalset.classnames))
-                features = F.normalize(model.encode_image(images.to(device)).float(), dim=-1)
-                tally.add(topk_chunked(features, classifier, 5, class_chunk)[1], targets)
+            batches = tqdm(batches, desc="images", total=total and -(-total // batch_size), disable=not progress)
+            skipped = score_images(model, batches, classifier, tally, device, class_chunk)
     finally:
         model.train(was_training)
     tally.sum_over_ranks(shard, device)

@@ -1,0 +1,191 @@
+"""Linearising the main job's best softmax run (train/distill.py) against training the same attention from scratch.
+
+    python -m scripts.linearise STUDY_DIR [--transfer-steps 100] [--distill-steps 400] [--eval-every 25] [--out DIR]
+
+STUDY_DIR is a finished `python -m scripts.demo` folder. The teacher is its best softmax run; each student (the
+study's linear attentions, in both towers, the teacher's size) starts from the teacher's weights, trains its
+attention layers to reproduce the teacher's (stage 1, attention transfer: only the attention parameters, per-layer
+output MSE), then the whole model on the contrastive loss plus the distillation terms (stage 2: embeddings and
+the teacher's similarity distribution, each weight 1), on the study's data with the learning rate the study gave
+that attention at that size. The scratch curve is the study's own run of that attention and size. The report
+gives, per student, the steps (of 64 samples; stage 1 counted) to reach 95% of the teacher's zero-shot top-1
+against the steps from scratch (or its best, if it never did), and plots both curves. Writes OUT/linearise.md,
+.json and .png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import yaml
+
+from models import layout
+from scripts.demo import spec_of
+from scripts.demo_study import Job, overrides, run_jobs
+
+BATCH = 64
+SHARE = 0.95  # of the teacher's top-1
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("study", help="a finished python -m scripts.demo folder")
+    p.add_argument("--transfer-steps", type=int, default=100)
+    p.add_argument("--distill-steps", type=int, default=400)
+    p.add_argument("--transfer-lr", type=float, default=1e-3)
+    p.add_argument("--eval-every", type=int, default=25)
+    p.add_argument("--out", help="default: STUDY/linearise")
+    return p.parse_args(argv)
+
+
+def study_runs(study: Path) -> tuple[dict, dict[str, dict]]:
+    """(the best softmax run, {linear attention: the study's run of it at the teacher's size})."""
+    runs = json.loads((study / "runs.json").read_text())
+    teacher = max((r for r in runs if r["attention"] == "softmax"), key=lambda r: r["top1"])
+    scratch = {r["attention"]: r for r in runs if r["size"] == teacher["size"] and r["attention"] != "softmax"}
+    return teacher, scratch
+
+
+def run_lr(run_dir: Path) -> float:
+    return float(yaml.safe_load((Path(run_dir) / layout.CONFIG).read_text())["optim"]["lr"])
+
+
+def jobs_of(study: Path, out: Path, teacher: dict, scratch: dict[str, dict], args) -> list[Job]:
+    """Per student: stage 1 (transfer), then stage 2 (distill) from its weights."""
+    common = {
+        "model.name": teacher["size"],
+        "data.train_shards": spec_of(study / "data" / "train"),
+        "data.workers": 0,
+        "data.cache_mb": 512,
+        "eval.dataset": str(study / "data" / "eval"),
+        "eval.val_shards": None,
+        "eval.every": args.eval_every,
+        "distill.teacher": teacher["run_dir"],
+        "train.resume": "none",
+        "train.progress": False,
+        "optim.warmup_steps": 10,
+    }
+    jobs = []
+    for attention, own in scratch.items():
+        towers = {"model.image_attention": attention, "model.text_attention": attention}
+        transfer_dir, distill_dir = out / f"{attention}-transfer", out / f"{attention}-distill"
+        stage1 = {**common, **towers, "distill.stage": "transfer", "train.max_steps": args.transfer_steps}
+        stage1 |= {"optim.lr": args.transfer_lr, "train.run_dir": str(transfer_dir)}
+        stage2 = {**common, **towers, "distill.stage": "distill", "train.max_steps": args.distill_steps}
+        stage2 |= {"optim.lr": run_lr(own["run_dir"]), "train.run_dir": str(distill_dir)}
+        stage2["model.pretrained"] = str(transfer_dir)
+        first = Job(teacher["size"], f"{attention} transfer", transfer_dir, train_argv(stage1))
+        jobs += [first, Job(teacher["size"], f"{attention} distill", distill_dir, train_argv(stage2), after=first)]
+    return jobs
+
+
+def train_argv(settings: dict) -> list[str]:
+    return [sys.executable, "-m", "train", "configs/demo.yaml", *overrides(settings)]
+
+
+def curve(run_dir: Path) -> list[tuple[int, float]]:
+    """(step, zero-shot top-1) of every evaluation of a run."""
+    records = [json.loads(line) for line in (Path(run_dir) / layout.METRICS).read_text().splitlines()]
+    return [(r["step"], r["zeroshot/top1"]) for r in records if "zeroshot/top1" in r]
+
+
+def first_step(points: list[tuple[int, float]], target: float) -> int | None:
+    return next((step for step, top1 in points if top1 >= target), None)
+
+
+def compare(out: Path, teacher: dict, scratch: dict[str, dict], args) -> dict[str, dict]:
+    target = SHARE * teacher["top1"]
+    results = {}
+    for attention, own in scratch.items():
+        lin = [(args.transfer_steps + s, t) for s, t in curve(out / f"{attention}-distill")]
+        base = [(samples // BATCH, top1) for samples, top1 in own["run_curve"]]
+        results[attention] = {
+            "linearised_curve": lin,
+            "scratch_curve": base,
+            "linearised_steps": first_step(lin, target),
+            "scratch_steps": first_step(base, target),
+            "linearised_best": max(t for _, t in lin),
+            "scratch_best": max(t for _, t in base),
+            "scratch_steps_run": base[-1][0],
+        }
+    return results
+
+
+def plot(out: Path, teacher: dict, results: dict) -> None:
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for (attention, r), colour in zip(results.items(), ("tab:blue", "tab:orange", "tab:green"), strict=False):
+        ax.plot(*zip(*r["linearised_curve"], strict=True), "-o", ms=3, color=colour, label=f"{attention}, linearised")
+        ax.plot(*zip(*r["scratch_curve"], strict=True), "--", color=colour, label=f"{attention}, from scratch")
+    ax.axhline(SHARE * teacher["top1"], color="grey", lw=0.8, ls=":", label=f"{SHARE:.0%} of the teacher's top-1")
+    ax.set_xscale("log")
+    ax.set_xlabel("steps of 64 samples (linearised: stage 1 included)")
+    ax.set_ylabel("zero-shot top-1")
+    ax.set_title(f"Linearising {teacher['size']} softmax against training from scratch")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "linearise.png", dpi=120)
+    plt.close(fig)
+
+
+def write(out: Path, teacher: dict, results: dict, args, seconds: float) -> None:
+    target = SHARE * teacher["top1"]
+
+    def steps(n, best):
+        return f"{n:,}" if n is not None else f"never (best {100 * best:.1f}%)"
+
+    lines = [
+        f"# Linearising {teacher['size']} softmax: attention transfer and distillation against training from scratch",
+        "",
+        f"`python -m scripts.linearise {args.study} --transfer-steps {args.transfer_steps} --distill-steps "
+        f"{args.distill_steps}`, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {platform.machine()} with {os.cpu_count()} "
+        f"cores, load average {os.getloadavg()[0]:.1f} at the end, {seconds / 60:.1f} min. Teacher: the study's best "
+        f"softmax run ({teacher['size']}, {100 * teacher['top1']:.1f}% zero-shot top-1); target {SHARE:.0%} of it = "
+        f"{100 * target:.1f}%. Students in both towers, from the teacher's weights: stage 1 (attention transfer, "
+        f"{args.transfer_steps} steps, lr {args.transfer_lr:g}), then stage 2 (contrastive + embedding + similarity "
+        "distillation, weights 1, the study's learning rate for that attention and size), evaluated every "
+        f"{args.eval_every} steps; from scratch: the study's own run (evaluated every 100 steps, so its step count "
+        "is rounded up to the next evaluation).",
+        "",
+        "| student | linearised: steps to target | from scratch: steps to target | ratio | linearised best | "
+        "from scratch best (steps run) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for attention, r in results.items():
+        lin, base = r["linearised_steps"], r["scratch_steps"]
+        ratio = f"{lin / base:.2f}" if lin is not None and base is not None else ""
+        lines.append(
+            f"| {attention} | {steps(lin, r['linearised_best'])} | {steps(base, r['scratch_best'])} | {ratio} | "
+            f"{100 * r['linearised_best']:.1f}% | {100 * r['scratch_best']:.1f}% ({r['scratch_steps_run']:,}) |"
+        )
+    lines += ["", "![zero-shot top-1 against steps](linearise.png)"]
+    (out / "linearise.md").write_text("\n".join(lines) + "\n")
+
+
+def main(argv=None) -> Path:
+    args = parse_args(argv)
+    study = Path(args.study).resolve()
+    out = Path(args.out).resolve() if args.out else study / "linearise"
+    out.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    teacher, scratch = study_runs(study)
+    run_jobs(jobs_of(study, out, teacher, scratch, args), parallel=2, threads=1, report=print)
+    results = compare(out, teacher, scratch, args)
+    (out / "linearise.json").write_text(json.dumps({"teacher": teacher["run_dir"], **results}, indent=1) + "\n")
+    plot(out, teacher, results)
+    write(out, teacher, results, args, time.perf_counter() - start)
+    return out / "linearise.md"
+
+
+if __name__ == "__main__":
+    main()

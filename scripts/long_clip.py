@@ -1,0 +1,168 @@
+"""Long-CLIP's recipe on the embedded data: a model trained on short captions, its text positions stretched to a longer
+context and fine-tuned on long captions, against the same fine-tuning without stretching and against training at the
+long context from scratch; softmax and Eq. 7 text towers.
+
+    python -m scripts.long_clip [--size demo-w32] [--base-steps 800] [--tune-steps 400] [--context 168] [--keep 8]
+                                [--attentions softmax linear_affine_nodenom] [--out DIR]
+
+Per text attention (the image tower softmax in every run), four runs of the size:
+- base: the short-caption data (python -m data.synthetic, one shape a caption, 6-16 tokens) at the size's context;
+- fine-tuned, context kept: base (model.pretrained) fine-tuned on the long-caption data (data.synthetic --captions
+  long, 84-162 tokens) at the size's context, the captions cut to it (and counted);
+- fine-tuned, stretched: the same at --context tokens, the text position table stretched on load keeping its first
+  --keep positions (model.text_pos_keep: Long-CLIP's knowledge-preserved stretching, models/pretrained.py);
+- scratch: the long-caption data at --context tokens from a fresh model, for base + fine-tuning steps.
+Each is evaluated on the long-caption retrieval set (groups of four images that differ only in the sixth shape,
+described after at least 80 tokens: a 16-token text tower can only guess within a group) as text-to-image R@1, and
+zero-shot on the short-caption classes (top-1). Learning rates: the main job's sweep's choices at demo-w32
+(docs/study.md: softmax 2e-3, Eq. 7 1e-3), a quarter of it for fine-tuning. Writes OUT/long_clip.md and .json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+from data import make_synthetic
+from models.config import size_config
+from scripts.demo import spec_of
+from scripts.demo_study import REPO, Job, overrides, run_jobs
+
+RATES = {"softmax": 2e-3, "linear_affine_nodenom": 1e-3}  # the main job's sweep at demo-w32 (docs/study.md)
+ARMS = ("base", "kept", "stretched", "scratch")
+NAMES = {
+    "base": "base (short captions)",
+    "kept": "fine-tuned on long captions, context kept",
+    "stretched": "fine-tuned on long captions, positions stretched",
+    "scratch": "long captions from scratch",
+}
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--size", default="demo-w32")
+    p.add_argument("--base-steps", type=int, default=800)
+    p.add_argument("--tune-steps", type=int, default=400)
+    p.add_argument("--context", type=int, default=168, help="the long context (the long captions: 84-162 tokens)")
+    p.add_argument("--keep", type=int, default=8, help="model.text_pos_keep when stretching")
+    p.add_argument("--attentions", nargs="+", default=list(RATES))
+    p.add_argument("--train-samples", type=int, default=32000)
+    p.add_argument("--eval-per-class", type=int, default=20, help="zero-shot images a class; retrieval: 24x this")
+    p.add_argument("--out", default=f"runs/long-clip-{datetime.now(UTC):%Y%m%d-%H%M%S}")
+    return p.parse_args(argv)
+
+
+def make_data(out: Path, args) -> dict[str, Path]:
+    short, long = out / "data-short", out / "data-long"
+    common = {"val_samples": 64, "eval_per_class": args.eval_per_class, "image_size": 32, "seed": 0}
+    make_synthetic(short, train_samples=args.train_samples, **common)
+    make_synthetic(long, train_samples=args.train_samples, captions="long", **common)
+    return {"short": short, "long": long}
+
+
+def jobs_of(out: Path, data: dict[str, Path], args) -> list[Job]:
+    """The four runs of each attention; the fine-tunings wait for their base."""
+    context = size_config(args.size)["text_cfg"]["context_length"]
+    jobs = []
+    for attention in args.attentions:
+        lr = RATES.get(attention, 2e-3)
+        arms = {
+            "base": ("short", {"train.max_steps": args.base_steps, "optim.lr": lr}),
+            "kept": ("long", {"train.max_steps": args.tune_steps, "optim.lr": lr / 4}),
+            "stretched": ("long", {"train.max_steps": args.tune_steps, "optim.lr": lr / 4}),
+            "scratch": ("long", {"train.max_steps": args.base_steps + args.tune_steps, "optim.lr": lr}),
+        }
+        base = None
+        for arm, (split, own) in arms.items():
+            run_dir = out / "runs" / f"{attention}-{arm}"
+            settings = {
+                "model.name": args.size,
+                "model.text_attention": attention,
+                "model.context_length": args.context if arm in ("stretched", "scratch") else context,
+                "data.train_shards": spec_of(data[split] / "train"),
+                "data.workers": 0,
+                "data.cache_mb": 512,
+                "eval.dataset": None,
+                "eval.val_shards": None,
+                "eval.every": 0,
+                "train.run_dir": str(run_dir),
+                "train.resume": "none",
+                "train.progress": False,
+                **own,
+            }
+            if arm in ("kept", "stretched"):
+                settings |= {"model.pretrained": str(base.run_dir), "optim.warmup_steps": 25}
+            if arm == "stretched":
+                settings["model.text_pos_keep"] = args.keep
+            argv = [sys.executable, "-m", "train", "configs/demo.yaml", *overrides(settings)]
+            job = Job(
+                args.size, f"{attention} {arm}", run_dir, argv, after=base if arm in ("kept", "stretched") else None
+            )
+            base = job if arm == "base" else base
+            jobs.append(job)
+    return jobs
+
+
+def evaluate(run_dir: Path, data: dict[str, Path]) -> dict[str, float]:
+    """Long-caption text-to-image R@1 and short-caption zero-shot top-1 of a finished run."""
+    retrieval, zeroshot = run_dir / "retrieval.json", run_dir / "zeroshot.json"
+    command = [sys.executable, "-m", "eval.retrieval", str(run_dir), "--dataset", str(data["long"] / "retrieval")]
+    subprocess.run([*command, "--workers", "0", "--out", str(retrieval)], cwd=REPO, check=True, capture_output=True)
+    command = [sys.executable, "-m", "eval.zeroshot", str(run_dir), "--dataset", str(data["short"] / "eval")]
+    subprocess.run([*command, "--out", str(zeroshot)], cwd=REPO, check=True, capture_output=True)
+    return {
+        "long_t2i_r1": json.loads(retrieval.read_text())["text_to_image_R@1"],
+        "short_top1": json.loads(zeroshot.read_text())["top1"],
+    }
+
+
+def main(argv=None) -> Path:
+    args = parse_args(argv)
+    out = Path(args.out).resolve()
+    start = time.perf_counter()
+    data = make_data(out, args)
+    jobs = jobs_of(out, data, args)
+    run_jobs(jobs, parallel=2, threads=1, report=lambda m: print(m, file=sys.stderr))
+    results = {job.attention: evaluate(job.run_dir, data) for job in jobs}
+    (out / "long_clip.json").write_text(json.dumps(results, indent=1) + "\n")
+    write(out, args, results, time.perf_counter() - start)
+    return out / "long_clip.md"
+
+
+def write(out: Path, args, results: dict, seconds: float) -> None:
+    context = size_config(args.size)["text_cfg"]["context_length"]
+    lines = [
+        "# Long-CLIP's recipe on the embedded data: stretched positions against kept ones and training from scratch",
+        "",
+        f"`python -m scripts.long_clip --size {args.size} --base-steps {args.base_steps} --tune-steps "
+        f"{args.tune_steps} --context {args.context} --keep {args.keep}`, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, "
+        f"{platform.machine()} with {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end, "
+        f"{seconds / 60:.1f} min. {args.size}, image tower softmax, batch 64, 32 px; base context {context} tokens, "
+        f"long context {args.context}. Long-caption retrieval: text-to-image R@1 over 24 x {args.eval_per_class} "
+        "images in groups of four that differ only in the shape described after 80+ tokens (chance within a group: "
+        "25%); short captions: zero-shot top-1 over the 24 classes.",
+        "",
+        "| text attention | run | context | steps | long-caption R@1 | short-caption top-1 |",
+        "| --- | --- | ---: | ---: | ---: | ---: |",
+    ]
+    for attention in args.attentions:
+        for arm in ARMS:
+            r = results[f"{attention} {arm}"]
+            steps = {"base": args.base_steps, "scratch": args.base_steps + args.tune_steps}.get(arm, args.tune_steps)
+            ctx = args.context if arm in ("stretched", "scratch") else context
+            lines.append(
+                f"| {attention} | {NAMES[arm]} | {ctx} | {steps} | {100 * r['long_t2i_r1']:.1f}% | "
+                f"{100 * r['short_top1']:.1f}% |"
+            )
+    (out / "long_clip.md").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,45 @@
+"""scripts/linearise.py: the two stages per student from the study's best softmax run, and the steps-to-target."""
+
+import json
+
+import yaml
+
+from scripts import linearise
+
+
+def fake_study(tmp_path):
+    runs = []
+    for attention, top1 in (("softmax", 0.9), ("linear_affine_nodenom", 0.7)):
+        for size, scale in (("demo-w32", 0.8), ("demo-w64", 1.0)):
+            run_dir = tmp_path / "runs" / f"{size}-{attention}"
+            run_dir.mkdir(parents=True)
+            (run_dir / "config.yaml").write_text(yaml.safe_dump({"optim": {"lr": 0.004 * scale}}))
+            curve = [[6400, 0.3], [12800, 0.5 * scale], [19200, top1 * scale]]
+            runs.append({"size": size, "attention": attention, "top1": top1 * scale, "run_dir": str(run_dir)})
+            runs[-1]["run_curve"] = curve
+    (tmp_path / "runs.json").write_text(json.dumps(runs))
+    (tmp_path / "data" / "train").mkdir(parents=True)
+    (tmp_path / "data" / "train" / "00000.tar").touch()
+    return tmp_path
+
+
+def test_students_start_from_the_best_softmax_run_and_count_both_stages(tmp_path):
+    study = fake_study(tmp_path / "study")
+    args = linearise.parse_args([str(study), "--transfer-steps", "20", "--distill-steps", "50"])
+    teacher, scratch = linearise.study_runs(study)
+    assert teacher["size"] == "demo-w64" and list(scratch) == ["linear_affine_nodenom"]
+    transfer, distill = linearise.jobs_of(study, tmp_path / "out", teacher, scratch, args)
+    s1, s2 = (dict(a.split("=", 1) for a in job.argv[4:]) for job in (transfer, distill))
+    assert distill.after is transfer and transfer.after is None
+    assert s1["distill.teacher"] == s2["distill.teacher"] == teacher["run_dir"]
+    assert (s1["distill.stage"], s2["distill.stage"]) == ("transfer", "distill")
+    assert s2["model.pretrained"] == str(transfer.run_dir) and "model.pretrained" not in s1
+    assert float(s2["optim.lr"]) == 0.004 and s1["model.image_attention"] == s2["model.text_attention"]
+    # steps to 95% of the teacher's 90% top-1 (85.5%): the linearised curve counts stage 1's 20 steps
+    distill.run_dir.mkdir(parents=True)
+    records = [{"step": 25, "zeroshot/top1": 0.8}, {"step": 50, "zeroshot/top1": 0.86}]
+    (distill.run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    result = linearise.compare(tmp_path / "out", teacher, scratch, args)["linear_affine_nodenom"]
+    assert result["linearised_steps"] == 70 and result["scratch_steps"] is None and result["scratch_best"] == 0.7
+    linearise.write(tmp_path / "out", teacher, {"linear_affine_nodenom": result}, args, 60.0)
+    assert "| linear_affine_nodenom | 70 | never (best 70.0%) |" in (tmp_path / "out" / "linearise.md").read_text()
