@@ -146,8 +146,9 @@ def write(out: Path, args, results: dict, seconds: float) -> None:
         f"{platform.machine()} with {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end, "
         f"{seconds / 60:.1f} min. {args.size}, image tower softmax, batch 64, 32 px; base context {context} tokens, "
         f"long context {args.context}. Long-caption retrieval: text-to-image R@1 over 24 x {args.eval_per_class} "
-        "images in groups of four that differ only in the shape described after 80+ tokens (chance within a group: "
-        "25%); short captions: zero-shot top-1 over the 24 classes.",
+        "images in groups of four that differ only in the shape described after 80+ tokens (a text tower that cannot "
+        f"see that far gets at most 25%; chance {100 / (24 * args.eval_per_class):.1f}%); short captions: zero-shot "
+        "top-1 over the 24 classes.",
         "",
         "| text attention | run | context | steps | long-caption R@1 | short-caption top-1 |",
         "| --- | --- | ---: | ---: | ---: | ---: |",
