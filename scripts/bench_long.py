@@ -2,7 +2,7 @@
 
     python -m scripts.bench_long [--size ViT-S-16] [--image-sizes 224,448,1024,2048] [--text-lengths 77,248,1024,4096]
                                  [--attentions softmax,linear_affine,linear_affine_nodenom,linear_elu]
-                                 [--block-above 4200] [--steps 2] [--threads 2] [--out docs]
+                                 [--block-above 4200] [--steps 2] [--threads 2] [--device cpu] [--bf16] [--out docs]
 
 A step is forward, loss, backward and AdamW (train.optim's groups) of the image tower alone (batch 1, its
 embedding's squared mean as the loss), of the text tower alone (batch 2), and of the whole CLIP at one long
@@ -45,39 +45,48 @@ DOCS = Path(__file__).resolve().parents[1] / "docs"
 LINEAR = ("linear_affine", "linear_affine_nodenom", "linear_elu")
 
 
-def tower_step(model, tower: str, inputs, clip_loss=None):
-    """One training step of a tower (or the whole CLIP when clip_loss is given) as a closure."""
+def autocast(device: str, bf16: bool):
+    """bf16 autocast on the device (fp32 master weights, as training runs it), or nothing."""
+    return torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=bf16)
+
+
+def tower_step(model, tower: str, inputs, clip_loss=None, bf16: bool = False):
+    """One training step of a tower (or the whole CLIP when clip_loss is given) as a closure, on the model's
+    device, the forward under bf16 autocast when asked."""
     optimizer, _ = build_optimizer(model, OptimConfig(), max_steps=1000)
     model.train()
+    device = next(model.parameters()).device
 
     def step() -> None:
         optimizer.zero_grad(set_to_none=True)
-        if clip_loss is not None:
-            loss = clip_loss(*model(*inputs)[:3])
-        elif tower == "image":
-            loss = model.encode_image(inputs).square().mean()
-        else:
-            loss = model.encode_text(inputs).square().mean()
+        with autocast(device, bf16):
+            if clip_loss is not None:
+                loss = clip_loss(*model(*inputs)[:3])
+            elif tower == "image":
+                loss = model.encode_image(inputs).float().square().mean()
+            else:
+                loss = model.encode_text(inputs).float().square().mean()
         loss.backward()
         optimizer.step()
 
     return step
 
 
-def block_step(width: int, heads: int, attention: str, causal: bool, tokens: int, batch: int, ckpt: bool):
+def block_step(width: int, heads: int, attention: str, causal: bool, tokens: int, batch: int, ckpt: bool, args):
     """One block's training step on [batch, tokens, width] (the extrapolation unit)."""
     torch.manual_seed(0)
-    block = Block(width, heads, attention, causal=causal, options={})
-    x = torch.randn(batch, tokens, width, requires_grad=True)
+    block = Block(width, heads, attention, causal=causal, options={}).to(args.device)
+    x = torch.randn(batch, tokens, width, device=args.device, requires_grad=True)
     optimizer = torch.optim.AdamW(block.parameters(), lr=1e-4)
 
     def step() -> None:
         optimizer.zero_grad(set_to_none=True)
-        if ckpt:
-            y = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
-        else:
-            y = block(x)
-        y.square().mean().backward()
+        with autocast(args.device, args.bf16):
+            if ckpt:
+                y = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
+            else:
+                y = block(x)
+        y.float().square().mean().backward()
         optimizer.step()
 
     return step
@@ -111,19 +120,19 @@ def measure(args, tower: str, length: int, probe) -> list[dict]:
         for ckpt in (False, True):
             name = (attention, ckpt)
             if extrapolate:
-                steps[name] = block_step(width, heads, attention, tower == "text", tokens, batch, ckpt)
+                steps[name] = block_step(width, heads, attention, tower == "text", tokens, batch, ckpt, args)
                 continue
             where = {"image_size" if tower == "image" else "context_length": length}
             model = build_clip(
                 ModelConfig(name=args.size, grad_checkpointing=ckpt, **{f"{tower}_attention": attention}, **where)
-            )
+            ).to(args.device)
             g = torch.Generator().manual_seed(0)
             if tower == "image":
                 inputs = torch.randn(batch, 3, length, length, generator=g)
             else:
                 inputs = torch.randint(1, model.vocab_size - 1, (batch, length), generator=g)
                 inputs[:, -1] = model.vocab_size - 1  # the end-of-text token, where the text is pooled
-            steps[name] = tower_step(model, tower, inputs)
+            steps[name] = tower_step(model, tower, inputs.to(args.device), bf16=args.bf16)
     results = race(steps, args.steps, probe)
     rows = []
     for (attention, ckpt), (seconds, peak) in results.items():
@@ -161,10 +170,11 @@ def clip_rows(args, probe) -> list[dict]:
                 image_size=pixels,
                 context_length=context,
             )
-        )
+        ).to(args.device)
         tokens = torch.randint(1, model.vocab_size - 1, (2, context), generator=g)
         tokens[:, -1] = model.vocab_size - 1
-        steps[(attention, False)] = tower_step(model, "clip", (images, tokens), ClipLoss())
+        inputs = (images.to(args.device), tokens.to(args.device))
+        steps[(attention, False)] = tower_step(model, "clip", inputs, ClipLoss(), bf16=args.bf16)
     results = race(steps, args.steps, probe)
     patch = size_config(args.size)["vision_cfg"]["patch_size"]
     base = results[("softmax", False)][0]
@@ -233,17 +243,18 @@ def write(rows: list[dict], args, probe, total: float) -> None:
     plain = [r for r in rows if not r["checkpointing"] and r["part"] != "clip"]
     fitted = slopes(plain)
     plot(plain, fitted, out / "bench_long.png")
+    precision = "bf16 autocast" if args.bf16 else "fp32"
     lines = [
         "# Long sequences: training-step time of the whole model against length",
         "",
         f"`python -m scripts.bench_long {' '.join(args.argv)}`, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC; "
         f"{probe.describe()}, {os.cpu_count()} cores, {args.threads} torch threads, load "
-        f"average {os.getloadavg()[0]:.1f} at the end; {args.size}, fp32; fastest of {args.steps} rounds; "
+        f"average {os.getloadavg()[0]:.1f} at the end; {args.size}, {precision}; fastest of {args.steps} rounds; "
         f"total {total / 60:.1f} min. Ratio: the attention's step time over softmax's (SDPA) at the same length "
         "and checkpointing; bound: the FLOP model's ratio (scripts/bench_long.py). Peak MB on a CPU: the process's "
         "resident-set high-water mark above what it held before the step; the allocator keeps freed memory, so a "
-        "step after a bigger one reads about 0 (no new peak); the GPU form, where memory reads true, is not "
-        "written yet.",
+        "step after a bigger one reads about 0 (no new peak); on a GPU: the CUDA allocator's peak above what was "
+        "allocated before the step.",
         "",
         "| tower | length | tokens | attention | checkpointing | s / step | peak MB | ratio | FLOP bound | how |",
         "| --- | --- | ---: | --- | --- | ---: | ---: | ---: | ---: | --- |",
@@ -272,6 +283,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--block-above", type=int, default=4200, help="tokens past which one block is timed x layers")
     p.add_argument("--steps", type=int, default=2, help="timed rounds")
     p.add_argument("--threads", type=int, default=2, help="CPU intra-op threads")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (the GPU form: scripts/gpu_check.sh)")
+    p.add_argument("--bf16", action="store_true", help="forward under bf16 autocast (as training on GPUs)")
     p.add_argument("--out", default=str(DOCS))
     args = p.parse_args(argv)
     args.argv = argv if argv is not None else sys.argv[1:]
@@ -284,7 +297,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> Path:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    probe, start, rows = bench_device.probe("cpu"), time.perf_counter(), []
+    probe, start, rows = bench_device.probe(args.device), time.perf_counter(), []
     for tower, lengths in (("image", args.image_sizes), ("text", args.text_lengths)):
         for length in (int(x) for x in lengths.split(",") if x):
             rows += measure(args, tower, length, probe)

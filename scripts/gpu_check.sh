@@ -74,6 +74,7 @@ if [ "$MODE" = rehearse ]; then
   DEVICE=cpu
   ATTENTION_GRID=(--quick --variants softmax linear_affine_nodenom --long-sizes)
   TRAIN_GRID=(--sizes tiny-s --attention-size tiny-s --resolutions 64 --attentions linear_affine --steps 1)
+  LONG_GRID=(--size tiny-s --image-sizes 32,64 --text-lengths 16,48 --clip 32,16 --steps 1 --threads 2)
   TESTS=(tests/gpu)  # the Triton tests under the interpreter take minutes here: collected, not run
   TRAIN_CHECK=(--device cpu --model tiny-s --sharded-model tiny-s --steps 2 --batch 4 --sharded-batch 4 --timeout 80)
   [ ${#TRITON_TESTS[@]} -gt 0 ] && step triton_collect 120 "$PY" -m pytest -q --collect-only -p no:cacheprovider "${TRITON_TESTS[@]}"
@@ -81,6 +82,8 @@ else
   DEVICE=cuda
   ATTENTION_GRID=(--sizes 77 197 4096 65536 1048576 4000000 --dtypes bfloat16 --budget 0.2 --max-seconds 2 --total-minutes 1.4)
   TRAIN_GRID=(--sizes ViT-B-16 --steps 2 --resolutions 224,448,896)
+  LONG_GRID=(--size ViT-S-16 --image-sizes 224,448,1024,2048 --text-lengths 77,248,1024,4096 --clip 1024,248
+             --block-above 100000 --steps 3)  # every length measured whole on the GPU, none extrapolated
   TESTS=(tests/gpu "${TRITON_TESTS[@]}")
   TRAIN_CHECK=(--timeout 80)
 fi
@@ -97,6 +100,7 @@ PYTHON
 )'"
 step tests 160 "$PY" -m pytest -q -ra -p no:cacheprovider "${TESTS[@]}"
 step bench_attention 120 "$PY" -m scripts.bench_attention --device "$DEVICE" "${ATTENTION_GRID[@]}" --out "$DIR/bench_attention_$DEVICE"
+step bench_long 120 "$PY" -m scripts.bench_long --device "$DEVICE" --bf16 "${LONG_GRID[@]}" --out "$DIR/bench_long_$DEVICE"
 step bench_train 60 "$PY" -m scripts.bench_train --device "$DEVICE" "${TRAIN_GRID[@]}" --out "$DIR"
 # ---- the training check (scripts/gpu_train_check.py: 20 steps of ViT-B-16 bf16 on one GPU, FSDP with two) ----
 if [ -f scripts/gpu_train_check.py ]; then

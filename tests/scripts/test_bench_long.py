@@ -33,3 +33,13 @@ def test_flop_bound_falls_with_length_and_softmax_is_required():
     assert bench_long.flop_ratio(384, 64, 64) == pytest.approx(1.0)
     with pytest.raises(SystemExit):
         bench_long.parse_args(["--attentions", "linear_elu"])
+
+
+def test_bf16_autocast_form_runs_and_says_so(tmp_path):
+    """--bf16 (the GPU form in scripts/gpu_check.sh, here on the CPU): the same rows, the header names it."""
+    argv = ["--size", "tiny-s", "--image-sizes", "32", "--text-lengths", "", "--clip", "", "--steps", "1"]
+    argv += ["--threads", "1", "--attentions", "softmax,linear_affine_nodenom", "--bf16", "--out", str(tmp_path)]
+    text = bench_long.main(argv).read_text()
+    assert "bf16 autocast" in text and "| image | 32 |" in text
+    with open(tmp_path / "bench_long.csv") as f:
+        assert all(float(r["seconds"]) > 0 for r in csv.DictReader(f))
