@@ -113,10 +113,12 @@ def load_teacher(source: str, student: nn.Module) -> nn.Module:
 
 class AttentionTransfer:
     """objective(model, images, tokens) -> the summed per-layer MSE, the student run through `model` itself
-    (module docstring). `last` holds the last batch's per-layer MSEs."""
+    (module docstring). `last` holds the last batch's per-layer MSEs, `terms` the same by layer name
+    (`transfer/mse/<layer>`, logged every train.log_every steps)."""
 
     def __init__(self, teacher: nn.Module, autocast):
-        self.teacher, self.autocast, self.last = teacher, autocast, {}
+        self.teacher, self.autocast, self.last, self.terms = teacher, autocast, {}, {}
+        self.names = [f"transfer/mse/{name.removesuffix('.attn')}" for name in attention_layers(teacher)]
 
     def __call__(self, model: nn.Module, images: Tensor, tokens: Tensor) -> Tensor:
         records = teacher_records(self.teacher, images, tokens, self.autocast)
@@ -139,6 +141,7 @@ class AttentionTransfer:
                 h.remove()
         losses = [(out.float() - rec[2].float()).square().mean() for out, rec in zip(outputs, records)]
         self.last = {i: loss.detach() for i, loss in enumerate(losses)}
+        self.terms = {name: float(loss) for name, loss in zip(self.names, self.last.values(), strict=True)}
         loss = torch.stack(losses).sum()
         if isinstance(model, FSDPModule):
             # FSDP2 gathers a unit's weights for the backward, and reduce-scatters its gradients after it, from hooks

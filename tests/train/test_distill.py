@@ -37,6 +37,8 @@ def test_a_softmax_student_equal_to_its_teacher_has_zero_loss(teacher_file):
     assert transfer(student, *batch(student)).item() == 0.0
     names = list(attention_layers(student))
     assert len(transfer.last) == len(names)  # every layer of both towers
+    assert list(transfer.terms) == [f"transfer/mse/{n.removesuffix('.attn')}" for n in names]
+    assert set(transfer.terms.values()) == {0.0}  # each layer's MSE, logged by name
     assert any(n.startswith("visual.") for n in names) and any(n.startswith("transformer.") for n in names)
 
 
