@@ -81,7 +81,7 @@ def jobs_of(study: Path, out: Path, teacher: dict, scratch: dict[str, dict], arg
         towers = {"model.image_attention": attention, "model.text_attention": attention}
         transfer_dir, distill_dir = out / f"{attention}-transfer", out / f"{attention}-distill"
         stage1 = {**common, **towers, "distill.stage": "transfer", "train.max_steps": args.transfer_steps}
-        stage1 |= {"optim.lr": args.transfer_lr, "train.run_dir": str(transfer_dir)}
+        stage1 |= {"optim.lr": args.transfer_lr, "train.run_dir": str(transfer_dir), "train.log_every": 1}
         stage2 = {**common, **towers, "distill.stage": "distill", "train.max_steps": args.distill_steps}
         stage2 |= {"optim.lr": run_lr(own["run_dir"]), "train.run_dir": str(distill_dir)}
         stage2["model.pretrained"] = str(transfer_dir)
@@ -98,6 +98,15 @@ def curve(run_dir: Path) -> list[tuple[int, float]]:
     """(step, zero-shot top-1) of every evaluation of a run."""
     records = [json.loads(line) for line in (Path(run_dir) / layout.METRICS).read_text().splitlines()]
     return [(r["step"], r["zeroshot/top1"]) for r in records if "zeroshot/top1" in r]
+
+
+def layer_drops(run_dir: Path) -> dict[str, float]:
+    """Each layer's stage-1 output MSE at the first step over its value at the last (transfer/mse/<layer>)."""
+    records = [json.loads(line) for line in (Path(run_dir) / layout.METRICS).read_text().splitlines()]
+    steps = [r for r in records if any(k.startswith("transfer/mse/") for k in r)]
+    return {
+        k.removeprefix("transfer/mse/"): steps[0][k] / steps[-1][k] for k in steps[0] if k.startswith("transfer/mse/")
+    }
 
 
 def first_step(points: list[tuple[int, float]], target: float) -> int | None:
@@ -118,6 +127,7 @@ def compare(out: Path, teacher: dict, scratch: dict[str, dict], args) -> dict[st
             "linearised_best": max(t for _, t in lin),
             "scratch_best": max(t for _, t in base),
             "scratch_steps_run": base[-1][0],
+            "mse_drop": layer_drops(out / f"{attention}-transfer"),
         }
     return results
 
@@ -167,6 +177,16 @@ def write(out: Path, teacher: dict, results: dict, args, seconds: float) -> None
         lines.append(
             f"| {attention} | {steps(lin, r['linearised_best'])} | {steps(base, r['scratch_best'])} | {ratio} | "
             f"{100 * r['linearised_best']:.1f}% | {100 * r['scratch_best']:.1f}% ({r['scratch_steps_run']:,}) |"
+        )
+    lines += [
+        "",
+        "Stage 1, each layer's output MSE at its first step over its last (smallest, median, largest drop):",
+        "",
+    ]
+    for attention, r in results.items():
+        drops = sorted(r["mse_drop"].values())
+        lines.append(
+            f"- {attention}: {drops[0]:.1f}x, {drops[len(drops) // 2]:.1f}x, {drops[-1]:.1f}x over {len(drops)} layers"
         )
     lines += ["", "![zero-shot top-1 against steps](linearise.png)"]
     (out / "linearise.md").write_text("\n".join(lines) + "\n")

@@ -39,7 +39,16 @@ def test_students_start_from_the_best_softmax_run_and_count_both_stages(tmp_path
     distill.run_dir.mkdir(parents=True)
     records = [{"step": 25, "zeroshot/top1": 0.8}, {"step": 50, "zeroshot/top1": 0.86}]
     (distill.run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    transfer.run_dir.mkdir(parents=True)
+    mse = [
+        {"step": 1, "transfer/mse/visual.0": 2.0, "transfer/mse/text.0": 1.0},
+        {"step": 20, "transfer/mse/visual.0": 0.1},
+    ]
+    mse[1]["transfer/mse/text.0"] = 0.5
+    (transfer.run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in mse))
+    assert s1["train.log_every"] == "1"
     result = linearise.compare(tmp_path / "out", teacher, scratch, args)["linear_affine_nodenom"]
+    assert result["mse_drop"] == {"visual.0": 20.0, "text.0": 2.0}
     assert result["linearised_steps"] == 70 and result["scratch_steps"] is None and result["scratch_best"] == 0.7
     linearise.write(tmp_path / "out", teacher, {"linear_affine_nodenom": result}, args, 60.0)
     assert "| linear_affine_nodenom | 70 | never (best 70.0%) |" in (tmp_path / "out" / "linearise.md").read_text()
