@@ -109,8 +109,7 @@ def cpu_mode_missing(op: str, causal: bool) -> str:
 
 def triton_missing(op: str) -> str:
     """Why this op's Triton kernels cannot be imported ("" when they can)."""
-    triton = TABLES[op].impls.get("triton")
-    return import_error(triton.module) if triton is not None else f"{op} has no Triton kernels"
+    return import_error(TABLES[op].impls["triton"].module)
 
 
 def triton_why_not(op: str, q: Tensor) -> str:
