@@ -1,6 +1,7 @@
 """Cheaper input pipelines with the same numbers: open_clip's image transform split into a per-sample half (in the
 data workers, ending in uint8) and a per-batch half (float conversion and normalisation, where the batch lands),
-and open_clip's tokenizer with a cache of recent captions.
+its random crop with torchvision's random draws made without a tensor allocation per draw, and open_clip's
+tokenizer with a cache of recent captions.
 
 Both halves together give the float tensor open_clip's transform gives, bit for bit: ToTensor is uint8 -> float32
 then / 255, Normalize is - mean then / std, the same element-wise operations on a batch as on one image
@@ -10,11 +11,14 @@ runs there (timm's PrefetchLoader does the same).
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 
 import torch
+from PIL import Image
 from torch import Tensor
 from torchvision import transforms as T
+from torchvision.transforms.functional import pil_modes_mapping
 
 
 class Normalise:
@@ -38,14 +42,65 @@ class Normalise:
         return f"Normalise(mean={self.mean}, std={self.std})"
 
 
+class ResizedCrop:
+    """torchvision's RandomResizedCrop of a PIL image, the same crop for the same state of torch's generator: the
+    same draws in the same order (uniform_ on a float32 tensor, exp in float32, randint), from one kept tensor
+    instead of new ones per draw, and PIL's crop and resize called directly (what torchvision's functional API calls
+    for PIL images). About 3x cheaper on the study's 32 px images, where torchvision's per-call overhead is most of
+    the transform (tests/models/test_preprocess.py checks equality over many seeds, sizes and shapes). Tensors go to
+    torchvision's transform."""
+
+    def __init__(self, crop: T.RandomResizedCrop):
+        self.crop = crop
+        self.height, self.width = crop.size
+        self.scale = (float(crop.scale[0]), float(crop.scale[1]))
+        self.log_ratio = tuple(v.item() for v in torch.log(torch.tensor(crop.ratio)))
+        self.resample = pil_modes_mapping[crop.interpolation]
+        self.draw = torch.empty(1)
+
+    def params(self, height: int, width: int) -> tuple[int, int, int, int]:
+        """(top, left, height, width) of the crop: RandomResizedCrop.get_params."""
+        area = height * width
+        for _ in range(10):
+            target_area = area * self.draw.uniform_(*self.scale).item()
+            aspect_ratio = self.draw.uniform_(*self.log_ratio).exp_().item()
+            w = round(math.sqrt(target_area * aspect_ratio))
+            h = round(math.sqrt(target_area / aspect_ratio))
+            if 0 < w <= width and 0 < h <= height:
+                i = torch.randint(0, height - h + 1, size=(1,)).item()
+                j = torch.randint(0, width - w + 1, size=(1,)).item()
+                return i, j, h, w
+        ratio, in_ratio = self.crop.ratio, width / height  # ten misses: the central crop, as torchvision
+        if in_ratio < min(ratio):
+            w, h = width, round(width / min(ratio))
+        elif in_ratio > max(ratio):
+            w, h = round(height * max(ratio)), height
+        else:
+            w, h = width, height
+        return (height - h) // 2, (width - w) // 2, h, w
+
+    def __call__(self, image):
+        if not isinstance(image, Image.Image):
+            return self.crop(image)
+        i, j, h, w = self.params(image.height, image.width)
+        image = image.crop((j, i, j + w, i + h))
+        if (h, w) == (self.height, self.width):
+            return image
+        return image.resize((self.width, self.height), self.resample)
+
+    def __repr__(self) -> str:
+        return f"ResizedCrop({self.crop!r})"
+
+
 def split_normalise(transform) -> tuple[object, Normalise | None]:
     """(per-sample transform ending in uint8, Normalise) of a Compose that ends in ToTensor + Normalize;
-    (transform, None) for any other transform."""
+    (transform, None) for any other transform. A RandomResizedCrop in it becomes a ResizedCrop (the same crops)."""
     steps = list(getattr(transform, "transforms", []))
     if len(steps) < 2 or type(steps[-1]) is not T.Normalize or not isinstance(steps[-2], T.ToTensor):
         return transform, None
     normalize = steps[-1]
-    return T.Compose([*steps[:-2], T.PILToTensor()]), Normalise(normalize.mean, normalize.std)
+    steps = [ResizedCrop(s) if type(s) is T.RandomResizedCrop else s for s in steps[:-2]]
+    return T.Compose([*steps, T.PILToTensor()]), Normalise(normalize.mean, normalize.std)
 
 
 class CachedTokenizer:

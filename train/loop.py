@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 from accelerate import Accelerator
+from accelerate.utils import DistributedType
 from torch import Tensor, nn
 
 from train.checkpoint import save_checkpoint
@@ -144,8 +145,13 @@ def objective_gradients(
 
 
 def clip_gradients(accelerator: Accelerator, model: nn.Module, clip_norm: float | None) -> Tensor:
-    """The global gradient norm as a device tensor (read later, with the loss); gradients scaled to clip_norm."""
-    return accelerator.clip_grad_norm_(model.parameters(), clip_norm if clip_norm else math.inf)
+    """The global gradient norm as a device tensor (read later, with the loss); gradients scaled to clip_norm.
+    Without clip_norm (and outside FSDP/DeepSpeed, whose norms span shards) only the norm: torch's clip_grad_norm_
+    computes it the same way, then multiplies every gradient by 1."""
+    if clip_norm or accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED):
+        return accelerator.clip_grad_norm_(model.parameters(), clip_norm if clip_norm else math.inf)
+    accelerator.unscale_gradients()
+    return torch.nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None])
 
 
 def should_step(accelerator: Accelerator, loss: float, grad_norm: float) -> bool:

@@ -7,8 +7,9 @@ import open_clip
 import pytest
 import torch
 from PIL import Image
+from torchvision import transforms as T
 
-from models.preprocess import CachedTokenizer, Normalise, split_normalise
+from models.preprocess import CachedTokenizer, Normalise, ResizedCrop, split_normalise
 
 
 def images(n: int, seed: int = 0) -> list[Image.Image]:
@@ -29,6 +30,28 @@ def test_split_transform_is_bitwise_open_clips(is_train):
         got.append(per_sample(image))
     assert all(g.dtype == torch.uint8 for g in got)
     assert torch.equal(per_batch(torch.stack(got)), torch.stack(expected))
+
+
+@pytest.mark.parametrize("scale", [(0.9, 1.0), (0.08, 1.0)])
+def test_resized_crop_is_torchvisions_crop(scale):
+    """The same pixels and the same generator state afterwards, over seeds and shapes: square, wide and tall enough
+    that all ten tries miss (torchvision's central-crop fallback), and crops of the output size (no resize)."""
+    crop = T.RandomResizedCrop(24, scale=scale, interpolation=T.InterpolationMode.BICUBIC)
+    fast = ResizedCrop(crop)
+    shapes = [(32, 32), (24, 24), (40, 29), (29, 40), (300, 20), (20, 300), (5, 7)]
+    rng = np.random.default_rng(1)
+    for seed in range(150):
+        h, w = shapes[seed % len(shapes)]
+        image = Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
+        torch.manual_seed(seed)
+        expected, expected_state = np.asarray(crop(image)), torch.get_rng_state()
+        torch.manual_seed(seed)
+        got = np.asarray(fast(image))
+        assert np.array_equal(got, expected), (seed, h, w)
+        assert torch.equal(torch.get_rng_state(), expected_state), (seed, h, w)
+    tensor = torch.zeros(3, 30, 30)
+    assert fast(tensor).shape == (3, 24, 24)  # tensors: torchvision's own transform
+    assert "RandomResizedCrop" in repr(fast) and pickle.loads(pickle.dumps(fast)).height == 24
 
 
 def test_other_transforms_are_left_whole():

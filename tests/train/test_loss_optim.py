@@ -10,7 +10,7 @@ from accelerate import Accelerator
 
 from models import ModelConfig, build_clip
 from train.config import ConfigError, OptimConfig
-from train.loop import compute_gradients
+from train.loop import clip_gradients, compute_gradients
 from train.loss import ClipLoss, SigLipLoss
 from train.optim import (
     build_optimizer,
@@ -186,3 +186,19 @@ def test_a_cooldown_that_does_not_fit_is_refused(changes, message):
     with pytest.raises(ConfigError, match=message):
         check_schedule(OptimConfig(warmup_steps=10, schedule="const-cooldown", **changes), 100)
     check_schedule(OptimConfig(warmup_steps=10, schedule="const-cooldown", cooldown_steps=90), 100)
+
+
+def test_gradient_norm_with_and_without_clipping():
+    """Without clip_norm: torch's clip_grad_norm_ value bit for bit, the gradients untouched; with it: scaled."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Linear(7, 3))
+    model(torch.randn(4, 5)).square().sum().backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    twins = [torch.nn.Parameter(p.detach().clone()) for p in model.parameters()]
+    for twin, g in zip(twins, grads, strict=True):
+        twin.grad = g.clone()
+    norm = clip_gradients(Accelerator(cpu=True), model, None)
+    assert norm > 0 and torch.equal(norm, torch.nn.utils.clip_grad_norm_(twins, math.inf))
+    assert all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), grads, strict=True))
+    clip_gradients(Accelerator(cpu=True), model, 0.1)
+    assert torch.nn.utils.get_total_norm([p.grad for p in model.parameters()]) == pytest.approx(0.1, rel=1e-4)
