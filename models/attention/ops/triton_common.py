@@ -236,18 +236,35 @@ def state_kernel(
 
 
 @triton.jit
+def output(u, den, c, NORM: tl.constexpr):
+    """o_i: u_i for Eq. 7; c + u_i for the normalised variants (0 where den_i = 0)."""
+    if NORM:
+        u = tl.where((den > 0)[:, None], c[None, :] + u, 0.0)
+    return u
+
+
+@triton.jit
+def store_chunk_terms(
+    inv_ptr, dden_ptr, centre_ptr, head, N, off, rows, cols, inv, dden, c, NORM: tl.constexpr, BLOCK: tl.constexpr,
+    BD: tl.constexpr,
+):  # fmt: skip
+    """Causal backward of the normalised variants: 1/den and dden per row and the chunk's centre, for key_kernel."""
+    if NORM:
+        tl.store(inv_ptr + head * N + rows, inv, mask=rows < N)
+        tl.store(dden_ptr + head * N + rows, dden, mask=rows < N)
+        tl.store(centre_ptr + (head * tl.cdiv(N, BLOCK) + off // BLOCK) * BD + cols, c)
+
+
+@triton.jit
 def query_kernel(
     q_ptr, k_ptr, v_ptr, mask_ptr, state_ptr, g_ptr, out_ptr, part_ptr, inv_ptr, dden_ptr, centre_ptr,
     H, N, D, sb, sh, sn, gb, gh, gn, ob, oh, on, rows_per_prog, P,
     UNIT: tl.constexpr, NORM: tl.constexpr, CAUSAL: tl.constexpr, GRAD: tl.constexpr, HAS_MASK: tl.constexpr,
     BLOCK: tl.constexpr, BD: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
-    """Walks this program's query rows: o (forward) or dq (GRAD) into out_ptr.
-
-    Non-causal: the head's reduced state from state_ptr; GRAD also writes partial [A; w; b] to part_ptr[pid].
-    Causal (one program per head): the state runs over the chunks, with the masked chunk added; GRAD also
-    writes 1/den, dden per row and each chunk's centre (normalised variants) for key_kernel.
-    """
+    """Walks this program's query rows: o (forward) or dq (GRAD) into out_ptr. Non-causal: the head's reduced state
+    from state_ptr; GRAD also writes partial [A; w; b] to part_ptr[pid]. Causal (one program per head): the state
+    runs over the chunks, with the masked chunk added; GRAD also writes store_chunk_terms for key_kernel."""
     head, base, g_base, out_base, mask_base, start, count = program_rows(H, N, P, rows_per_prog, sb, sh, gb, gh, ob, oh)
     cols = tl.arange(0, BD)
     if CAUSAL:
@@ -283,19 +300,16 @@ def query_kernel(
                 # dL/dsim(i, n) = gs_i . v'_n + dden_i for the keys n <= i of this chunk
                 m = mm(gs, tl.trans(vv), None, PREC) + dden[:, None]
                 dfq = mm(tl.where(rows[:, None] >= rows[None, :], m, 0.0), fk, dfq, PREC)
-                if NORM:
-                    tl.store(inv_ptr + head * N + rows, inv, mask=rows < N)
-                    tl.store(dden_ptr + head * N + rows, dden, mask=rows < N)
-                    tl.store(centre_ptr + (head * tl.cdiv(N, BLOCK) + off // BLOCK) * BD + cols, c)
+                store_chunk_terms(
+                    inv_ptr, dden_ptr, centre_ptr, head, N, off, rows, cols, inv, dden, c, NORM, BLOCK, BD
+                )
             else:
                 A = mm(tl.trans(fq), gs, A, PREC)
                 w += tl.sum(dden[:, None] * fq, axis=0)
                 g_sum += tl.sum(gs, axis=0)
             store_rows(out_ptr, out_base, rows, cols, on, N, D, phi_grad(q, dfq, UNIT))
         else:
-            if NORM:
-                u = tl.where((den > 0)[:, None], c[None, :] + u, 0.0)
-            store_rows(out_ptr, out_base, rows, cols, on, N, D, u)
+            store_rows(out_ptr, out_base, rows, cols, on, N, D, output(u, den, c, NORM))
         if CAUSAL:
             S, z, s, c, cnt = absorb(S, z, s, c, cnt, fk, vv, keep, NORM, PREC)
     if GRAD and not CAUSAL:
