@@ -33,8 +33,8 @@ import pandas as pd
 from data import make_synthetic
 from eval.scaling import ScalingInputError, ScalingWarning, fit, format_table, load_points, plot
 from models import layout
-from scripts import bench_attention, demo_plots, demo_report
-from scripts.demo_study import REPO, Study, StudyError, jobs_of, load_study, run_jobs
+from scripts import bench_attention, demo_plots, demo_report, linearise
+from scripts.demo_study import REPO, Study, StudyError, jobs_of, load_study, run_jobs, spec_of
 from scripts.demo_sweep import choose, reuse_chosen, sweep_jobs
 
 STUDY = REPO / "configs" / "study" / "demo.yaml"
@@ -98,11 +98,6 @@ def make_data(out: Path, study: Study, seed: int) -> dict[str, str]:
         "val": spec_of(out / "data" / "val"),
         "eval": str(out / "data" / "eval"),
     }
-
-
-def spec_of(folder: Path) -> str:
-    count = len(list(folder.glob("*.tar")))
-    return str(folder / f"{{00000..{count - 1:05d}}}.tar") if count > 1 else str(folder / "00000.tar")
 
 
 def points(jobs, y: str, which: str) -> pd.DataFrame:
@@ -240,6 +235,20 @@ def analyse(out: Path, study: Study, jobs, clock: dict, args: argparse.Namespace
     (out / "report.md").write_text(text)
 
 
+def linearise_arm(out: Path, study: Study) -> None:
+    """Issue 24's arm: the study's best softmax run linearised into each linear attention (scripts/linearise.py,
+    with the study's `linearise:` settings and its runs' overrides), its section appended to the report."""
+    if "softmax" not in study.attentions or len(study.attentions) < 2:
+        print("   no linearisation arm: it needs softmax and a linear attention in the study", file=sys.stderr)
+        return
+    stage("linearising the best softmax run: attention transfer, then distillation, per linear attention")
+    flags = [f"--{key.replace('_', '-')}={value}" for key, value in study.linearise.items()]
+    argv = [str(out), *flags, "--out", str(out / "linearise")]
+    md = linearise.main(argv, run=study.run, report=lambda m: print("   " + m, file=sys.stderr))
+    with open(out / "report.md", "a") as f:
+        f.write(demo_report.linearise_section(md.read_text()))
+
+
 def main(argv: list[str] | None = None) -> Path:
     args = parse_args(argv)
     try:
@@ -277,6 +286,8 @@ def main(argv: list[str] | None = None) -> Path:
         launch=study.launch,
     )
     analyse(out, study, jobs, clock, args, sweep)
+    if study.linearise:
+        linearise_arm(out, study)
     print(f"\nreport: {out / 'report.md'}", flush=True)
     return out
 

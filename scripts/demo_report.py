@@ -330,3 +330,10 @@ def _cores() -> int:
     import os
 
     return os.cpu_count() or 1
+
+
+def linearise_section(text: str) -> str:
+    """scripts/linearise.py's page as the report's last section: its title one level down, its figure's path from
+    the report's folder."""
+    title, _, body = text.partition("\n")
+    return f"\n#{title}\n{body.replace('](linearise.png)', '](linearise/linearise.png)')}"

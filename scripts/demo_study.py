@@ -51,6 +51,15 @@ class Study:
     budgets: dict = field(default_factory=dict)
     # a learning-rate sweep at one size, its best multiple used at every size (scripts/demo_sweep.py); {} = none
     lr_sweep: dict = field(default_factory=dict)
+    # the linearisation arm (scripts/linearise.py) on the best softmax run: {transfer_steps, distill_steps,
+    # eval_every, warmup_steps} (its options); {} = none
+    linearise: dict = field(default_factory=dict)
+
+
+def spec_of(folder: Path) -> str:
+    """The brace pattern of a folder's shards 00000.tar ... (train.config's data.train_shards)."""
+    count = len(list(folder.glob("*.tar")))
+    return str(folder / f"{{00000..{count - 1:05d}}}.tar") if count > 1 else str(folder / "00000.tar")
 
 
 def merge(base: dict, changes: dict) -> dict:
@@ -79,10 +88,11 @@ def load_study(path: str | Path, quick: bool = False) -> Study:
     except TypeError as e:
         raise StudyError(f"{path}: {e}") from None
     # null (as `quick:` sets them): none
-    study.budgets, study.lr_sweep, study.per_attention = (
+    study.budgets, study.lr_sweep, study.per_attention, study.linearise = (
         study.budgets or {},
         study.lr_sweep or {},
         study.per_attention or {},
+        study.linearise or {},
     )
     if not study.sizes or not study.attentions or study.jobs < 1 or study.threads_per_job < 1:
         raise StudyError(f"{path}: needs sizes and attentions, jobs >= 1 and threads_per_job >= 1")
@@ -95,12 +105,18 @@ def load_study(path: str | Path, quick: bool = False) -> Study:
                 f"{path}: per_attention.{name}: "
                 + (f"unknown key {unknown[0]!r}; valid keys: lr_scale, run" if unknown else "lr_scale must be > 0")
             )
+    unknown = sorted(set(study.linearise) - LINEARISE_KEYS)
+    if unknown:
+        raise StudyError(
+            f"{path}: linearise: unknown key {unknown[0]!r}; valid keys: {', '.join(sorted(LINEARISE_KEYS))}"
+        )
     check_budgets(study.budgets, path)
     check_sweep(study, path)
     return study
 
 
 SWEEP_KEYS = {"size", "scales", "metric", "run"}
+LINEARISE_KEYS = {"transfer_steps", "distill_steps", "transfer_lr", "eval_every", "warmup_steps"}
 
 
 def check_sweep(study: Study, path: Path) -> None:

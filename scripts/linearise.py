@@ -8,7 +8,7 @@ attention layers to reproduce the teacher's (stage 1, attention transfer: only t
 output MSE), then the whole model on the contrastive loss plus the distillation terms (stage 2: embeddings and
 the teacher's similarity distribution, each weight 1), on the study's data with the learning rate the study gave
 that attention at that size. The scratch curve is the study's own run of that attention and size. The report
-gives, per student, the steps (of 64 samples; stage 1 counted) to reach 95% of the teacher's zero-shot top-1
+gives, per student, the steps (of the study's batch; stage 1 counted) to reach 95% of the teacher's zero-shot top-1
 against the steps from scratch (or its best, if it never did), and plots both curves. Writes OUT/linearise.md,
 .json and .png.
 """
@@ -31,10 +31,8 @@ import matplotlib.pyplot as plt
 import yaml
 
 from models import layout
-from scripts.demo import spec_of
-from scripts.demo_study import Job, overrides, run_jobs
+from scripts.demo_study import Job, overrides, run_jobs, spec_of
 
-BATCH = 64
 SHARE = 0.95  # of the teacher's top-1
 
 
@@ -45,6 +43,7 @@ def parse_args(argv):
     p.add_argument("--distill-steps", type=int, default=400)
     p.add_argument("--transfer-lr", type=float, default=1e-3)
     p.add_argument("--eval-every", type=int, default=25)
+    p.add_argument("--warmup-steps", type=int, default=10, help="of each stage")
     p.add_argument("--out", help="default: STUDY/linearise")
     return p.parse_args(argv)
 
@@ -61,9 +60,18 @@ def run_lr(run_dir: Path) -> float:
     return float(yaml.safe_load((Path(run_dir) / layout.CONFIG).read_text())["optim"]["lr"])
 
 
-def jobs_of(study: Path, out: Path, teacher: dict, scratch: dict[str, dict], args) -> list[Job]:
-    """Per student: stage 1 (transfer), then stage 2 (distill) from its weights."""
+def run_batch(run_dir: Path) -> int:
+    """The batch size a run trained with (its saved config)."""
+    return int(yaml.safe_load((Path(run_dir) / layout.CONFIG).read_text()).get("data", {}).get("batch_size", 64))
+
+
+def jobs_of(
+    study: Path, out: Path, teacher: dict, scratch: dict[str, dict], args, run: dict | None = None
+) -> list[Job]:
+    """Per student: stage 1 (transfer), then stage 2 (distill) from its weights. `run`: the study's overrides of
+    every run (its `run:`, e.g. the data settings), under the linearisation's own."""
     common = {
+        **(run or {}),
         "model.name": teacher["size"],
         "data.train_shards": spec_of(study / "data" / "train"),
         "data.workers": 0,
@@ -74,7 +82,7 @@ def jobs_of(study: Path, out: Path, teacher: dict, scratch: dict[str, dict], arg
         "distill.teacher": teacher["run_dir"],
         "train.resume": "none",
         "train.progress": False,
-        "optim.warmup_steps": 10,
+        "optim.warmup_steps": args.warmup_steps,
     }
     jobs = []
     for attention, own in scratch.items():
@@ -118,7 +126,7 @@ def compare(out: Path, teacher: dict, scratch: dict[str, dict], args) -> dict[st
     results = {}
     for attention, own in scratch.items():
         lin = [(args.transfer_steps + s, t) for s, t in curve(out / f"{attention}-distill")]
-        base = [(samples // BATCH, top1) for samples, top1 in own["run_curve"]]
+        base = [(samples // run_batch(own["run_dir"]), top1) for samples, top1 in own.get("run_curve") or own["curve"]]
         results[attention] = {
             "linearised_curve": lin,
             "scratch_curve": base,
@@ -139,7 +147,7 @@ def plot(out: Path, teacher: dict, results: dict) -> None:
         ax.plot(*zip(*r["scratch_curve"], strict=True), "--", color=colour, label=f"{attention}, from scratch")
     ax.axhline(SHARE * teacher["top1"], color="grey", lw=0.8, ls=":", label=f"{SHARE:.0%} of the teacher's top-1")
     ax.set_xscale("log")
-    ax.set_xlabel("steps of 64 samples (linearised: stage 1 included)")
+    ax.set_xlabel("steps (linearised: stage 1 included)")
     ax.set_ylabel("zero-shot top-1")
     ax.set_title(f"Linearising {teacher['size']} softmax against training from scratch")
     ax.legend(fontsize=7)
@@ -192,14 +200,15 @@ def write(out: Path, teacher: dict, results: dict, args, seconds: float) -> None
     (out / "linearise.md").write_text("\n".join(lines) + "\n")
 
 
-def main(argv=None) -> Path:
+def main(argv=None, run: dict | None = None, report=print) -> Path:
+    """The arm on a finished study folder; `run` as in jobs_of (the main job passes its study's)."""
     args = parse_args(argv)
     study = Path(args.study).resolve()
     out = Path(args.out).resolve() if args.out else study / "linearise"
     out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     teacher, scratch = study_runs(study)
-    run_jobs(jobs_of(study, out, teacher, scratch, args), parallel=2, threads=1, report=print)
+    run_jobs(jobs_of(study, out, teacher, scratch, args, run), parallel=2, threads=1, report=report)
     results = compare(out, teacher, scratch, args)
     (out / "linearise.json").write_text(json.dumps({"teacher": teacher["run_dir"], **results}, indent=1) + "\n")
     plot(out, teacher, results)

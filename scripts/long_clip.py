@@ -32,8 +32,7 @@ from pathlib import Path
 
 from data import make_synthetic
 from models.config import size_config
-from scripts.demo import spec_of
-from scripts.demo_study import REPO, Job, overrides, run_jobs
+from scripts.demo_study import REPO, Job, overrides, run_jobs, spec_of
 
 RATES = {"softmax": 2e-3, "linear_affine_nodenom": 1e-3}  # the main job's sweep at demo-w32 (docs/study.md)
 ARMS = ("base", "kept", "stretched", "scratch")

@@ -25,8 +25,7 @@ from pathlib import Path
 
 from data import make_synthetic
 from models.config import size_config
-from scripts.demo import spec_of
-from scripts.demo_study import REPO, Job, overrides, run_jobs
+from scripts.demo_study import REPO, Job, overrides, run_jobs, spec_of
 
 KINDS = ("learnable", "rope")
 

@@ -56,6 +56,7 @@ TRAINS = (
     "tests/scripts/test_bench_attention.py",
     "tests/scripts/test_bench_train.py",
     "tests/scripts/test_bench_long.py",
+    "tests/scripts/test_bench_distill.py",
     "tests/scripts/test_rope_resolution.py",
     "tests/eval/test_zeroshot.py",
     "tests/eval/test_numbered_folders.py",

@@ -20,8 +20,9 @@ teacher runs once per micro-batch; then the student runs its ordinary forward (t
 gradient sync holds), each attention layer's input replaced by a forward pre-hook with its teacher layer's,
 and the MSE of each layer's output is summed. The student's other parameters are frozen; the teacher is kept
 out of the module tree, so it is never in the optimizer, never wrapped or sharded (under DDP and FSDP alike a
-full fp32 copy on every rank, run under the training's autocast: its matmuls in bf16 with train.precision=bf16)
-and never written into a checkpoint.
+full fp32 copy on every rank, run under the training's autocast: its matmuls in bf16 with train.precision=bf16,
+its norms and softmax in fp32, as when it was evaluated; replicated, not sharded, since a ViT-B-16 teacher is 0.6
+GB and a ViT-L-16 1.7 GB against the 80+ GB of a training GPU) and never written into a checkpoint.
 
 Stage 2 (`distill.stage: distill`, `Distillation`): the whole student trains on a weighted sum of the
 contrastive loss on the data and a distillation loss to the frozen teacher (its image and text embeddings,
@@ -97,7 +98,13 @@ def load_teacher(source: str, student: nn.Module) -> nn.Module:
         import open_clip
 
         name, _, tag = source.removeprefix("open_clip:").partition(":")
-        state = open_clip.create_model(name, pretrained=tag or None).state_dict()
+        try:
+            state = open_clip.create_model(name, pretrained=tag or None).state_dict()
+        except Exception as e:  # an unknown name or tag, weights not in the local cache (offline)
+            raise CheckpointError(
+                f"distill.teacher {source}: open_clip cannot build it ({layout.first_line(e)}); give a name of "
+                "open_clip.list_models() and a tag whose weights are in the local cache, or a weights file"
+            ) from None
     else:
         state = read_state_dict(source)
         if Path(source).is_dir():
@@ -107,6 +114,12 @@ def load_teacher(source: str, student: nn.Module) -> nn.Module:
     teacher = build_clip(cfg)
     state = match_scalars(state, teacher.state_dict())
     check_same_architecture(student, state)
+    extra = next((key for key in state if key not in student.state_dict()), None)
+    if extra is not None:  # e.g. a deeper teacher: layers the student's size does not have
+        raise CheckpointError(
+            f"distill.teacher has {extra} {tuple(state[extra].shape)}, which the student's size has not; use a "
+            "teacher of the student's size"
+        )
     teacher.load_state_dict(state)
     return teacher.eval().requires_grad_(False)
 

@@ -48,6 +48,15 @@ def test_demo_quick_writes_the_report(tmp_path):
     assert "- linear_affine_nodenom: the largest run (demo-w48, 64 samples)" in report
     assert "| attention | size | target error | samples to it |" in report and "| (d) LA needs more epochs" in report
     assert sum(line.startswith("# ") for line in report.splitlines()) == 1  # the embedded benchmark's headings nest
+    # The linearisation arm: the best softmax run (of the two sizes) linearised into Eq. 7, two stages, its section.
+    arm = report.split("\n## Linearising ")[1]
+    assert "| linear_affine_nodenom | " in arm and "](linearise/linearise.png)" in arm
+    assert (out / "linearise" / "linearise.png").stat().st_size > 0
+    steps = [
+        json.loads(line)["step"]
+        for line in (out / "linearise" / "linear_affine_nodenom-distill" / "metrics.jsonl").open()
+    ]
+    assert max(steps) == 4
 
 
 def test_study_config_errors_are_one_line(tmp_path):
@@ -57,6 +66,11 @@ def test_study_config_errors_are_one_line(tmp_path):
     (tmp_path / "bad.yaml").write_text("sizes: {demo-w32: {}}\nattentions: [softmax]\ndata: {}\nstep: 3\n")
     with pytest.raises(StudyError, match=r"unknown key 'step'; valid keys: attentions, bench, budgets, data"):
         load_study(tmp_path / "bad.yaml")
+    (tmp_path / "arm.yaml").write_text(
+        "sizes: {demo-w32: {}}\nattentions: [softmax]\ndata: {}\nlinearise: {steps: 3}\n"
+    )
+    with pytest.raises(StudyError, match=r"linearise: unknown key 'steps'; valid keys: distill_steps, eval_every"):
+        load_study(tmp_path / "arm.yaml")
     with pytest.raises(StudyError, match="does not exist"):
         load_study(tmp_path / "none.yaml")
     assert overrides({"optim.lr": 0.001, "train.progress": False, "eval.val_shards": "a/{0..1}.tar"}) == [
@@ -115,6 +129,9 @@ def check_full_study(out: Path) -> None:
     table = report.split("## Samples to a target error")[1].split("\n## ")[0]
     assert any(f"| {a} | " in table and "x [" in table for a in ("linear_affine", "linear_affine_nodenom"))
     assert "alpha(linear_affine_nodenom) - alpha(softmax)" in report
+    # Issue 24: the linearisation arm, a row per linear attention.
+    arm = report.split("\n## Linearising ")[1]
+    assert all(f"| {a} | " in arm for a in ("linear_affine", "linear_affine_nodenom"))
     for claim in ("(a) Eq. 7 converges", "(b) the normalised form", "(c) the scaling exponents", "(d) LA needs"):
         line = next(line for line in report.splitlines() if line.startswith(f"| {claim}"))
         assert any(v in line for v in ("**supported**", "**not supported**", "**undetermined**")), line

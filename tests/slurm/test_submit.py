@@ -10,6 +10,7 @@ import shlex
 
 import pytest
 
+from tests.train.common import REPO
 from train.submit import main
 
 
@@ -307,3 +308,15 @@ def test_eval_refuses_a_missing_dataset(tmp_path):
     run = fake_run(tmp_path / "run", [10])
     with pytest.raises(SystemExit, match=r"--dataset .* is not a folder"):
         main(["eval", str(run), "--dataset", str(tmp_path / "nope"), "--time", "5", "--dry-run"])
+
+
+@pytest.mark.parametrize("stage", ["transfer", "distill"])
+def test_linearisation_configs_submit_as_they_are(stage, tmp_path, monkeypatch, capsys, fake_sbatch):
+    """Issue 24 on Slurm: each stage's shipped ViT-B-16 config renders a one-node, 8-GPU job that trains it."""
+    monkeypatch.chdir(tmp_path)
+    config = REPO / "configs" / f"vit_b16_linearise_{stage}.yaml"
+    main([str(config), "--nodes", "1", "--gpus-per-node", "8", "--time", "4:00:00", "--dry-run"])
+    script = capsys.readouterr().out
+    assert "#SBATCH --gres=gpu:8" in script and str(config) in script
+    assert f"train.run_dir={tmp_path / 'runs' / f'vit_b16_linearise_{stage}'})" in script
+    assert not fake_sbatch.exists()

@@ -11,11 +11,13 @@ from models.layout import CheckpointError
 from tests.train.common import save_teacher
 from train.distill import (
     AttentionTransfer,
+    Distillation,
     attention_layers,
     attention_parameters,
     freeze_all_but_attention,
     load_teacher,
 )
+from train.loss import ClipLoss
 
 
 def batch(model):
@@ -28,6 +30,87 @@ def batch(model):
 @pytest.fixture
 def teacher_file(tmp_path):
     return save_teacher(tmp_path / "teacher.safetensors")
+
+
+@pytest.fixture(scope="module")
+def trained_teacher(tmp_path_factory):
+    """A tiny-s softmax CLIP trained in the test: 30 AdamW steps of the contrastive loss on one batch."""
+    torch.manual_seed(0)
+    teacher = models.create_model("tiny-s")
+    images, tokens = batch(teacher)
+    optimizer = torch.optim.AdamW(teacher.parameters(), lr=3e-3)
+    for _ in range(30):
+        optimizer.zero_grad()
+        ClipLoss()(*teacher(images, tokens)[:3]).backward()
+        optimizer.step()
+    path = tmp_path_factory.mktemp("teacher") / "trained.safetensors"
+    save_file({k: v.detach().contiguous() for k, v in teacher.state_dict().items()}, str(path))
+    return path
+
+
+def eq7_student(teacher_file):
+    attention = "linear_affine_nodenom"
+    return models.create_model(
+        "tiny-s", image_attention=attention, text_attention=attention, pretrained=str(teacher_file)
+    )
+
+
+def test_stage_one_lowers_every_layers_mse_and_leaves_the_teacher_bit_identical(trained_teacher):
+    student = eq7_student(trained_teacher)
+    teacher = load_teacher(str(trained_teacher), student)
+    before = {k: v.clone() for k, v in teacher.state_dict().items()}
+    freeze_all_but_attention(student)
+    optimizer = torch.optim.Adam(attention_parameters(student), lr=3e-3)
+    transfer, (images, tokens), first = AttentionTransfer(teacher, nullcontext), batch(student), None
+    for _ in range(40):
+        optimizer.zero_grad()
+        transfer(student, images, tokens).backward()
+        optimizer.step()
+        first = first or dict(transfer.terms)
+    transfer(student, images, tokens)
+    assert len(first) == 4 and all(first[k] > 0 for k in first)
+    assert all(transfer.terms[k] < 0.5 * first[k] for k in first), (first, transfer.terms)  # each layer's MSE
+    assert all(torch.equal(v, before[k]) for k, v in teacher.state_dict().items())
+
+
+def test_stage_two_by_distillation_alone_moves_the_students_embeddings_to_the_teachers(trained_teacher):
+    """Contrastive weight 0, distillation weights 1: the student's embeddings and its similarity distribution come
+    closer to the teacher's, and the teacher does not change."""
+    student = eq7_student(trained_teacher)
+    teacher = load_teacher(str(trained_teacher), student)
+    before = {k: v.clone() for k, v in teacher.state_dict().items()}
+    objective = Distillation(teacher, nullcontext, ClipLoss(), (0.0, 1.0, 1.0))
+    optimizer = torch.optim.Adam(student.parameters(), lr=1e-3)
+    (images, tokens), first = batch(student), None
+    for _ in range(30):
+        optimizer.zero_grad()
+        objective(student, images, tokens).backward()
+        optimizer.step()
+        first = first or dict(objective.terms)
+    objective(student, images, tokens)
+    last = objective.terms
+    assert first["distill/embedding"] > 0 and last["distill/embedding"] < 0.5 * first["distill/embedding"]
+    assert last["distill/similarity"] < first["distill/similarity"]
+    assert all(torch.equal(v, before[k]) for k, v in teacher.state_dict().items())
+
+
+def test_missing_deeper_and_unknown_teachers_are_one_line(tmp_path, teacher_file):
+    student = eq7_student(teacher_file)
+    with pytest.raises(CheckpointError, match="does not exist") as missing:
+        load_teacher(str(tmp_path / "none.safetensors"), student)
+    state = load_file(str(teacher_file))  # one more image layer than the student's size has
+    prefix = "visual.transformer.resblocks."
+    state |= {
+        k.replace(f"{prefix}1.", f"{prefix}2."): v.clone() for k, v in state.items() if k.startswith(f"{prefix}1.")
+    }
+    save_file(state, str(tmp_path / "deeper.safetensors"))
+    with pytest.raises(
+        CheckpointError, match=rf"distill.teacher has {prefix}2\.\S+ \(.*\), which the student"
+    ) as deeper:
+        load_teacher(str(tmp_path / "deeper.safetensors"), student)
+    with pytest.raises(CheckpointError, match="open_clip cannot build it") as unknown:
+        load_teacher("open_clip:NoSuchModel-B-99:nothing", student)
+    assert all("\n" not in str(e.value) for e in (missing, deeper, unknown))
 
 
 def test_a_softmax_student_equal_to_its_teacher_has_zero_loss(teacher_file):
