@@ -12,6 +12,7 @@ in rank order and every rank scores the whole set (eval.sharding).
 """
 
 import argparse
+import logging
 import time
 
 import torch
@@ -21,6 +22,9 @@ from tqdm import tqdm
 from eval import checkpoint, datasets
 from eval.datasets import EvalInputError
 from eval.sharding import Shard, count_skipped, gather_objects, gather_rows
+from models.preprocess import CachedTokenizer
+
+log = logging.getLogger(__name__)
 
 
 def recall_at_k(
@@ -57,8 +61,11 @@ def recall_at_k(
 
 @torch.no_grad()
 def embed_pairs(model, loader, tokenizer, device, progress: bool = False):
-    """Normalised image features [I, D], caption features [T, D], each caption's image [T], skipped names."""
+    """Normalised image features [I, D], caption features [T, D], each caption's image [T], skipped names, and
+    how many captions were cut to the context length (open_clip's truncation, counted, never silent)."""
     images_out, texts_out, owner, skipped = [], [], [], []
+    tokenizer = tokenizer if hasattr(tokenizer, "truncated") else CachedTokenizer(tokenizer)
+    truncated = 0
     for images, captions, bad in tqdm(loader, desc="pairs", disable=not progress):
         skipped += bad
         if images is None:
@@ -67,10 +74,11 @@ def embed_pairs(model, loader, tokenizer, device, progress: bool = False):
         images_out.append(F.normalize(model.encode_image(images.to(device)).float(), dim=-1).cpu())
         flat = [c for group in captions for c in group]
         texts_out.append(F.normalize(model.encode_text(tokenizer(flat).to(device)).float(), dim=-1).cpu())
+        truncated += tokenizer.truncated(flat)
         owner += [first + i for i, group in enumerate(captions) for _ in group]
     if not images_out:
-        return None, None, torch.zeros(0, dtype=torch.long), skipped
-    return torch.cat(images_out), torch.cat(texts_out), torch.as_tensor(owner, dtype=torch.long), skipped
+        return None, None, torch.zeros(0, dtype=torch.long), skipped, truncated
+    return torch.cat(images_out), torch.cat(texts_out), torch.as_tensor(owner, dtype=torch.long), skipped, truncated
 
 
 def gather_pairs(image_features, text_features, owner, shard: Shard, device):
@@ -141,7 +149,17 @@ def evaluate_pairs(
     num_skipped, skipped = count_skipped(embedded[3], shard)
     if image_features is None:
         raise EvalInputError(f"no readable image-caption pairs ({num_skipped} unreadable); check the dataset path")
+    truncated = sum(gather_objects(embedded[4], shard))
+    if truncated:
+        log.warning(
+            "retrieval: %d of %d captions were longer than the context (%s tokens) and cut as open_clip cuts them; "
+            "evaluate with --context-length to keep them whole",
+            truncated,
+            len(text_features),
+            getattr(tokenizer, "context_length", "?"),
+        )
     return {
+        "captions_truncated": truncated,
         **recall_at_k(image_features, text_features, owner, ks),
         "num_images": len(image_features),
         "num_captions": len(text_features),

@@ -3,6 +3,7 @@
     python -m train.submit suite RUN_OR_CHECKPOINT... --suite configs/eval_suite.yaml --gpus-per-node 8 --time 60
     python -m train.submit suite RUN --dataset imagenet-v2=/data/v2 --nodes 2 --gpus-per-node 8 --time 30 \\
         --sbatch-arg=--dependency=afterok:JOB
+    python -m train.submit suite RUN --suite configs/eval_suite.yaml --image-size 448 --time 60   # at another size
 
 Each checkpoint is evaluated by all nodes x procs-per-node processes of the job (eval.sharding). The suite is
 checked here (names, options, paths) so a bad one is refused before it queues. Results go to each run's
@@ -43,6 +44,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, help="results to OUT/<run>-<checkpoint>/ (default: RUN/eval/<checkpoint>/)")
     parser.add_argument("--batch-size", type=int, default=64, help="images per batch and process")
     parser.add_argument("--workers", type=int, default=4, help="data-loading workers per process")
+    parser.add_argument("--image-size", type=int, help="evaluate at this resolution (position table resampled)")
+    parser.add_argument("--context-length", type=int, help="evaluate at this text length (positions stretched)")
     parser.add_argument("--nodes", type=int, default=1)
     parser.add_argument("--procs-per-node", type=int, help="evaluating processes per node (default: one per GPU)")
     add_resource_arguments(parser, training=False)
@@ -93,6 +96,8 @@ def main_suite(argv: list[str]) -> None:
         name, _, path = pair.partition("=")
         suite_args += ["--dataset", f"{name}={Path(path).absolute()}"]
     suite_args += ["--batch-size", str(args.batch_size), "--workers", str(args.workers)]
+    for flag, value in (("--image-size", args.image_size), ("--context-length", args.context_length)):
+        suite_args += [flag, str(value)] if value else []
     script = render_suite(targets, outputs, suite_args, res, log_dir)
     job_id = submit(script, log_dir / f"suite-{timestamp()}.sbatch", args.dry_run)
     if job_id:

@@ -63,6 +63,19 @@ def test_csv_and_webdataset_agree_and_skip_unreadable_images(pairs):
     assert from_csv["skipped_examples"] == [str(pairs / "3.png")]
 
 
+def test_captions_cut_to_the_context_are_counted_and_logged(pairs, caplog):
+    """At a 6-token context the 8 readable images' "colour [r, g, b]" captions are cut, "a photo number i" are not."""
+    torch.manual_seed(0)
+    model = models.create_model("tiny-s", context_length=6)
+    _, transform = models.transforms(model)
+    with caplog.at_level("WARNING", logger="eval.retrieval"):
+        result = retrieval.evaluate(
+            model, dataset=str(pairs / "pairs.tsv"), tokenizer=models.tokenizer(model), transform=transform
+        )
+    assert result["num_captions"] == 16 and result["captions_truncated"] == 8
+    assert "8 of 16 captions were longer than the context (6 tokens)" in caplog.text
+
+
 def test_cli_writes_result_json(pairs, tmp_path):
     out = tmp_path / "retrieval.json"
     result = retrieval.main(
@@ -83,6 +96,10 @@ def test_cli_writes_result_json(pairs, tmp_path):
     expected = {f"{d}_R@{k}" for d in ("text_to_image", "image_to_text") for k in (1, 5, 10)}
     assert expected | {"num_images", "num_captions", "skipped", "params", "gmacs_per_sample", "model"} <= set(result)
     assert result["model"] == "tiny-s" and result["image_attention"] == "softmax"
+    # at twice the resolution (position table resampled on load): 4x the image tokens, more MACs per sample
+    argv = ["--open-clip-model", "tiny-s", "--dataset", str(pairs / "pairs.tsv"), "--workers", "0", "--device", "cpu"]
+    larger = retrieval.main([*argv, "--image-size", "64", "--context-length", "48"])
+    assert larger["num_images"] == result["num_images"] and larger["gmacs_per_sample"] > result["gmacs_per_sample"]
 
 
 def test_csv_without_the_caption_column_gives_one_line_error(pairs, capsys):

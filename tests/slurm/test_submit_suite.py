@@ -40,6 +40,34 @@ def test_suite_job_is_written_and_submitted(run_and_suite, tmp_path, capsys, mon
     assert "--nproc_per_node=4" in script and "-m eval.suite" in script
 
 
+def test_suite_job_at_another_size_passes_the_flags_to_eval_suite(run_and_suite, capsys):
+    run, spec = run_and_suite
+    main(
+        [
+            "suite",
+            str(run),
+            "--suite",
+            str(spec),
+            "--time",
+            "30",
+            "--image-size",
+            "64",
+            "--context-length",
+            "48",
+            "--dry-run",
+        ]
+    )
+    script = capsys.readouterr().out
+    line = next(line for line in script.splitlines() if line.startswith("SUITE_ARGS=("))
+    assert shlex.split(line.removeprefix("SUITE_ARGS=(").removesuffix(")"))[-4:] == [
+        "--image-size",
+        "64",
+        "--context-length",
+        "48",
+    ]
+    assert not (run / "eval").exists()  # a dry run queues and writes nothing
+
+
 @pytest.mark.parametrize(
     "args, words",
     [
