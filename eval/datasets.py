@@ -13,6 +13,7 @@ Class folders map to labels by sorted name, or by their number when every folder
 
 import csv
 import io
+import logging
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,6 +25,8 @@ from open_clip import zero_shot_metadata
 from PIL import Image
 
 from eval.sharding import Shard
+
+log = logging.getLogger(__name__)
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff")
 WNID = re.compile(r"^n\d{8}$")
@@ -297,9 +300,16 @@ class CaptionCSVSet(torch.utils.data.Dataset):
                         f"{path} has no column {key!r} (columns: {reader.fieldnames}); pass {flag} or --csv-separator"
                     )
             groups: dict[str, list[str]] = {}
-            for row in reader:
+            empty = []  # row numbers (the header is row 1) of captions with no text: skipped and counted
+            for number, row in enumerate(reader, start=2):
+                if not (row[caption_key] or "").strip():
+                    empty.append(number)
+                    continue
                 groups.setdefault(row[img_key], []).append(row[caption_key])
         self.items = [(str(path.parent / image), captions) for image, captions in groups.items()]
+        self.empty_captions = len(empty)
+        if empty:
+            log.warning("%s: rows with an empty caption skipped: %d (the first is row %d)", path, len(empty), empty[0])
 
     def __len__(self) -> int:
         return len(self.items)

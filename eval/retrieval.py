@@ -117,7 +117,8 @@ def evaluate(
     `evaluate_pairs`.
     """
     pairs = datasets.open_retrieval(dataset, transform, split, csv_img_key, csv_caption_key, csv_separator)
-    return {**evaluate_pairs(model, pairs, tokenizer, **options), "dataset": str(dataset)}
+    result = evaluate_pairs(model, pairs, tokenizer, **options)
+    return {**result, "captions_empty": getattr(pairs, "empty_captions", 0), "dataset": str(dataset)}
 
 
 def evaluate_pairs(

@@ -76,6 +76,21 @@ def test_captions_cut_to_the_context_are_counted_and_logged(pairs, caplog):
     assert "8 of 16 captions were longer than the context (6 tokens)" in caplog.text
 
 
+def test_rows_with_an_empty_caption_are_skipped_counted_and_logged(pairs, tmp_path, caplog):
+    rows = (pairs / "pairs.tsv").read_text().splitlines()
+    rows[1] = rows[1].split("\t")[0] + "\t  "  # image 0's first caption: blank
+    (pairs / "blank.tsv").write_text("\n".join(rows) + "\n")
+    torch.manual_seed(0)
+    model = models.create_model("tiny-s")
+    _, transform = models.transforms(model)
+    with caplog.at_level("WARNING", logger="eval.datasets"):
+        result = retrieval.evaluate(
+            model, dataset=str(pairs / "blank.tsv"), tokenizer=models.tokenizer(model), transform=transform
+        )
+    assert result["captions_empty"] == 1 and result["num_captions"] == 15 and result["num_images"] == 8
+    assert "blank.tsv: rows with an empty caption skipped: 1 (the first is row 2)" in caplog.text
+
+
 def test_cli_writes_result_json(pairs, tmp_path):
     out = tmp_path / "retrieval.json"
     result = retrieval.main(

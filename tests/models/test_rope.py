@@ -7,6 +7,7 @@ import torch
 
 import models
 from models.attention import ATTENTIONS, build_attention, reference, rope
+from models.attention.ops import dispatch
 
 DIM, HEADS = 32, 4
 HEAD = DIM // HEADS
@@ -81,6 +82,39 @@ def test_every_attention_with_rope_equals_its_reference_on_rotated_q_and_k(mode)
     (g_ref,) = torch.autograd.grad((expected * real).square().sum(), x)
     torch.testing.assert_close(g_ours, g_ref, rtol=1e-5, atol=1e-6)
     assert not torch.allclose(ours, m(x, mask)), "the positions changed nothing"
+
+
+IMPLEMENTED = [
+    (name, causal, impl)
+    for name, table in sorted(dispatch.TABLES.items())
+    for causal in (False, True)
+    for impl in table.impls
+    if impl != "reference" and not (impl == "cpu" and dispatch.cpu_mode_missing(name, causal))
+]
+
+
+@pytest.mark.parametrize("name,causal,impl", IMPLEMENTED, ids=lambda v: str(v))
+def test_rope_runs_unchanged_on_every_implementation(name, causal, impl):
+    """q and k are rotated before the op (RoFormer's form for elu + 1 rotates its feature maps), so the op's
+    PyTorch, fused C and Triton (interpreted here) implementations each give the naive reference's output with a
+    RoPE table, padding and gradients included."""
+    torch.manual_seed(0)
+    heads = DIM // 16  # the C kernels take heads of 16, 32, 64 or 128
+    naive = build_attention(name, DIM, heads, causal=causal, impl="reference")
+    m = build_attention(name, DIM, heads, causal=causal, impl=impl)
+    m.load_state_dict(naive.state_dict())
+    n = 70  # crosses a 64-token chunk
+    x = torch.randn(2, n, DIM, requires_grad=True)
+    mask = torch.ones(2, n, dtype=torch.bool)
+    mask[1, 60:] = False
+    table = rope.text_table(n, 16)
+    real = mask[:, :, None] if not causal else torch.ones(2, n, 1, dtype=torch.bool)
+    ours, expected = m(x, mask, table) * real, naive(x, mask, table) * real
+    torch.testing.assert_close(ours, expected, rtol=1e-4, atol=1e-5)
+    (g_ours,) = torch.autograd.grad(ours.square().sum(), x)
+    (g_ref,) = torch.autograd.grad(expected.square().sum(), x)
+    torch.testing.assert_close(g_ours, g_ref, rtol=1e-3, atol=5e-5)  # fp32 sums in another order
+    assert not torch.allclose(ours, m(x, mask) * real), "the positions changed nothing"
 
 
 def test_eq7_weights_stay_in_zero_one_with_rope():
