@@ -53,7 +53,7 @@ class LinearAffineAttention(DispatchedAttention):
     """sim = 1 + q^.k^ (cosine plus one), normalised by the sum of similarities."""
 
     function = staticmethod(affine_op.attend)
-    reference = staticmethod(reference.linear_affine)
+    reference = staticmethod(affine_op.reference.reference)
 
 
 @register_attention("linear_affine_nodenom")
@@ -61,7 +61,7 @@ class LinearAffineNoDenomAttention(DispatchedAttention):
     """Gerami, Madani, Duraiswami 2026, Eq. 7: weights (1 + q^.k^)/2, no denominator (output grows with N)."""
 
     function = staticmethod(nodenom_op.attend)
-    reference = staticmethod(reference.linear_affine_nodenom)
+    reference = staticmethod(nodenom_op.reference.reference)
 
 
 @register_attention("linear_elu")
@@ -69,7 +69,7 @@ class LinearEluAttention(DispatchedAttention):
     """Katharopoulos et al. 2020, phi(x) = elu(x) + 1."""
 
     function = staticmethod(elu_op.attend)
-    reference = staticmethod(reference.linear_elu)
+    reference = staticmethod(elu_op.reference.reference)
     rope_feature_map = staticmethod(rope.elu_plus_one)
 
 

@@ -1,4 +1,6 @@
-"""Naive O(N^2) fp32 definitions of every attention variant, written as the papers write them.
+"""Naive O(N^2) fp32 definitions of the attention variants, written as the papers write them; the linear ops with
+fast paths (linear_affine, linear_affine_nodenom, linear_elu) keep theirs in their folders,
+models/attention/ops/<op>/reference.py, on the helpers here.
 
 Each builds the explicit N x N similarity. Tests compare the fast paths against these, forward and
 backward; they are also the fallback a reader can trust. All take q, k, v [B, H, N, D] and return
@@ -41,10 +43,11 @@ def softmax(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, key_mask: 
     return (a.softmax(-1) @ v).to(dtype)
 
 
-def _kernel_attention(sim: Tensor, v: Tensor, ok: Tensor, normalise: bool) -> Tensor:
+def kernel_attention(sim: Tensor, v: Tensor, ok: Tensor, normalise: bool) -> Tensor:
     """sum_n sim(i, n) v_n over the allowed keys, divided by sum_n sim(i, n) when `normalise`.
 
-    The linear variants below take **options (e.g. chunk_size) that change how, not what, is computed.
+    The linear ops' references (models/attention/ops/<op>/reference.py) build sim and call this; like every
+    reference here they take **options (e.g. chunk_size) that change how, not what, is computed.
 
     A query with no allowed key gets 0 (padding, never used) instead of 0 / 0.
     """
@@ -54,34 +57,6 @@ def _kernel_attention(sim: Tensor, v: Tensor, ok: Tensor, normalise: bool) -> Te
         den = sim.sum(-1, keepdim=True)
         out = out / torch.where(den == 0, torch.ones_like(den), den)
     return out
-
-
-def linear_affine(
-    q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, key_mask: Tensor | None = None, **options
-) -> Tensor:
-    """o_i = sum_n (1 + q^_i.k^_n) v_n / sum_n (1 + q^_i.k^_n), with q^, k^ L2-normalised over D."""
-    dtype, (q, k, v) = q.dtype, upcast(q, k, v)
-    sim = 1 + F.normalize(q, dim=-1) @ F.normalize(k, dim=-1).transpose(-1, -2)
-    return _kernel_attention(sim, v, allowed(q, k, causal, key_mask), normalise=True).to(dtype)
-
-
-def linear_affine_nodenom(
-    q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, key_mask: Tensor | None = None, **options
-) -> Tensor:
-    """Gerami, Madani, Duraiswami 2026, Eq. 7: o_i = sum_n (1 + q^_i.k^_n) / 2 v_n; no denominator, so o grows with
-    N."""
-    dtype, (q, k, v) = q.dtype, upcast(q, k, v)
-    sim = (1 + F.normalize(q, dim=-1) @ F.normalize(k, dim=-1).transpose(-1, -2)) / 2
-    return _kernel_attention(sim, v, allowed(q, k, causal, key_mask), normalise=False).to(dtype)
-
-
-def linear_elu(
-    q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, key_mask: Tensor | None = None, **options
-) -> Tensor:
-    """Katharopoulos et al. 2020: o_i = sum_n (phi(q_i).phi(k_n)) v_n / sum_n phi(q_i).phi(k_n), phi = elu + 1."""
-    dtype, (q, k, v) = q.dtype, upcast(q, k, v)
-    sim = (F.elu(q) + 1) @ (F.elu(k) + 1).transpose(-1, -2)
-    return _kernel_attention(sim, v, allowed(q, k, causal, key_mask), normalise=True).to(dtype)
 
 
 def efficient(
@@ -123,7 +98,7 @@ def hedgehog(
         return torch.cat([F.softmax(z, dim=-1), F.softmax(-z, dim=-1)], dim=-1)
 
     sim = phi(q, w_q) @ phi(k, w_k).transpose(-1, -2)
-    return _kernel_attention(sim, v, allowed(q, k, causal, key_mask), normalise=True).to(dtype)
+    return kernel_attention(sim, v, allowed(q, k, causal, key_mask), normalise=True).to(dtype)
 
 
 def join_real_tokens(
@@ -272,6 +247,6 @@ def linear_elu_rope(
     dtype, (q, k, v) = q.dtype, upcast(q, k, v)
     fq, fk = F.elu(q) + 1, F.elu(k) + 1
     ok = allowed(q, k, causal, key_mask)
-    num = _kernel_attention(rope(fq, theta) @ rope(fk, theta).transpose(-1, -2), v, ok, normalise=False)
-    den = _kernel_attention(fq @ fk.transpose(-1, -2), torch.ones_like(v[..., :1]), ok, normalise=False)
+    num = kernel_attention(rope(fq, theta) @ rope(fk, theta).transpose(-1, -2), v, ok, normalise=False)
+    den = kernel_attention(fq @ fk.transpose(-1, -2), torch.ones_like(v[..., :1]), ok, normalise=False)
     return (num / torch.where(den == 0, torch.ones_like(den), den)).to(dtype)

@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from models import ModelConfig, build_clip
-from models.attention import attend, reference
+from models.attention import attend
 from models.attention.ops import dispatch
 from tests.models.test_attention import DIM, MODES, ids, layer, qkv_pair, rel_err
 from tests.train.common import TORCHRUN, checkpoints, cli, finish, run, tiny_config, train_records
@@ -129,7 +129,7 @@ def test_every_cuda_impl_of_the_linear_ops_equals_reference(op, causal, dtype, t
     key_mask = torch.ones(2, 300, dtype=torch.bool)
     key_mask[-1, 250:] = False
     exact = [t.clone().requires_grad_() for t in base]
-    ref = getattr(reference, op)(*exact, causal=causal, key_mask=key_mask)
+    ref = dispatch.TABLES[op].reference(*exact, causal=causal, key_mask=key_mask)
     grad = torch.randn_like(ref)
     ref.backward(grad)
     probe = base[0].to("cuda", dtype)

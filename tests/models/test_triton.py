@@ -7,8 +7,7 @@ imports them; test_kernels_run_here asserts that they really ran); on a GPU the 
 import pytest
 import torch
 
-from models.attention import reference
-from models.attention.ops import triton_common
+from models.attention.ops import dispatch, triton_common
 from models.attention.ops.linear_affine import triton as affine
 from models.attention.ops.linear_affine_nodenom import triton as nodenom
 from models.attention.ops.linear_elu import triton as elu
@@ -16,9 +15,9 @@ from tests.models.test_attention import rel_err
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 OPS = {
-    "linear_affine_nodenom": (nodenom.attend, reference.linear_affine_nodenom),
-    "linear_affine": (affine.attend, reference.linear_affine),
-    "linear_elu": (elu.attend, reference.linear_elu),
+    "linear_affine_nodenom": (nodenom.attend, dispatch.TABLES["linear_affine_nodenom"].reference),
+    "linear_affine": (affine.attend, dispatch.TABLES["linear_affine"].reference),
+    "linear_elu": (elu.attend, dispatch.TABLES["linear_elu"].reference),
 }
 NORMALISED = ["linear_affine", "linear_elu"]
 # (N, D): one token, odd lengths that are no multiple of any block, a head size padded to 64, a long N split

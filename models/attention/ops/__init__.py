@@ -1,7 +1,9 @@
 """The fast paths of the linear attention ops, one folder per op holding everything of it.
 
     ops/<op>/definition.py  OP: its description (op.py: unit features or elu + 1, normalised or not), the pointer
-                            to its reference (../reference.py) and its tests
+                            to its tests
+    ops/<op>/reference.py   reference(q, k, v, *, causal, key_mask): the naive O(N^2) definition every
+                            implementation is tested against (on ../reference.py's helpers)
     ops/<op>/__init__.py    IMPLS, the one table of its implementations (dispatch.implementations: reference,
                             torch, cpu, triton imported lazily), and attend(q, k, v, *, causal, key_mask,
                             chunk_size, impl), which dispatches through it (dispatch.py)

@@ -45,9 +45,11 @@ announced: set[tuple[str, str, str]] = set()
 
 @dataclass(frozen=True)
 class Table:
-    """An op and its implementations: {impl: attend(q, k, v, *, causal, key_mask, chunk_size)}."""
+    """An op, its naive definition reference(q, k, v, *, causal=False, key_mask=None) (its folder's reference.py)
+    and its implementations: {impl: attend(q, k, v, *, causal, key_mask, chunk_size)}."""
 
     op: Op
+    reference: Callable
     impls: dict[str, Callable]
 
 
@@ -78,7 +80,7 @@ class Lazy:
 
 def implementations(op: Op, *, reference: Callable, torch: Callable, cpu: Callable, triton: str) -> Table:
     """The one table of an op's implementations, registered under its name: reference(q, k, v, *, causal, key_mask)
-    (models/attention/reference.py), torch and cpu attend(q, k, v, *, causal, key_mask, chunk_size), and the module
+    (the op folder's reference.py), torch and cpu attend(q, k, v, *, causal, key_mask, chunk_size), and the module
     of its Triton kernels (imported at their first use)."""
     if op.name in TABLES:
         raise ValueError(f"linear op {op.name!r} is registered twice")
@@ -86,7 +88,7 @@ def implementations(op: Op, *, reference: Callable, torch: Callable, cpu: Callab
     def naive(q, k, v, *, causal, key_mask, chunk_size):
         return reference(q, k, v, causal=causal, key_mask=key_mask)
 
-    TABLES[op.name] = Table(op, {"reference": naive, "torch": torch, "cpu": cpu, "triton": Lazy(triton)})
+    TABLES[op.name] = Table(op, reference, {"reference": naive, "torch": torch, "cpu": cpu, "triton": Lazy(triton)})
     return TABLES[op.name]
 
 

@@ -1,22 +1,21 @@
 """linear_elu (Katharopoulos et al. 2020): o_i = phi(q_i) S / phi(q_i).z, phi = elu + 1.
 
 Everything of the op is in this folder: definition.py (its Op description: the features, whether it normalises; the
-pointer to its reference and tests), torch.py (PyTorch, any device and dtype), cpu.py (the causal form's C kernel,
-../causal_cpu.c; causal only), triton.py (Triton kernels). IMPLS below is the one table of its implementations; the
-dispatcher (../dispatch.py) reads only it.
+pointer to its tests), reference.py (the naive O(N^2) definition), torch.py (PyTorch, any device and dtype), cpu.py
+(the causal form's C kernel, ../causal_cpu.c; causal only), triton.py (Triton kernels). IMPLS below is the one table
+of its implementations; the dispatcher (../dispatch.py) reads only it.
 """
 
 from __future__ import annotations
 
-from models.attention import reference
 from models.attention.ops import dispatch
-from models.attention.ops.linear_elu import cpu
+from models.attention.ops.linear_elu import cpu, reference
 from models.attention.ops.linear_elu import torch as torch_path
 from models.attention.ops.linear_elu.definition import OP
 
 IMPLS = dispatch.implementations(
     OP,
-    reference=reference.linear_elu,
+    reference=reference.reference,
     torch=torch_path.attend,
     cpu=cpu.attend,
     triton="models.attention.ops.linear_elu.triton",
