@@ -139,11 +139,30 @@ def load_open_clip(
             name, force_image_size=image_size, force_context_length=context_length
         )
     if checkpoint:
-        state = models.resample_positions(model, models.read_state_dict(checkpoint), text_keep=0)
+        state = models.read_state_dict(checkpoint)
+        check_built_size(model, state, checkpoint, image_size, context_length)
+        state = models.resample_positions(model, state, text_keep=0)
         load_weights(model, state, checkpoint, name)
     info = {"checkpoint": checkpoint, "step": None, "samples_seen": None, "model": name}
     tokenizer = open_clip.get_tokenizer(name, context_length=context_length)
     return LoadedModel(model.to(device).eval(), transform, tokenizer, info)
+
+
+def check_built_size(model, state: dict, checkpoint: str, image_size: int | None, context_length: int | None) -> None:
+    """A checkpoint built for another resolution or context length than the architecture's is evaluated at one only
+    when a flag says which: its own size, or the architecture's (then its positions are resampled)."""
+    for key, flag, given in (
+        ("visual.positional_embedding", "--image-size", image_size),
+        ("positional_embedding", "--context-length", context_length),
+    ):
+        ours, theirs = model.state_dict().get(key), state.get(key)
+        if given is None and ours is not None and theirs is not None and ours.shape != theirs.shape:
+            if ours.shape[1:] != theirs.shape[1:]:
+                continue  # another width: another model size, refused by load_weights
+            raise EvalInputError(
+                f"checkpoint {checkpoint} was built for another size: its {key} is {tuple(theirs.shape)}, the "
+                f"architecture's {tuple(ours.shape)}; pass {flag} (its own size, or the architecture's to resample it)"
+            )
 
 
 def default_device() -> str:

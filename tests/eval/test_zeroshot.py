@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import open_clip
 import pytest
 import torch
 from clip_benchmark.webdataset_builder import convert_dataset, path_to_bytes
@@ -253,6 +254,20 @@ def test_run_directory_written_by_the_trainer(synthetic, tmp_path):
     assert result["step"] == 3 and result["samples_seen"] == meta["samples_seen"] > 0
     assert result["image_attention"] == "linear_elu" and result["text_attention"] == "softmax"
     assert result["num_images"] == CLASSES * PER_CLASS
+
+
+def test_an_open_clip_checkpoint_of_another_size_needs_the_flag(tmp_path):
+    """tiny-s weights built at 64 px and a 48-token context: refused in one line without --image-size /
+    --context-length, evaluated at their own size with them."""
+    big = open_clip.create_model("tiny-s", force_image_size=64, force_context_length=48)
+    path = tmp_path / "tiny-s-64.safetensors"
+    save_file({k: v.contiguous() for k, v in big.state_dict().items()}, str(path))
+    with pytest.raises(EvalInputError, match=r"built for another size: its visual.positional_embedding is \(65, 64\)"):
+        checkpoint.load_open_clip("tiny-s", str(path), "cpu")
+    with pytest.raises(EvalInputError, match=r"its positional_embedding is \(48, 64\).*pass --context-length"):
+        checkpoint.load_open_clip("tiny-s", str(path), "cpu", image_size=64)
+    loaded = checkpoint.load_open_clip("tiny-s", str(path), "cpu", image_size=64, context_length=48)
+    assert loaded.model.visual.image_size == (64, 64) and loaded.tokenizer(["a"]).shape == (1, 48)
 
 
 def test_open_clip_checkpoint_loads_without_the_random_init_warning(synthetic, tmp_path, caplog):
