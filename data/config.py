@@ -19,6 +19,8 @@ class DataConfig:
     shuffle_buffer: int = 1000  # samples per shuffled block inside a worker
     seed: int = 0
     max_image_pixels: int = 89_478_485  # larger images are skipped (PIL's decompression-bomb limit)
+    # longer captions are skipped: broken text, not a caption (248 tokens of English, Long-CLIP's context, are ~1.5 KB)
+    max_caption_bytes: int = 65_536
     drop_last: bool = False  # epoch mode: drop the last partial step instead of a smaller one
     cache_mb: float = 0  # workers 0 only: keep whole shards and their decoded images in memory (data/cache.py)
 
@@ -45,7 +47,9 @@ class DataConfig:
                 f"data.cache_mb={self.cache_mb} needs data.workers=0 (a worker process lives for one epoch, so its "
                 "cache would be thrown away): set data.workers=0, or data.cache_mb=0"
             )
-        if self.workers < 0 or self.shuffle_buffer < 1 or self.max_image_pixels < 1 or self.prefetch_factor < 1:
+        limits = (self.shuffle_buffer, self.max_image_pixels, self.max_caption_bytes, self.prefetch_factor)
+        if self.workers < 0 or min(limits) < 1:
             raise DataError(
-                "data.workers must be >= 0, data.shuffle_buffer, data.max_image_pixels and data.prefetch_factor >= 1"
+                "data.workers must be >= 0, data.shuffle_buffer, data.max_image_pixels, data.max_caption_bytes and "
+                "data.prefetch_factor >= 1"
             )

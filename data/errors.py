@@ -10,6 +10,7 @@ SKIP_CAUSES = (
     "missing_caption",  # no .txt in the sample
     "empty_caption",  # caption is empty or only whitespace
     "non_utf8_caption",  # caption bytes are not UTF-8
+    "oversized_caption",  # caption longer than max_caption_bytes (broken text, not a caption)
     "transform_error",  # the image transform raised on a decoded image
 )
 

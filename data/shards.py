@@ -164,6 +164,7 @@ class TrainData:
             cfg.workers,
             cfg.shuffle_buffer,
             cfg.max_image_pixels,
+            cfg.max_caption_bytes,
             self.batch,
             positions,
         )

@@ -129,7 +129,7 @@ def block_rng(stream_key: str, block: int) -> random.Random:
     return random.Random(f"{stream_key}:{block}")
 
 
-def decode(sample: dict, max_pixels: int) -> tuple[Image.Image, str]:
+def decode(sample: dict, max_pixels: int, max_caption_bytes: int = 65_536) -> tuple[Image.Image, str]:
     """(RGB PIL image, caption) of a raw sample, or BadSample naming why it is skipped."""
     if "__error__" in sample:
         raise BadSample(sample["__error__"])
@@ -138,6 +138,8 @@ def decode(sample: dict, max_pixels: int) -> tuple[Image.Image, str]:
         raise BadSample("missing_image")
     if "txt" not in sample:
         raise BadSample("missing_caption")
+    if len(sample["txt"]) > max_caption_bytes:  # before decoding or tokenizing it
+        raise BadSample("oversized_caption")
     try:
         text = sample["txt"].decode("utf-8").strip()
     except UnicodeDecodeError:
@@ -182,6 +184,7 @@ class StreamJob:
     workers: int
     shuffle_buffer: int
     max_pixels: int
+    max_caption_bytes: int
     start_batch: int = 0
     positions: dict[int, dict] = field(default_factory=dict)  # logical worker -> position to resume at
 
@@ -246,7 +249,7 @@ class ShardStream(IterableDataset):
         kept = self.cache.decoded(sample) if self.cache is not None else None
         if kept is not None:
             return kept
-        image, caption = decode(sample, self.job.max_pixels)
+        image, caption = decode(sample, self.job.max_pixels, self.job.max_caption_bytes)
         if self.cache is not None:
             self.cache.keep(sample, image, caption)
         return image, caption

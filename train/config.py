@@ -240,6 +240,7 @@ RANGES = {
     ("data", "workers"): at_least(0),
     ("data", "shuffle_buffer"): at_least(1),
     ("data", "max_image_pixels"): at_least(1),
+    ("data", "max_caption_bytes"): at_least(1),
     ("data", "train_num_samples"): at_least(1),
     ("data", "seed"): (lambda v: 0 <= v < 2**32, "in [0, 2**32)"),
     ("model", "patch_dropout"): (lambda v: 0 <= v < 1, "in [0, 1)"),

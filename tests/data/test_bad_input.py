@@ -41,6 +41,8 @@ def zoo_members() -> list[tuple[str, bytes]]:
         *good([102]),
         ("000100.jpg", jpeg()),
         ("000100.txt", b"sample 100"),  # key 100 again
+        ("000009.jpg", jpeg()),
+        ("000009.txt", b"word " * 30),  # 150 bytes > limit
         *good([103, 104]),
     ]
 
@@ -66,6 +68,7 @@ def test_every_kind_of_bad_input_is_skipped_and_counted(tmp_path):
         workers=0,
         shuffle_buffer=1,
         max_image_pixels=1000,
+        max_caption_bytes=100,
     )
     data = build_train_data(cfg, to_tensor, ids_tokenizer)
     ids = sorted(i for batch in batch_ids(data.loader) for i in batch)
@@ -79,6 +82,7 @@ def test_every_kind_of_bad_input_is_skipped_and_counted(tmp_path):
         "missing_caption": 1,
         "empty_caption": 1,
         "non_utf8_caption": 1,
+        "oversized_caption": 1,
         "transform_error": 0,
     }
 
@@ -114,6 +118,7 @@ def test_a_shard_with_nothing_readable_is_an_error_not_a_hang(tmp_path):
         ("{dir}/a.tar", {"train_weights": "1"}, "resampled"),
         ("{dir}/a.tar", {"train_weights": "1::2", "resampled": True}, "one weight per source"),
         ("pipe:cat {dir}/a.tar", {}, "number of samples"),
+        ("{dir}/a.tar", {"max_caption_bytes": 0}, "data.max_caption_bytes"),
     ],
 )
 def test_bad_configs_fail_at_start_up_in_one_line(tmp_path, spec, options, message):
