@@ -1,5 +1,6 @@
 """Stage 1 of linearising a softmax CLIP (train/distill.py): attention transfer to a frozen teacher."""
 
+import json
 from contextlib import nullcontext
 
 import pytest
@@ -213,7 +214,7 @@ def test_distillation_terms_vanish_for_a_student_equal_to_its_teacher(teacher_fi
 
 
 def test_stage_two_trains_the_whole_student_and_logs_each_term(tmp_path, synthetic, teacher_file):
-    from tests.train.common import checkpoints, run, tiny_config, train_records, weights
+    from tests.train.common import checkpoints, metrics, run, tiny_config, train_records, weights
 
     config = tiny_config(tmp_path, synthetic, optim={"lr": 3e-3, "warmup_steps": 1}, train={"max_steps": 6})
     overrides = ["model.image_attention=linear_affine_nodenom", "distill.stage=distill", "distill.embedding_weight=2"]
@@ -226,6 +227,11 @@ def test_stage_two_trains_the_whole_student_and_logs_each_term(tmp_path, synthet
     final = weights(checkpoints(tmp_path / "run")[-1])
     teacher = load_file(str(teacher_file))
     assert not torch.equal(final["visual.conv1.weight"], teacher["visual.conv1.weight"])  # not frozen here
+    # the end-of-run summary, as any run's: the student's sizes and attentions, the closing metrics record
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["image_attention"] == "linear_affine_nodenom" and summary["text_attention"] == "softmax"
+    end = metrics(tmp_path / "run")[-1]
+    assert end.get("end") and end["step"] == 6 and end["skipped_total"] == 0
 
 
 def test_stage_one_resumes_exactly_mid_stage(tmp_path, synthetic, teacher_file):
