@@ -332,6 +332,30 @@ def test_loading_at_another_size_resamples_the_position_tables_as_open_clip_does
     assert not torch.equal(kept.positional_embedding[keep : 2 * keep], ours.positional_embedding[keep : 2 * keep])
 
 
+def test_each_resample_is_one_log_line_and_a_short_caption_keeps_its_embedding(tmp_path, caplog):
+    """Loading at 64 px and twice the context logs one line per table; with the first 20 text positions kept
+    (text_pos_keep), a caption shorter than 20 tokens has exactly the source model's text embedding (the text tower
+    is causal: its end-of-text token sees only kept positions)."""
+    import open_clip
+    from safetensors.torch import save_file
+
+    torch.manual_seed(0)
+    source = open_clip.create_model("tiny-s").eval()
+    path = tmp_path / "tiny-s.safetensors"
+    save_file({k: v.contiguous() for k, v in source.state_dict().items()}, str(path))
+    context = source.positional_embedding.shape[0] * 2
+    with caplog.at_level("INFO", logger="models.pretrained"):
+        stretched = create_model("tiny-s", pretrained=str(path), image_size=64, context_length=context).eval()
+    lines = [r.getMessage() for r in caplog.records if "resampled" in r.getMessage() or "stretched" in r.getMessage()]
+    assert len(lines) == 2 and "visual.positional_embedding resampled from (17, 64) to (65, 64)" in lines[0]
+    assert f"text positions stretched from {context // 2} to {context} (first 20 kept" in lines[1]
+    caption = ["a red circle"]  # 5 tokens with start and end
+    with torch.no_grad():
+        ours = stretched.encode_text(open_clip.get_tokenizer("tiny-s", context_length=context)(caption))
+        theirs = source.encode_text(open_clip.get_tokenizer("tiny-s")(caption))
+    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
+
+
 def test_a_tensor_that_cannot_be_resampled_refuses_the_load_unless_allowed_fresh(tmp_path):
     """Another patch size (conv1 of another shape) is one error naming the tensor and both shapes; with
     model.pretrained_fresh matching it, it keeps its initialisation and everything else loads."""
