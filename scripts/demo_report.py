@@ -152,10 +152,14 @@ def support(runs: list[dict], fits: dict) -> list[str]:
 
 
 def times(m, ratio: float) -> str:
-    """The samples multiplier m.k times a cost ratio per sample, '>' for a lower bound; '' when either is unknown."""
+    """The samples multiplier m.k and its interval times a cost ratio per sample, '>' for a lower bound; '' when
+    either is unknown. The ratio is one measured number: the interval is the samples multiplier's, scaled."""
     if np.isnan(m.k) or not np.isfinite(ratio):
         return ""
-    return f"{'>' if m.censored else ''}{m.k * ratio:.2f}x"
+    if m.censored or not np.isfinite(m.lo):
+        return f"{'>' if m.censored else ''}{m.k * ratio:.2f}x"
+    hi = f"{m.hi * ratio:.2f}" if np.isfinite(m.hi) else "inf"
+    return f"{m.k * ratio:.2f}x [{m.lo * ratio:.2f}, {hi}]"
 
 
 def multiplier_table(runs: list[dict], targets: list[float], n_images: int, n_boot: int) -> str:
@@ -294,7 +298,8 @@ def report_md(runs, fits, specs, bench, study, args, clock, format_table, num_cl
         f"images (eval/multiplier.py); '>' marks a run that never reaches the target within its budget (a lower "
         f"bound); targets softmax of that size never reaches are left out. The compute multiplier also counts the "
         f"GMACs per sample of each attention, the time multiplier each run's median training samples per second "
-        f"in this study (runs {study.jobs} at a time on {study.threads_per_job} thread(s) each).\n",
+        f"in this study (runs {study.jobs} at a time on {study.threads_per_job} thread(s) each); their intervals "
+        f"are the samples multiplier's scaled by that one ratio (the ratio's own noise is not in them).\n",
     ]
     for name, (_, _, _, _, _, title) in specs.items():
         report = fits[name]

@@ -2,8 +2,9 @@
 
 import math
 
+from eval.multiplier import Multiplier
 from scripts.demo_claims import NODENOM, NORMALISED, claims, flattened, step_ratios
-from scripts.demo_report import multiplier_table
+from scripts.demo_report import multiplier_table, times
 
 SAMPLES = [1000, 2000, 4000, 8000]
 
@@ -109,3 +110,11 @@ def test_the_multiplier_table_has_a_row_where_softmax_of_that_size_reaches_the_t
     rows = [line for line in multiplier_table(runs, [0.6, 0.4, 0.2], 1000, 50).splitlines()[2:]]
     # 60%: 2828 vs 1414 samples (log-linear); 40%: Eq. 7 never (a lower bound); 20%: softmax never gets there
     assert len(rows) == 2 and "| 60% | 2,828 | 1,414 | 2.00x [" in rows[0] and "> 2.52x (never" in rows[1]
+
+
+def test_compute_and_time_multipliers_carry_the_scaled_interval():
+    reached = Multiplier(0.2, 2.0, 1.5, 3.0, False, 200.0, 100.0, 0)
+    assert times(reached, 2.0) == "4.00x [3.00, 6.00]"
+    assert times(Multiplier(0.2, 2.0, 1.5, math.inf, False, 200.0, 100.0, 0), 0.5) == "1.00x [0.75, inf]"
+    assert times(Multiplier(0.2, 3.0, 3.0, math.inf, True, math.inf, 100.0, 0), 2.0) == ">6.00x"
+    assert times(reached, math.nan) == ""
