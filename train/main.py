@@ -143,7 +143,10 @@ def check_storage(cfg: Config, world_size: int) -> None:
 
 def build_data(data_cfg: DataConfig, model_cfg: ModelConfig, augment: bool, accelerator):
     """The train stream of this rank; a missing or bad shard spec is a ConfigError before any training."""
-    train_transform, eval_transform = transforms(model_cfg)
+    try:
+        train_transform, eval_transform = transforms(model_cfg)
+    except ValueError as e:  # a size the patch does not divide, found first here: the data comes before the model
+        raise ConfigError(f"model: {e}") from None
     # the same numbers, cheaper: uint8 from the workers, normalised on the device; repeated captions tokenized once
     per_sample, per_batch = split_normalise(train_transform if augment else eval_transform)
     try:

@@ -1,8 +1,11 @@
 """Bad input files given to the command lines (python -m train, train.submit, data.synthetic): one `error:` line
 naming the file and what is wrong, a non-zero exit, nothing written."""
 
+import json
+
 import pytest
 
+from models import create_model, summary
 from tests.hostile import code_pickle
 from tests.train.common import cli, finish, run, tiny_config
 from train.config import ConfigError
@@ -14,6 +17,22 @@ def test_python_m_train_on_a_file_that_is_not_yaml(tmp_path):
     code, _, err = finish(cli([str(bad)]))
     assert code == 1 and err.startswith(f"error: {bad} is not valid YAML at line 3, column 1: ")
     assert err.count("\n") == 1
+
+
+def test_training_at_another_size_and_a_size_the_patch_does_not_divide(tmp_path, synthetic):
+    """model.image_size / model.context_length train the size at another resolution and text length (the summary's
+    sizes follow); an image size the patch does not divide is one error line naming the nearest valid sizes."""
+    path = tiny_config(tmp_path, synthetic, train={"max_steps": 1})
+    assert run(path, "model.image_size=64", "model.context_length=24", "optim.warmup_steps=1") == 0
+    written = json.loads((tmp_path / "run" / "summary.json").read_text())
+    expected = summary(create_model("tiny-s", image_size=64, context_length=24))
+    assert written["image_gmacs"] == pytest.approx(expected["image_gmacs"])
+    assert written["image_gmacs"] > 3 * summary(create_model("tiny-s"))["image_gmacs"]  # 64 image tokens, not 16
+    argv = [str(path), "model.image_size=70", "optim.warmup_steps=1", f"train.run_dir={tmp_path / 'bad'}"]
+    code, _, err = finish(cli(argv))
+    assert code == 1 and err.count("\n") == 1, err
+    assert err.startswith("error: model: model.image_size=70 is not a multiple of tiny-s's patch size 8; nearest")
+    assert "sizes: 64, 72" in err and not (tmp_path / "bad").exists()
 
 
 def test_resume_from_a_checkpoint_with_a_code_running_pickle(tmp_path, synthetic):
