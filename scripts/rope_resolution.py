@@ -37,6 +37,7 @@ def parse_args(argv):
     p.add_argument("--steps", type=int, default=800)
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--eval-sizes", default="32,48,64")
+    p.add_argument("--finetune-steps", type=int, default=100, help="then fine-tune each at the largest size (0: not)")
     p.add_argument("--out", default=f"runs/rope-resolution-{datetime.now(UTC):%Y%m%d-%H%M%S}")
     return p.parse_args(argv)
 
@@ -48,6 +49,7 @@ def main(argv=None) -> Path:
     data = Path(args.data) if args.data else out / "data"
     if not args.data:
         make_synthetic(data, train_samples=32000, val_samples=64, eval_per_class=30, image_size=32, seed=0)
+    sizes = [int(s) for s in args.eval_sizes.split(",")]
     jobs = []
     for kind in KINDS:
         settings = {
@@ -63,19 +65,34 @@ def main(argv=None) -> Path:
             "train.resume": "none",
             "train.progress": False,
         }
-        argv = [sys.executable, "-m", "train", "configs/demo.yaml", *overrides(settings)]
-        jobs.append(Job(args.size, kind, out / kind, argv))
+        jobs.append(Job(args.size, kind, out / kind, train_argv(settings)))
+        if args.finetune_steps:  # from the run above, at the largest size: its table resampled on load
+            tuned = settings | {"model.pretrained": str(out / kind), "model.image_size": max(sizes)}
+            tuned |= {"train.max_steps": args.finetune_steps, "optim.warmup_steps": 10}
+            tuned |= {"train.run_dir": str(out / f"{kind}-tuned")}
+            jobs.append(Job(args.size, f"{kind} tuned", out / f"{kind}-tuned", train_argv(tuned), after=jobs[-1]))
     run_jobs(jobs, parallel=2, threads=1, report=lambda m: print(m, file=sys.stderr))
     results = {}
     for kind in KINDS:
-        for size in (int(s) for s in args.eval_sizes.split(",")):
-            path = out / f"{kind}-{size}px.json"
-            command = [sys.executable, "-m", "eval.zeroshot", str(out / kind), "--dataset", str(data / "eval")]
-            command += ["--image-size", str(size), "--out", str(path)]
-            subprocess.run(command, cwd=REPO, check=True, capture_output=True)
-            results[kind, size] = json.loads(path.read_text())["top1"]
+        for size in sizes:
+            results[kind, size] = zeroshot_top1(out / kind, data, size, out / f"{kind}-{size}px.json")
+        if args.finetune_steps:
+            results[f"{kind}-tuned", max(sizes)] = zeroshot_top1(
+                out / f"{kind}-tuned", data, max(sizes), out / f"{kind}-tuned-{max(sizes)}px.json"
+            )
     write(out, args, results, time.perf_counter() - start)
     return out / "rope_resolution.md"
+
+
+def train_argv(settings: dict) -> list[str]:
+    return [sys.executable, "-m", "train", "configs/demo.yaml", *overrides(settings)]
+
+
+def zeroshot_top1(run: Path, data: Path, size: int, path: Path) -> float:
+    command = [sys.executable, "-m", "eval.zeroshot", str(run), "--dataset", str(data / "eval")]
+    command += ["--image-size", str(size), "--out", str(path)]
+    subprocess.run(command, cwd=REPO, check=True, capture_output=True)
+    return json.loads(path.read_text())["top1"]
 
 
 def write(out: Path, args, results: dict, seconds: float) -> None:
@@ -88,13 +105,17 @@ def write(out: Path, args, results: dict, seconds: float) -> None:
         f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {platform.machine()} with {os.cpu_count()} cores, load average "
         f"{os.getloadavg()[0]:.1f} at the end, {seconds / 60:.1f} min. Trained at 32 px (softmax, cosine over "
         f"{args.steps} steps of 64), zero-shot top-1 on the embedded 24-class set at each evaluation size; "
-        "learnable: the table resampled on load (bicubic), rope: no table.",
+        "learnable: the table resampled on load (bicubic), rope: no table; tuned: then fine-tuned "
+        f"{args.finetune_steps} steps at {sizes[-1]} px (the 32 px training images upsampled by the transform), from "
+        "the table resampled (learnable) or as is (rope).",
         "",
         "| image positions | " + " | ".join(f"{s} px ({(s // patch) ** 2} patches)" for s in sizes) + " |",
         "|---|" + "---:|" * len(sizes),
     ]
-    for kind in KINDS:
-        lines.append(f"| {kind} | " + " | ".join(f"{100 * results[kind, s]:.1f}%" for s in sizes) + " |")
+    for kind in [row for base in KINDS for row in (base, f"{base}-tuned")]:
+        if any((kind, s) in results for s in sizes):
+            cells = (f"{100 * results[kind, s]:.1f}%" if (kind, s) in results else "" for s in sizes)
+            lines.append(f"| {kind.replace('-tuned', ', tuned')} | " + " | ".join(cells) + " |")
     (out / "rope_resolution.md").write_text("\n".join(lines) + "\n")
 
 

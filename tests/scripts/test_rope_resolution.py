@@ -7,9 +7,13 @@ from scripts import rope_resolution
 
 def test_rope_resolution_trains_both_and_evaluates_each_size(tmp_path):
     make_synthetic(tmp_path / "data", train_samples=128, val_samples=16, eval_per_class=1, image_size=32, seed=0)
-    argv = ["--data", str(tmp_path / "data"), "--steps", "3", "--eval-sizes", "64", "--out", str(tmp_path / "o")]
-    text = rope_resolution.main(argv).read_text()
+    argv = ["--data", str(tmp_path / "data"), "--steps", "3", "--eval-sizes", "64", "--finetune-steps", "2"]
+    text = rope_resolution.main([*argv, "--out", str(tmp_path / "o")]).read_text()
     assert "| image positions | 64 px (64 patches) |" in text
     for kind in ("learnable", "rope"):
         row = next(line for line in text.splitlines() if line.startswith(f"| {kind} |"))
         assert row.count("%") == 1, row
+        tuned = next(line for line in text.splitlines() if line.startswith(f"| {kind}, tuned |"))
+        assert tuned.count("%") == 1, tuned
+    config = (tmp_path / "o" / "learnable-tuned" / "config.yaml").read_text()
+    assert "image_size: 64" in config and str(tmp_path / "o" / "learnable") in config
