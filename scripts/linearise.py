@@ -126,7 +126,8 @@ def compare(out: Path, teacher: dict, scratch: dict[str, dict], args) -> dict[st
     results = {}
     for attention, own in scratch.items():
         lin = [(args.transfer_steps + s, t) for s, t in curve(out / f"{attention}-distill")]
-        base = [(samples // run_batch(own["run_dir"]), top1) for samples, top1 in own.get("run_curve") or own["curve"]]
+        batch = run_batch(own["run_dir"])
+        base = [(samples // batch, top1) for samples, top1 in own.get("run_curve") or own["curve"]]
         results[attention] = {
             "linearised_curve": lin,
             "scratch_curve": base,
