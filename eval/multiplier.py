@@ -5,7 +5,10 @@ A learning curve is the zero-shot error at each evaluation, against samples seen
 first reaches a target error are interpolated linearly in log(samples) between the last evaluation above the
 target and the first at or below it (a curve already at the target at its first evaluation reaches it there); a
 curve that never reaches it has reached it at +inf, and a multiplier over it is censored: it is at least
-(its samples seen) / (the reference's samples to the target).
+(its samples seen) / (the reference's samples to the target). A reference already at the target at its first
+evaluation gives no multiplier: it may have got there at any point before, so its samples to the target are only an
+upper bound (with budgets from cooldown branches, both curves then start at their first budget and k would be just
+the ratio of the budgets); a curve already at the target at its first evaluation gives an upper bound on k.
 
 The interval is a parametric bootstrap over the evaluation's noise: each evaluation's error is a proportion of
 `n_images` images, so each replicate draws every point of both curves again as Binomial(n_images, error) /
@@ -45,7 +48,9 @@ class Multiplier:
 
     censored: the curve never reaches the target, so k is a lower bound (k = its samples seen over the
     reference's samples to the target); reference_missed: replicates left out because the reference never
-    reached the target in them."""
+    reached the target in them; reference_at_start: the reference is at the target at its first evaluation (k is
+    not measured: `text` says so and tables leave it out); at_start: the curve is at the target at its first
+    evaluation, so k is an upper bound."""
 
     target: float
     k: float
@@ -55,13 +60,19 @@ class Multiplier:
     samples: float
     reference_samples: float
     reference_missed: int = 0
+    reference_at_start: bool = False
+    at_start: bool = False
 
     def text(self) -> str:
         """'2.31x [1.90, 2.80]', '> 3.00x (never reached)' or 'n/a'."""
         if not math.isfinite(self.reference_samples):
             return "n/a (the reference never reaches it)"
+        if self.reference_at_start:
+            return "n/a (the reference is there at its first evaluation)"
         if self.censored:
             return f"> {self.k:.2f}x (never reached)"
+        if self.at_start:
+            return f"< {self.k:.2f}x (there at its first evaluation)"
         hi = f"{self.hi:.2f}" if math.isfinite(self.hi) else "inf"
         return f"{self.k:.2f}x [{self.lo:.2f}, {hi}]"
 
@@ -91,4 +102,4 @@ def multiplier(
         lo, hi = (float(np.quantile(draws, q, method=m)) for q, m in ((0.025, "lower"), (0.975, "higher")))
     else:
         lo = hi = math.nan
-    return Multiplier(target, k, lo, hi, censored, mine, ref, missed)
+    return Multiplier(target, k, lo, hi, censored, mine, ref, missed, reference[1][0] <= target, curve[1][0] <= target)

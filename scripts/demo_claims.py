@@ -102,9 +102,12 @@ def claim_a(run: dict, ref: dict) -> tuple[str, str]:
 
 def claim_b(m, size: str) -> tuple[str, str]:
     numbers = f"{size}, target {100 * m.target:.0f}% error: {m.text()} softmax's samples"
-    if (m.k if m.censored else m.lo) >= MUCH_SLOWER:
+    if m.reference_at_start:
+        return "undetermined", numbers
+    lo, hi = (m.k, math.inf) if m.censored else (0.0, m.k) if m.at_start else (m.lo, m.hi)
+    if lo >= MUCH_SLOWER:
         return "supported", numbers
-    return ("not supported" if not m.censored and m.hi < MUCH_SLOWER else "undetermined"), numbers
+    return ("not supported" if hi < MUCH_SLOWER else "undetermined"), numbers
 
 
 def claim_c(fits: dict) -> tuple[str, str]:
@@ -124,9 +127,9 @@ def claim_c(fits: dict) -> tuple[str, str]:
 
 def claim_d(m, ratios: dict[int, float]) -> tuple[str, str]:
     """More samples (k's interval above 1) but less time at the longest length measured (k x step ratio < 1)."""
-    if not math.isfinite(m.reference_samples):
-        return "undetermined", "softmax reaches no target"
-    k_lo, k_hi = (m.k, math.inf) if m.censored else (m.lo, m.hi)
+    if not math.isfinite(m.reference_samples) or m.reference_at_start:
+        return "undetermined", f"target {100 * m.target:.0f}% error: {m.text()}"
+    k_lo, k_hi = (m.k, math.inf) if m.censored else (0.0, m.k) if m.at_start else (m.lo, m.hi)
     times = ", ".join(f"{n} tokens {m.k * r:.2f}x" for n, r in sorted(ratios.items()))
     numbers = f"target {100 * m.target:.0f}% error: {m.text()} the samples; time to it vs softmax's: {times}"
     if not ratios:

@@ -156,8 +156,8 @@ def times(m, ratio: float) -> str:
     either is unknown. The ratio is one measured number: the interval is the samples multiplier's, scaled."""
     if np.isnan(m.k) or not np.isfinite(ratio):
         return ""
-    if m.censored or not np.isfinite(m.lo):
-        return f"{'>' if m.censored else ''}{m.k * ratio:.2f}x"
+    if m.censored or m.at_start or not np.isfinite(m.lo):
+        return f"{'>' if m.censored else '<' if m.at_start else ''}{m.k * ratio:.2f}x"
     hi = f"{m.hi * ratio:.2f}" if np.isfinite(m.hi) else "inf"
     return f"{m.k * ratio:.2f}x [{m.lo * ratio:.2f}, {hi}]"
 
@@ -179,8 +179,8 @@ def multiplier_table(runs: list[dict], targets: list[float], n_images: int, n_bo
                 continue
             curves = [([s for s, _ in r["curve"]], [1 - t for _, t in r["curve"]]) for r in (run, ref)]
             m = multiplier(*curves, target, n_images=n_images, n_boot=n_boot)
-            if not np.isfinite(m.reference_samples):
-                continue  # softmax of this size never gets there: nothing to compare with
+            if not np.isfinite(m.reference_samples) or m.reference_at_start:
+                continue  # softmax of this size never gets there, or is there from its first evaluation: no k
             compute = run["gmacs_per_sample"] / ref["gmacs_per_sample"]
             # seconds per sample at the study's own measured training throughput
             seconds = ref.get("samples_per_s", np.nan) / run.get("samples_per_s", np.nan)
@@ -296,8 +296,9 @@ def report_md(runs, fits, specs, bench, study, args, clock, format_table, num_cl
         f"{'the ends of its budgets' if study.budgets else 'evaluations'}); the "
         f"multiplier is that over softmax's, the interval a bootstrap over the noise of the {n_images} zero-shot "
         f"images (eval/multiplier.py); '>' marks a run that never reaches the target within its budget (a lower "
-        f"bound); targets softmax of that size never reaches are left out. The compute multiplier also counts the "
-        f"GMACs per sample of each attention, the time multiplier each run's median training samples per second "
+        f"bound); targets softmax of that size never reaches, or reaches by its first evaluation, are left out. The "
+        f"compute multiplier also counts the GMACs per sample of each attention, the time multiplier each run's "
+        f"median training samples per second "
         f"in this study (runs {study.jobs} at a time on {study.threads_per_job} thread(s) each); their intervals "
         f"are the samples multiplier's scaled by that one ratio (the ratio's own noise is not in them).\n",
     ]

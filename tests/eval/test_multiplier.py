@@ -54,3 +54,15 @@ def test_the_bootstrap_is_repeatable_for_a_seed():
     args = ((SAMPLES, [0.8, 0.6, 0.45, 0.35]), (SAMPLES, [0.7, 0.5, 0.3, 0.25]), 0.45)
     a, b = multiplier(*args, n_images=300, n_boot=200, seed=3), multiplier(*args, n_images=300, n_boot=200, seed=3)
     assert a == b
+
+
+def test_a_reference_at_the_target_from_its_first_evaluation_gives_no_multiplier():
+    # both curves start below 60%: each first evaluation is only an upper bound on its samples to the target, so
+    # k = 2 would be the ratio of the first evaluations, not a measurement
+    m = multiplier(([2 * s for s in SAMPLES], [0.5, 0.4, 0.3, 0.2]), (SAMPLES, [0.5, 0.4, 0.3, 0.2]), 0.6, 1000, 20)
+    assert m.reference_at_start and m.at_start and m.text().startswith("n/a (the reference is there at its first")
+    # the curve alone at the target at its first evaluation: an upper bound on k
+    m = multiplier((SAMPLES, [0.5, 0.4, 0.3, 0.2]), (SAMPLES, [0.8, 0.7, 0.5, 0.2]), 0.6, 1000, 20)
+    assert (
+        m.at_start and not m.reference_at_start and m.text() == "< 0.35x (there at its first evaluation)"
+    )  # 100 / sqrt(200 * 400)

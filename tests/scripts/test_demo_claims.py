@@ -118,3 +118,12 @@ def test_compute_and_time_multipliers_carry_the_scaled_interval():
     assert times(Multiplier(0.2, 2.0, 1.5, math.inf, False, 200.0, 100.0, 0), 0.5) == "1.00x [0.75, inf]"
     assert times(Multiplier(0.2, 3.0, 3.0, math.inf, True, math.inf, 100.0, 0), 2.0) == ">6.00x"
     assert times(reached, math.nan) == ""
+
+
+def test_targets_softmax_meets_at_its_first_evaluation_give_no_row_and_an_early_run_an_upper_bound():
+    runs = [run("softmax", [0.55, 0.45, 0.3, 0.2], 1.0), run(NODENOM, [0.38, 0.3, 0.2, 0.1], 1.2, budget=2)]
+    rows = multiplier_table(runs, [0.6, 0.4, 0.2], 1000, 50).splitlines()[2:]
+    # 60%: softmax there at its first evaluation (no row); 40%: Eq. 7 there at its first, 2,000 samples against
+    # softmax's 2,520: an upper bound, in the compute multiplier too; 20%: both reach it later, a measured k
+    assert len(rows) == 2 and "| 40% | 2,000 | 2,520 | < 0.79x (there at its first evaluation) | <0.79x |" in rows[0]
+    assert "| 20% | 8,000 | 8,000 | 1.00x [" in rows[1]
