@@ -192,12 +192,12 @@ def multiplier_table(runs: list[dict], targets: list[float], n_images: int, n_bo
     return "\n".join(rows) + "\n"
 
 
-def budget_lines(runs: list[dict]) -> list[str]:
+def budget_lines(runs: list[dict], n_images: int | None = None) -> list[str]:
     """Per attention, whether its largest run's learning curve flattened within its budget, and by how much not."""
     lines = []
     for attention, group in by_attention(runs).items():
         largest = group[-1]
-        flat, change = flattened(largest)
+        flat, change = flattened(largest, n_images)
         verdict = (
             "looks flat: converged, or on a plateau it has not left yet (only a longer budget tells which)"
             if flat
@@ -212,7 +212,8 @@ def budget_lines(runs: list[dict]) -> list[str]:
         )
         lines.append(
             f"- {attention}: the largest run ({largest['size']}, {largest['samples_seen']:,} samples) {verdict}; "
-            f"its zero-shot error changed {change:+.0%} {span} (flat: within {100 * FLAT:.0f}% relative)."
+            f"its zero-shot error changed {change:+.0%} {span} (flat: within {100 * FLAT:.0f}% relative, or within 2 "
+            f"binomial standard errors of its last error on the zero-shot set)."
         )
     return lines
 
@@ -283,7 +284,7 @@ def report_md(runs, fits, specs, bench, study, args, clock, format_table, num_cl
         "run (negative: still improving).\n",
         "![learning curves](learning_curves.png)\n",
         *budget_section(runs, study),
-        "Budgets:\n\n" + "\n".join(budget_lines(runs)) + "\n",
+        "Budgets:\n\n" + "\n".join(budget_lines(runs, n_images)) + "\n",
         "## What the data support\n",
         "\n".join(support(runs, fits)) + "\n",
         "Rules: exponents 'follow' softmax's when the 95% interval of their difference contains 0.\n",

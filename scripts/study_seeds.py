@@ -169,14 +169,14 @@ def hardest_shared_target(seeds: list[Seed], size: str, targets: list[float]) ->
     return min(ok, default=None)
 
 
-def claim_rows(seeds: list[Seed], targets: list[float]) -> list[tuple[str, str, str]]:
-    """[(claim, verdict, numbers)] judged on the intervals over seeds (RULES)."""
+def claim_rows(seeds: list[Seed], targets: list[float], n_images: int | None = None) -> list[tuple[str, str, str]]:
+    """[(claim, verdict, numbers)] judged on the intervals over seeds (RULES); n_images: the zero-shot set's size."""
     rows = []
     sizes = sizes_of(seeds, NODENOM)
     if not sizes:
         return [("all", "undetermined", "no Eq. 7 and softmax runs of the same size at every seed")]
     size = sizes[-1]
-    verdicts = [claim_a(run_of(s, NODENOM, size), run_of(s, "softmax", size))[0] for s in seeds]
+    verdicts = [claim_a(run_of(s, NODENOM, size), run_of(s, "softmax", size), n_images)[0] for s in seeds]
     gap = spread([run_of(s, "softmax", size)["top1"] - run_of(s, NODENOM, size)["top1"] for s in seeds])
     agreed = verdicts[0] if len(set(verdicts)) == 1 else "undetermined"
     numbers = f"{size}: seeds say {', '.join(verdicts)}; softmax - Eq. 7 top-1 {gap.text('{:+.1%}')}"
@@ -268,10 +268,10 @@ def tables(seeds: list[Seed], targets: list[float]) -> list[str]:
     return ["\n".join(t) + "\n" for t in (best, alpha, mult, lrs)]
 
 
-def report(seeds: list[Seed], targets: list[float], command: str) -> str:
+def report(seeds: list[Seed], targets: list[float], command: str, n_images: int | None = None) -> str:
     best, alpha, mult, lrs = tables(seeds, targets)
     claims = ["| claim | verdict | numbers |", "|---|---|---|"]
-    claims += [f"| {c} | **{v}** | {n} |" for c, v, n in claim_rows(seeds, targets)]
+    claims += [f"| {c} | **{v}** | {n} |" for c, v, n in claim_rows(seeds, targets, n_images)]
     folders = ", ".join(f"seed {s.seed}: `{s.folder}`" for s in seeds)
     return "\n".join(
         [
@@ -304,11 +304,13 @@ def main(argv=None) -> str:
     args = p.parse_args(argv)
     try:
         seeds = [load_seed(f) for f in args.folders]
-        targets = load_study(args.study).fits.get("targets", [0.2])
+        study = load_study(args.study)
     except StudyError as e:
         raise SystemExit(f"error: {e}") from None
+    classnames = seeds[0].folder / "data" / "eval" / "classnames.txt"
+    n_images = len(classnames.read_text().splitlines()) * study.data["eval_per_class"] if classnames.is_file() else None
     command = "python -m scripts.study_seeds " + " ".join(str(f) for f in args.folders)
-    text = report(seeds, targets, command)
+    text = report(seeds, study.fits.get("targets", [0.2]), command, n_images)
     if args.out:
         args.out.write_text(text)
     else:

@@ -250,6 +250,18 @@ def test_full_study_doubles_the_budgets_with_the_main_jobs_rates():
     }
 
 
+def test_flat_study_gives_four_times_the_budgets_with_the_main_job_as_one_of_them():
+    """configs/study/flat.yaml: the two largest sizes at 4x each attention's steps, the main job's rates, and a
+    cooldown branch at exactly the main job's budget, so its curves extend the main job's."""
+    main, flat = load_study(demo.STUDY), load_study(demo.REPO / "configs" / "study" / "flat.yaml")
+    assert flat.attentions == main.attentions and not flat.lr_sweep and list(flat.sizes) == list(main.sizes)[-2:]
+    steps = {a: flat.per_attention[a]["run"]["train.max_steps"] for a in flat.attentions}
+    base = {a: main.per_attention.get(a, {}).get("run", {}).get("train.max_steps", 800) for a in main.attentions}
+    assert steps == {a: 4 * base[a] for a in base} and 0.25 in flat.budgets["fractions"]
+    # every sample seen a few times, not dozens: the data grow with the budgets
+    assert flat.data["train_samples"] >= max(steps.values()) * 64 / 5
+
+
 def test_resolution_study_puts_softmax_where_attention_dominates():
     """configs/study/resolution.yaml: the same model at two resolutions, the larger >= 256 patches (issue 29), on
     data drawn at the larger one with 1-pixel patterns that the smaller view averages away."""

@@ -127,3 +127,10 @@ def test_targets_softmax_meets_at_its_first_evaluation_give_no_row_and_an_early_
     # softmax's 2,520: an upper bound, in the compute multiplier too; 20%: both reach it later, a measured k
     assert len(rows) == 2 and "| 40% | 2,000 | 2,520 | < 0.79x (there at its first evaluation) | <0.79x |" in rows[0]
     assert "| 20% | 8,000 | 8,000 | 1.00x [" in rows[1]
+
+
+def test_a_change_within_the_zero_shot_noise_counts_as_flat():
+    # 1.0% -> 0.7% error is -30% relative, but 0.3 points is about 2 images of 720: noise, not learning
+    near_zero = run(NODENOM, [0.3, 0.01, 0.007], 1.0)
+    assert not flattened(near_zero)[0] and flattened(near_zero, n_images=720)[0]
+    assert not flattened(run(NODENOM, [0.5, 0.2, 0.1], 1.0), n_images=720)[0]  # 10 points: learning
