@@ -51,6 +51,7 @@ TRAINS = (
     "tests/train/test_cli_errors.py",
     "tests/train/test_branch.py",
     "tests/train/test_distill.py",
+    "tests/train/test_stages.py",
     "tests/train/test_step_efficiency.py",
     "tests/scripts/test_gpu_train_check.py",
     "tests/scripts/test_bench_attention.py",

@@ -107,10 +107,15 @@ class DistillConfig:
     output on the teacher's hidden states, only attention parameters trainable (LoLCATs' attention transfer);
     distill = the whole student trained on contrastive_weight x the contrastive loss + embedding_weight x
     (1 - cosine to the teacher's image and text embeddings) + similarity_weight x the KL divergence from the
-    teacher's image-text similarity distribution over the batch (both directions), each term logged."""
+    teacher's image-text similarity distribution over the batch (both directions), each term logged; both = stage
+    1 for transfer_steps steps at transfer_lr (optim.lr when null) with transfer_warmup_steps of warm-up (optim's
+    when null) in RUN_DIR/transfer, then stage 2 from it in RUN_DIR with the rest of the config (train/stages.py)."""
 
     teacher: str | None = None
-    stage: Literal["transfer", "distill"] = "transfer"
+    stage: Literal["transfer", "distill", "both"] = "transfer"
+    transfer_steps: int = 0
+    transfer_lr: float | None = None
+    transfer_warmup_steps: int | None = None
     contrastive_weight: float = 1.0
     embedding_weight: float = 1.0
     similarity_weight: float = 1.0
@@ -211,6 +216,11 @@ def build_config(raw: dict) -> Config:
     cfg = Config(**sections)
     check_ranges(cfg)
     check_model_names(cfg)
+    if cfg.distill.stage == "both" and not (cfg.distill.teacher and cfg.distill.transfer_steps >= 1):
+        raise ConfigError(
+            "distill.stage=both runs attention transfer, then distillation: it needs distill.teacher and "
+            "distill.transfer_steps >= 1 (stage 1's steps; train.max_steps are stage 2's)"
+        )
     if cfg.distill.teacher and cfg.distill.stage == "transfer" and cfg.model.grad_checkpointing:
         raise ConfigError(
             "distill.stage=transfer feeds each attention layer the teacher's hidden states, which a recomputed "
@@ -255,6 +265,8 @@ RANGES = {
     ("eval", "batch_size"): above(0),
     ("eval", "workers"): at_least(0),
     ("eval", "cache_mb"): at_least(0),
+    ("distill", "transfer_lr"): above(0),
+    ("distill", "transfer_warmup_steps"): at_least(0),
 }
 
 

@@ -30,6 +30,8 @@ and its image-text similarity distribution over the global batch as soft targets
 student, not low-rank adapters: at the sizes this project trains on one node the full model fits, and
 ViT-AdaLA fine-tunes it whole; LoRA (for a teacher and student too big for that) is not here.
 
+`distill.stage: both` runs stage 1 and then stage 2 from one config, each as a run of its own (train/stages.py).
+
 The teacher's zero-shot results are logged beside the student's (train/main.py, make_evaluator).
 """
 

@@ -30,7 +30,7 @@ from eval.zeroshot import evaluate
 from models import ModelConfig, build_clip, layout, summary, tokenizer, transforms
 from models.layout import CheckpointError, is_url, read_meta
 from models.preprocess import CachedTokenizer, split_normalise
-from train import distill
+from train import distill, stages
 from train.branch import starting_point
 from train.checkpoint import load_checkpoint
 from train.config import Config, ConfigError, dump, load_config, to_dict
@@ -45,7 +45,10 @@ SIGLIP_INIT = {"logit_scale": math.log(10), "logit_bias": -10.0}  # Zhai et al. 
 
 
 def main(argv: list[str] | None = None) -> int:
-    cfg = load_config(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    cfg = load_config(argv)
+    if cfg.distill.stage == "both":
+        return stages.run_both(cfg, argv)  # each stage a `python -m train` of its own
     preflight(cfg, world_size_from_env())
     stop = StopFlag()  # from here on SIGTERM/SIGUSR1 mean: checkpoint after the current step, exit 75
     try:

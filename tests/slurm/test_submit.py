@@ -310,13 +310,21 @@ def test_eval_refuses_a_missing_dataset(tmp_path):
         main(["eval", str(run), "--dataset", str(tmp_path / "nope"), "--time", "5", "--dry-run"])
 
 
-@pytest.mark.parametrize("stage", ["transfer", "distill"])
-def test_linearisation_configs_submit_as_they_are(stage, tmp_path, monkeypatch, capsys, fake_sbatch):
-    """Issue 24 on Slurm: each stage's shipped ViT-B-16 config renders a one-node, 8-GPU job that trains it."""
+def test_the_linearisation_config_submits_as_it_is(tmp_path, monkeypatch, capsys, fake_sbatch):
+    """Issue 24 on Slurm: the shipped ViT-B-16 config (both stages, train/stages.py) renders a one-node, 8-GPU job
+    that trains it; its stages go to RUN/transfer, then RUN."""
+    from train.config import load_config
+    from train.stages import stage_overrides
+
     monkeypatch.chdir(tmp_path)
-    config = REPO / "configs" / f"vit_b16_linearise_{stage}.yaml"
-    main([str(config), "--nodes", "1", "--gpus-per-node", "8", "--time", "4:00:00", "--dry-run"])
+    config = REPO / "configs" / "vit_b16_linearise.yaml"
+    main([str(config), "--nodes", "1", "--gpus-per-node", "8", "--time", "24:00:00", "--dry-run"])
     script = capsys.readouterr().out
     assert "#SBATCH --gres=gpu:8" in script and str(config) in script
-    assert f"train.run_dir={tmp_path / 'runs' / f'vit_b16_linearise_{stage}'})" in script
+    run_dir = tmp_path / "runs" / "vit_b16_linearise"
+    assert f"train.run_dir={run_dir})" in script
     assert not fake_sbatch.exists()
+    cfg = load_config([str(config), f"train.run_dir={run_dir}"])
+    stage1, stage2 = stage_overrides(cfg)
+    assert f"train.run_dir={run_dir}/transfer" in stage1 and "train.max_steps=2000" in stage1
+    assert "optim.lr=0.001" in stage1 and stage2 == ["distill.stage=distill", f"model.pretrained={run_dir}/transfer"]
