@@ -218,8 +218,11 @@ def analyse(out: Path, study: Study, jobs, clock: dict, args: argparse.Namespace
     stage("fitting scaling laws per attention")
     runs, fits = run_rows(jobs), scaling_fits(jobs, out, study)
     mains = [j for j in jobs if j.after is None]  # the full-budget runs, not their cooldown branches
+    label = {str(j.run_dir): j.size for j in mains}  # the study's size names (SIZE@RESpx with resolutions)
     curves = points(mains, "error", "all").assign(error=lambda d: 1 - d["zeroshot/top1"])
-    panels = [(curves, "error", "zero-shot top-1 error"), (points(mains, "val_loss", "all"), "val_loss", VAL_LABEL)]
+    losses = points(mains, "val_loss", "all")
+    curves[SIZE], losses[SIZE] = curves["@source"].map(label), losses["@source"].map(label)
+    panels = [(curves, "error", "zero-shot top-1 error"), (losses, "val_loss", VAL_LABEL)]
     demo_plots.learning_curves(panels, study.attentions, list(study.sizes), out / "learning_curves.png")
     finals = points(mains, "error", "last").assign(top1=lambda d: d["zeroshot/top1"])
     fitted = {name: f for name, f in fits.items() if "groups" in f}

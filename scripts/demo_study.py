@@ -19,6 +19,7 @@ from pathlib import Path
 
 import yaml
 
+from models.config import ModelConfig, resolved_size
 from models.layout import step_name
 from scripts.forked_run import fork_train
 
@@ -54,6 +55,9 @@ class Study:
     # the linearisation arm (scripts/linearise.py) on the best softmax run: {transfer_steps, distill_steps,
     # eval_every, warmup_steps} (its options); {} = none
     linearise: dict = field(default_factory=dict)
+    # image resolutions (px) as an axis beside the sizes: every size at each, named SIZE@RESpx (model.image_size;
+    # its patch size must divide each); [] = each size at its own resolution. Expanded into `sizes` on load.
+    resolutions: list[int] = field(default_factory=list)
 
 
 def spec_of(folder: Path) -> str:
@@ -110,9 +114,26 @@ def load_study(path: str | Path, quick: bool = False) -> Study:
         raise StudyError(
             f"{path}: linearise: unknown key {unknown[0]!r}; valid keys: {', '.join(sorted(LINEARISE_KEYS))}"
         )
+    expand_resolutions(study, path)
     check_budgets(study.budgets, path)
     check_sweep(study, path)
     return study
+
+
+def expand_resolutions(study: Study, path: Path) -> None:
+    """sizes x resolutions -> sizes named SIZE@RESpx whose overrides set model.name and model.image_size (smallest
+    resolution first within a size); a resolution the size's patch does not divide is one StudyError line."""
+    if not study.resolutions:
+        return
+    expanded = {}
+    for size, settings in study.sizes.items():
+        for res in sorted(study.resolutions):
+            try:
+                resolved_size(ModelConfig(name=size, image_size=res))
+            except (ValueError, KeyError) as e:
+                raise StudyError(f"{path}: resolutions: {str(e).splitlines()[0]}") from None
+            expanded[f"{size}@{res}px"] = {"model.name": size, "model.image_size": res, **(settings or {})}
+    study.sizes = expanded
 
 
 SWEEP_KEYS = {"size", "scales", "metric", "run"}
@@ -210,10 +231,10 @@ def jobs_of(study: Study, out: Path, paths: dict[str, str], seed: int) -> list[J
         for attention, own in attention_settings(study, size).items():
             run_dir = out / "runs" / f"{size}-{attention}"
             settings = {
+                "model.name": size,  # unless the size's overrides name the model (resolutions: SIZE@RESpx)
                 **study.run,
                 **(study.sizes[size] or {}),
                 **own,
-                "model.name": size,
                 "model.image_attention": attention,
                 "model.text_attention": attention,
                 "data.train_shards": paths["train"],

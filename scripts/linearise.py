@@ -60,6 +60,12 @@ def run_lr(run_dir: Path) -> float:
     return float(yaml.safe_load((Path(run_dir) / layout.CONFIG).read_text())["optim"]["lr"])
 
 
+def teacher_model(run_dir) -> dict:
+    """The teacher run's model name and image size (a study's size may be SIZE@RESpx: resolutions)."""
+    model = yaml.safe_load((Path(run_dir) / layout.CONFIG).read_text())["model"]
+    return {"model.name": model["name"], "model.image_size": model.get("image_size")}
+
+
 def run_batch(run_dir: Path) -> int:
     """The batch size a run trained with (its saved config)."""
     return int(yaml.safe_load((Path(run_dir) / layout.CONFIG).read_text()).get("data", {}).get("batch_size", 64))
@@ -72,7 +78,7 @@ def jobs_of(
     every run (its `run:`, e.g. the data settings), under the linearisation's own."""
     common = {
         **(run or {}),
-        "model.name": teacher["size"],
+        **teacher_model(teacher["run_dir"]),
         "data.train_shards": spec_of(study / "data" / "train"),
         "data.workers": 0,
         "data.cache_mb": 512,

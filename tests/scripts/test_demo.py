@@ -250,6 +250,29 @@ def test_full_study_doubles_the_budgets_with_the_main_jobs_rates():
     }
 
 
+def test_resolutions_are_an_axis_beside_the_sizes(tmp_path):
+    """`resolutions: [16, 32]` trains every size at each: runs SIZE@RESpx with model.name the size and
+    model.image_size the resolution; a resolution the patch does not divide is one line naming the nearest."""
+    raw = yaml.safe_load(demo.STUDY.read_text())
+    raw |= {"sizes": {"demo-w16": {"optim.lr": 5.0e-3}, "demo-w32": {}}, "resolutions": [32, 16], "lr_sweep": {}}
+    (tmp_path / "res.yaml").write_text(yaml.safe_dump(raw))
+    study = load_study(tmp_path / "res.yaml")
+    assert list(study.sizes) == ["demo-w16@16px", "demo-w16@32px", "demo-w32@16px", "demo-w32@32px"]
+    assert study.sizes["demo-w16@16px"] == {"model.name": "demo-w16", "model.image_size": 16, "optim.lr": 5.0e-3}
+    paths = {"train": "t/{0..1}.tar", "val": "v/{0..1}.tar", "eval": "e"}
+    job = next(j for j in jobs_of(study, tmp_path, paths, 0) if j.size == "demo-w32@16px" and j.after is None)
+    assert job.run_dir.name == "demo-w32@16px-softmax"
+    assert "model.name=demo-w32" in job.argv and "model.image_size=16" in job.argv
+    raw["resolutions"] = [20]
+    (tmp_path / "res.yaml").write_text(yaml.safe_dump(raw))
+    with pytest.raises(
+        StudyError,
+        match=r"resolutions: model.image_size=20 is not a multiple of demo-w16's patch "
+        r"size 8; nearest valid sizes: 16, 24",
+    ):
+        load_study(tmp_path / "res.yaml")
+
+
 def test_flat_study_gives_four_times_the_budgets_with_the_main_job_as_one_of_them():
     """configs/study/flat.yaml: the two largest sizes at 4x each attention's steps, the main job's rates, and a
     cooldown branch at exactly the main job's budget, so its curves extend the main job's."""
@@ -263,11 +286,15 @@ def test_flat_study_gives_four_times_the_budgets_with_the_main_job_as_one_of_the
 
 
 def test_resolution_study_puts_softmax_where_attention_dominates():
-    """configs/study/resolution.yaml: the same model at two resolutions, the larger >= 256 patches (issue 29), on
-    data drawn at the larger one with 1-pixel patterns that the smaller view averages away."""
+    """configs/study/resolution.yaml: the same model at two resolutions (the `resolutions` axis), the larger >= 256
+    patches (issue 29), on data drawn at the larger one with 1-pixel patterns that the smaller view averages away."""
     study = load_study(demo.REPO / "configs" / "study" / "resolution.yaml")
-    vision = {size: size_config(size)["vision_cfg"] for size in study.sizes}
+    vision = {
+        size: {**size_config(s["model.name"])["vision_cfg"], "image_size": s["model.image_size"]}
+        for size, s in study.sizes.items()
+    }
     tokens = {size: (v["image_size"] // v["patch_size"]) ** 2 + 1 for size, v in vision.items()}
+    assert list(tokens) == ["demo-w32-p4@32px", "demo-w32-p4@64px"]
     assert list(tokens.values()) == sorted(tokens.values()) and max(tokens.values()) >= 257 > min(tokens.values())
     assert {v["width"] for v in vision.values()} == {32} and study.data["image_size"] == max(
         v["image_size"] for v in vision.values()

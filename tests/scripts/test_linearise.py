@@ -13,7 +13,8 @@ def fake_study(tmp_path):
         for size, scale in (("demo-w32", 0.8), ("demo-w64", 1.0)):
             run_dir = tmp_path / "runs" / f"{size}-{attention}"
             run_dir.mkdir(parents=True)
-            (run_dir / "config.yaml").write_text(yaml.safe_dump({"optim": {"lr": 0.004 * scale}}))
+            model = {"name": size, "image_size": None}
+            (run_dir / "config.yaml").write_text(yaml.safe_dump({"model": model, "optim": {"lr": 0.004 * scale}}))
             curve = [[6400, 0.3], [12800, 0.5 * scale], [19200, top1 * scale]]
             runs.append({"size": size, "attention": attention, "top1": top1 * scale, "run_dir": str(run_dir)})
             runs[-1]["run_curve"] = curve
@@ -35,6 +36,7 @@ def test_students_start_from_the_best_softmax_run_and_count_both_stages(tmp_path
     assert (s1["distill.stage"], s2["distill.stage"]) == ("transfer", "distill")
     assert s2["model.pretrained"] == str(transfer.run_dir) and "model.pretrained" not in s1
     assert float(s2["optim.lr"]) == 0.004 and s1["model.image_attention"] == s2["model.text_attention"]
+    assert s1["model.name"] == s2["model.name"] == "demo-w64"  # the teacher's model, from its run's config
     # steps to 95% of the teacher's 90% top-1 (85.5%): the linearised curve counts stage 1's 20 steps
     distill.run_dir.mkdir(parents=True)
     records = [{"step": 25, "zeroshot/top1": 0.8}, {"step": 50, "zeroshot/top1": 0.86}]
