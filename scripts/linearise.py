@@ -44,16 +44,23 @@ def parse_args(argv):
     p.add_argument("--transfer-lr", type=float, default=1e-3)
     p.add_argument("--eval-every", type=int, default=25)
     p.add_argument("--warmup-steps", type=int, default=10, help="of each stage")
+    p.add_argument(
+        "--students",
+        nargs="+",
+        help="registry names to linearise into (default: the study's linear attentions); one the study did not "
+        "train (e.g. hedgehog, whose feature map learns) has no curve from scratch and takes the teacher's rate",
+    )
     p.add_argument("--out", help="default: STUDY/linearise")
     return p.parse_args(argv)
 
 
-def study_runs(study: Path) -> tuple[dict, dict[str, dict]]:
-    """(the best softmax run, {linear attention: the study's run of it at the teacher's size})."""
+def study_runs(study: Path, students: list[str] | None = None) -> tuple[dict, dict[str, dict | None]]:
+    """(the best softmax run, {student: the study's run of it at the teacher's size, None if it has none}); the
+    students are the study's linear attentions unless given."""
     runs = json.loads((study / "runs.json").read_text())
     teacher = max((r for r in runs if r["attention"] == "softmax"), key=lambda r: r["top1"])
     scratch = {r["attention"]: r for r in runs if r["size"] == teacher["size"] and r["attention"] != "softmax"}
-    return teacher, scratch
+    return teacher, scratch if students is None else {a: scratch.get(a) for a in students}
 
 
 def run_lr(run_dir: Path) -> float:
@@ -97,7 +104,7 @@ def jobs_of(
         stage1 = {**common, **towers, "distill.stage": "transfer", "train.max_steps": args.transfer_steps}
         stage1 |= {"optim.lr": args.transfer_lr, "train.run_dir": str(transfer_dir), "train.log_every": 1}
         stage2 = {**common, **towers, "distill.stage": "distill", "train.max_steps": args.distill_steps}
-        stage2 |= {"optim.lr": run_lr(own["run_dir"]), "train.run_dir": str(distill_dir)}
+        stage2 |= {"optim.lr": run_lr((own or teacher)["run_dir"]), "train.run_dir": str(distill_dir)}
         stage2["model.pretrained"] = str(transfer_dir)
         first = Job(teacher["size"], f"{attention} transfer", transfer_dir, train_argv(stage1))
         jobs += [first, Job(teacher["size"], f"{attention} distill", distill_dir, train_argv(stage2), after=first)]
@@ -132,16 +139,16 @@ def compare(out: Path, teacher: dict, scratch: dict[str, dict], args) -> dict[st
     results = {}
     for attention, own in scratch.items():
         lin = [(args.transfer_steps + s, t) for s, t in curve(out / f"{attention}-distill")]
-        batch = run_batch(own["run_dir"])
-        base = [(samples // batch, top1) for samples, top1 in own.get("run_curve") or own["curve"]]
+        batch = run_batch(own["run_dir"]) if own else 1
+        base = [(samples // batch, top1) for samples, top1 in own.get("run_curve") or own["curve"]] if own else []
         results[attention] = {
             "linearised_curve": lin,
             "scratch_curve": base,
             "linearised_steps": first_step(lin, target),
             "scratch_steps": first_step(base, target),
             "linearised_best": max(t for _, t in lin),
-            "scratch_best": max(t for _, t in base),
-            "scratch_steps_run": base[-1][0],
+            "scratch_best": max((t for _, t in base), default=None),
+            "scratch_steps_run": base[-1][0] if base else None,
             "mse_drop": layer_drops(out / f"{attention}-transfer"),
         }
     return results
@@ -149,9 +156,12 @@ def compare(out: Path, teacher: dict, scratch: dict[str, dict], args) -> dict[st
 
 def plot(out: Path, teacher: dict, results: dict) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    for (attention, r), colour in zip(results.items(), ("tab:blue", "tab:orange", "tab:green"), strict=False):
+    for (attention, r), colour in zip(
+        results.items(), ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown"), strict=False
+    ):
         ax.plot(*zip(*r["linearised_curve"], strict=True), "-o", ms=3, color=colour, label=f"{attention}, linearised")
-        ax.plot(*zip(*r["scratch_curve"], strict=True), "--", color=colour, label=f"{attention}, from scratch")
+        if r["scratch_curve"]:
+            ax.plot(*zip(*r["scratch_curve"], strict=True), "--", color=colour, label=f"{attention}, from scratch")
     ax.axhline(SHARE * teacher["top1"], color="grey", lw=0.8, ls=":", label=f"{SHARE:.0%} of the teacher's top-1")
     ax.set_xscale("log")
     ax.set_xlabel("steps (linearised: stage 1 included)")
@@ -173,7 +183,8 @@ def write(out: Path, teacher: dict, results: dict, args, seconds: float) -> None
         f"# Linearising {teacher['size']} softmax: attention transfer and distillation against training from scratch",
         "",
         f"`python -m scripts.linearise {args.study} --transfer-steps {args.transfer_steps} --distill-steps "
-        f"{args.distill_steps}`, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {platform.machine()} with {os.cpu_count()} "
+        f"{args.distill_steps}{' --students ' + ' '.join(args.students) if args.students else ''}`, "
+        f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {platform.machine()} with {os.cpu_count()} "
         f"cores, load average {os.getloadavg()[0]:.1f} at the end, {seconds / 60:.1f} min. Teacher: the study's best "
         f"softmax run ({teacher['size']}, {100 * teacher['top1']:.1f}% zero-shot top-1); target {SHARE:.0%} of it = "
         f"{100 * target:.1f}%. Students in both towers, from the teacher's weights: stage 1 (attention transfer, "
@@ -189,9 +200,14 @@ def write(out: Path, teacher: dict, results: dict, args, seconds: float) -> None
     for attention, r in results.items():
         lin, base = r["linearised_steps"], r["scratch_steps"]
         ratio = f"{lin / base:.2f}" if lin is not None and base is not None else ""
+        if r["scratch_best"] is None:
+            scratch_steps = scratch_best = "no run from scratch in the study"
+        else:
+            scratch_steps = steps(base, r["scratch_best"])
+            scratch_best = f"{100 * r['scratch_best']:.1f}% ({r['scratch_steps_run']:,})"
         lines.append(
-            f"| {attention} | {steps(lin, r['linearised_best'])} | {steps(base, r['scratch_best'])} | {ratio} | "
-            f"{100 * r['linearised_best']:.1f}% | {100 * r['scratch_best']:.1f}% ({r['scratch_steps_run']:,}) |"
+            f"| {attention} | {steps(lin, r['linearised_best'])} | {scratch_steps} | {ratio} | "
+            f"{100 * r['linearised_best']:.1f}% | {scratch_best} |"
         )
     lines += [
         "",
@@ -214,7 +230,7 @@ def main(argv=None, run: dict | None = None, report=print) -> Path:
     out = Path(args.out).resolve() if args.out else study / "linearise"
     out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    teacher, scratch = study_runs(study)
+    teacher, scratch = study_runs(study, args.students)
     run_jobs(jobs_of(study, out, teacher, scratch, args, run), parallel=2, threads=1, report=report)
     results = compare(out, teacher, scratch, args)
     (out / "linearise.json").write_text(json.dumps({"teacher": teacher["run_dir"], **results}, indent=1) + "\n")

@@ -54,3 +54,24 @@ def test_students_start_from_the_best_softmax_run_and_count_both_stages(tmp_path
     assert result["linearised_steps"] == 70 and result["scratch_steps"] is None and result["scratch_best"] == 0.7
     linearise.write(tmp_path / "out", teacher, {"linear_affine_nodenom": result}, args, 60.0)
     assert "| linear_affine_nodenom | 70 | never (best 70.0%) |" in (tmp_path / "out" / "linearise.md").read_text()
+
+
+def test_a_student_the_study_did_not_train_takes_the_teachers_rate_and_has_no_scratch_curve(tmp_path):
+    study = fake_study(tmp_path / "study")
+    args = linearise.parse_args([str(study), "--transfer-steps", "20", "--students", "hedgehog"])
+    teacher, scratch = linearise.study_runs(study, args.students)
+    assert scratch == {"hedgehog": None}
+    transfer, distill = linearise.jobs_of(study, tmp_path / "out", teacher, scratch, args)
+    s2 = dict(a.split("=", 1) for a in distill.argv[4:])
+    assert s2["model.image_attention"] == "hedgehog" and float(s2["optim.lr"]) == 0.004  # the teacher's
+    for job, rows in (
+        (distill, [{"step": 25, "zeroshot/top1": 0.88}]),
+        (transfer, [{"step": 1, "transfer/mse/v": 1.0}]),
+    ):
+        job.run_dir.mkdir(parents=True)
+        (job.run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    result = linearise.compare(tmp_path / "out", teacher, scratch, args)["hedgehog"]
+    assert result["linearised_steps"] == 45 and result["scratch_steps"] is None and result["scratch_curve"] == []
+    linearise.write(tmp_path / "out", teacher, {"hedgehog": result}, args, 60.0)
+    text = (tmp_path / "out" / "linearise.md").read_text()
+    assert "| hedgehog | 45 | no run from scratch in the study |" in text and "--students hedgehog" in text
