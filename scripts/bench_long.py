@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import itertools
 import math
 import os
 import sys
@@ -155,13 +156,27 @@ def measure(args, tower: str, length: int, probe) -> list[dict]:
     return rows
 
 
+def clip_flop_ratio(size: str, pixels: int, context: int) -> float:
+    """The FLOP-model bound of the whole CLIP: both towers' multiply-adds per sample, linear over softmax (each
+    tower: layers x tokens x (12 C^2 + its token mixing), as flop_ratio)."""
+    totals = {"linear": 0.0, "softmax": 0.0}
+    patch = size_config(size)["vision_cfg"]["patch_size"]
+    for tower, tokens in (("image", (pixels // patch) ** 2 + 1), ("text", context)):
+        width, heads, layers = tower_shape(size, tower)
+        dense = 12 * width * width
+        totals["linear"] += layers * tokens * (dense + 2 * width * (width // heads))
+        totals["softmax"] += layers * tokens * (dense + 2 * tokens * width)
+    return totals["linear"] / totals["softmax"]
+
+
 def clip_rows(args, probe) -> list[dict]:
-    """The whole CLIP at --clip PIXELS,TOKENS, batch 2, ClipLoss; every attention in both towers."""
+    """The whole CLIP at --clip PIXELS,TOKENS, batch 2, ClipLoss; every attention in both towers, with and without
+    activation checkpointing."""
     pixels, context = (int(x) for x in args.clip.split(","))
     g = torch.Generator().manual_seed(0)
     images = torch.randn(2, 3, pixels, pixels, generator=g)
     steps = {}
-    for attention in args.attentions:
+    for attention, ckpt in itertools.product(args.attentions, (False, True)):
         model = build_clip(
             ModelConfig(
                 name=args.size,
@@ -169,29 +184,30 @@ def clip_rows(args, probe) -> list[dict]:
                 text_attention=attention,
                 image_size=pixels,
                 context_length=context,
+                grad_checkpointing=ckpt,
             )
         ).to(args.device)
         tokens = torch.randint(1, model.vocab_size - 1, (2, context), generator=g)
         tokens[:, -1] = model.vocab_size - 1
         inputs = (images.to(args.device), tokens.to(args.device))
-        steps[(attention, False)] = tower_step(model, "clip", inputs, ClipLoss(), bf16=args.bf16)
+        steps[(attention, ckpt)] = tower_step(model, "clip", inputs, ClipLoss(), bf16=args.bf16)
     results = race(steps, args.steps, probe)
     patch = size_config(args.size)["vision_cfg"]["patch_size"]
-    base = results[("softmax", False)][0]
+    bound = clip_flop_ratio(args.size, pixels, context)
     return [
         {
             "part": "clip",
             "length": f"{pixels} px + {context}",
             "tokens": (pixels // patch) ** 2 + 1 + context,
             "attention": attention,
-            "checkpointing": False,
+            "checkpointing": ckpt,
             "seconds": s,
             "peak_mb": peak,
-            "ratio": s / base,
-            "flop_bound": math.nan,
+            "ratio": s / results[("softmax", ckpt)][0],
+            "flop_bound": bound if attention != "softmax" else 1.0,
             "how": "measured",
         }
-        for (attention, _), (s, peak) in results.items()
+        for (attention, ckpt), (s, peak) in results.items()
     ]
 
 

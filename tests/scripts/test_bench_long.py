@@ -22,10 +22,19 @@ def test_bench_long_writes_every_row_and_marks_extrapolated_ones(tmp_path):
     for r in rows:
         assert float(r["seconds"]) > 0, r
         assert (r["how"] == "measured") == (int(r["tokens"]) <= 40 or r["part"] == "clip"), r
-    assert {r["attention"] for r in rows if r["part"] == "clip"} == {"softmax", "linear_affine_nodenom", "linear_elu"}
+    clip = {(r["attention"], r["checkpointing"]): r for r in rows if r["part"] == "clip"}
+    assert {a for a, _ in clip} == {"softmax", "linear_affine_nodenom", "linear_elu"} and len(clip) == 3 * 2
+    assert float(clip[("linear_elu", "True")]["flop_bound"]) == bench_long.clip_flop_ratio("tiny-s", 32, 16)
     text = md.read_text()
     assert "| image | 64 |" in text and "block x" in text and "Slopes of log step time" in text
     assert (tmp_path / "bench_long.png").stat().st_size > 0
+
+
+def test_the_whole_clips_bound_lies_between_its_towers():
+    """ViT-S-16 at 1024 px (4,097 image tokens) with 248 text tokens: the image tower's bound pulls it down, the
+    text tower's (nearer 1 at 248 tokens) up; both towers have width 384 and 12 layers."""
+    image, text = bench_long.flop_ratio(384, 64, 4097), bench_long.flop_ratio(384, 64, 248)
+    assert image < bench_long.clip_flop_ratio("ViT-S-16", 1024, 248) < text
 
 
 def test_flop_bound_falls_with_length_and_softmax_is_required():
