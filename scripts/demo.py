@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import resource
 import sys
 import time
@@ -80,7 +81,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0, help="seed of the data set and of every run")
     p.add_argument("--sizes", nargs="+", help="model sizes to train (default: the study's)")
     p.add_argument("--attentions", nargs="+", help="registry names, used in both towers (default: the study's)")
+    p.add_argument(
+        "--reanalyse",
+        action="store_true",
+        help="fit and report the finished study in --out again (after a change to the analysis), training nothing; "
+        "give the options it was run with",
+    )
     args = p.parse_args(argv)
+    if args.reanalyse and not (args.out and (Path(args.out) / "runs.json").is_file()):
+        p.error("--reanalyse needs --out, a finished study folder (with its runs.json)")
     if args.full:
         args.study = str(FULL)
     return args
@@ -104,7 +113,15 @@ def points(jobs, y: str, which: str) -> pd.DataFrame:
     return load_points([job.run_dir for job in jobs], y=y, points=which)
 
 
-def run_rows(jobs) -> list[dict]:
+def error_floor(out: Path, study: Study) -> float:
+    """The zero-shot error a log-log fit or slope reads for an evaluation without a single mistake: half an image
+    of the evaluation set (a continuity correction; 0 has no logarithm, and with n images an error below 1/n
+    cannot be told from 0)."""
+    classes = len((out / "data" / "eval" / "classnames.txt").read_text().splitlines())
+    return 0.5 / (classes * study.data.get("eval_per_class", 1))
+
+
+def run_rows(jobs, floor: float = 0.0) -> list[dict]:
     """One row per (size, attention) for the report: size, cost, the final evaluation and the learning curve.
 
     With budgets (cooldown branches, configs/study/*.yaml `budgets:`), `budgets` lists [samples, top1, val_loss] at
@@ -133,7 +150,7 @@ def run_rows(jobs) -> list[dict]:
                 "top1": float(final["zeroshot/top1"]),
                 "top5": float(final["zeroshot/top5"]),
                 "val_loss": float(losses["val_loss"].iloc[-1]),
-                "tail_slope": demo_plots.log_slope(tail["samples_seen"], 1 - tail["zeroshot/top1"]),
+                "tail_slope": demo_plots.log_slope(tail["samples_seen"], np.maximum(1 - tail["zeroshot/top1"], floor)),
                 "curve": [[int(s), float(t)] for s, t in zip(curve["samples_seen"], curve["zeroshot/top1"])],
                 "val_curve": [[int(s), float(v)] for s, v in zip(losses["samples_seen"], losses["val_loss"])],
             }
@@ -153,7 +170,7 @@ def run_rows(jobs) -> list[dict]:
             ]
             rows[-1]["run_curve"], rows[-1]["curve"] = rows[-1]["curve"], [[s, t] for s, t, _ in rows[-1]["budgets"]]
             tail = rows[-1]["curve"][len(rows[-1]["curve"]) // 2 :]
-            rows[-1]["tail_slope"] = demo_plots.log_slope([s for s, _ in tail], [1 - t for _, t in tail])
+            rows[-1]["tail_slope"] = demo_plots.log_slope([s for s, _ in tail], [max(1 - t, floor) for _, t in tail])
     return rows
 
 
@@ -164,13 +181,16 @@ def throughput(run_dir: Path) -> float:
     return float(np.median(rates)) if rates else float("nan")
 
 
-def scaling_fits(jobs, out: Path, study: Study) -> dict[str, dict]:
-    """Every fit of FITS, per attention with softmax as the reference; its JSON and PNG beside the report."""
+def scaling_fits(jobs, out: Path, study: Study, floor: float = 0.0) -> dict[str, dict]:
+    """Every fit of FITS, per attention with softmax as the reference; its JSON and PNG beside the report. Zero-shot
+    errors of 0 are read as `floor` (error_floor)."""
     options = study.fits
     results = {}
     for name, (x, y, which, xlabel, ylabel, _) in FITS.items():
         # a frontier sees every evaluation of every run and branch; "last" means each full-budget run's end
         frame = points(jobs if which == "all" else [j for j in jobs if j.after is None], y, which)
+        if y == "error":  # the fit reads error = 1 - top1
+            frame["zeroshot/top1"] = frame["zeroshot/top1"].clip(upper=1 - floor)
         bins = options.get("frontier_bins") if which == "all" else None
         form = options.get("forms", {}).get(name, "power")
         try:
@@ -216,7 +236,8 @@ def cpu_seconds() -> float:
 def analyse(out: Path, study: Study, jobs, clock: dict, args: argparse.Namespace, sweep: list[dict] = ()) -> None:
     """Fits, figures, the attention benchmark and the report, from the finished runs."""
     stage("fitting scaling laws per attention")
-    runs, fits = run_rows(jobs), scaling_fits(jobs, out, study)
+    floor = error_floor(out, study)
+    runs, fits = run_rows(jobs, floor), scaling_fits(jobs, out, study, floor)
     mains = [j for j in jobs if j.after is None]  # the full-budget runs, not their cooldown branches
     label = {str(j.run_dir): j.size for j in mains}  # the study's size names (SIZE@RESpx with resolutions)
     curves = points(mains, "error", "all").assign(error=lambda d: 1 - d["zeroshot/top1"])
@@ -229,7 +250,9 @@ def analyse(out: Path, study: Study, jobs, clock: dict, args: argparse.Namespace
     demo_plots.summary_figure(fitted, finals, study.attentions, out / "summary.png")
     stage("timing the attention layers")
     bench = attention_table(out, study.bench)
-    clock.update(wall=time.perf_counter() - clock["wall"], cpu=cpu_seconds() - clock["cpu"])
+    if not clock.get("final"):  # a re-analysis keeps the clock of the study's own run
+        clock.update(wall=time.perf_counter() - clock["wall"], cpu=cpu_seconds() - clock["cpu"], final=True)
+    (out / "clock.json").write_text(json.dumps(clock))
     (out / "runs.json").write_text(json.dumps(runs, indent=2))
     (out / "fits.json").write_text(json.dumps({n: demo_report.fit_digest(f) for n, f in fits.items()}, indent=2))
     classes = len((out / "data" / "eval" / "classnames.txt").read_text().splitlines())
@@ -252,6 +275,36 @@ def linearise_arm(out: Path, study: Study) -> None:
         f.write(demo_report.linearise_section(md.read_text()))
 
 
+def reanalyse(out: Path, study: Study, args: argparse.Namespace) -> Path:
+    """The analysis of a finished study folder again: its runs rebuilt from the study config, their times and the
+    study's clock from the files it wrote (clock.json; from the report's first lines for folders older than it)."""
+    paths = {k: spec_of(out / "data" / k) for k in ("train", "val")} | {"eval": str(out / "data" / "eval")}
+    jobs = jobs_of(study, out, paths, args.seed)
+    times = {r["run_dir"]: r for r in json.loads((out / "runs.json").read_text())}
+    for job in jobs:
+        if str(job.run_dir) in times:
+            job.wall_seconds, job.cpu_seconds = (
+                times[str(job.run_dir)]["wall_seconds"],
+                times[str(job.run_dir)]["cpu_seconds"],
+            )
+    if (out / "clock.json").is_file():
+        clock = json.loads((out / "clock.json").read_text())
+    else:
+        found = re.search(
+            r"took ([\d.]+) minutes wall and ([\d.]+) CPU-minutes .* was ([\d.]+) on average \(max ([\d.]+)\)",
+            (out / "report.md").read_text(),
+        )
+        wall, cpu, mean, top = (float(x) for x in found.groups())
+        clock = {"wall": 60 * wall, "cpu": 60 * cpu, "load": [top, 2 * mean - top], "final": True}
+    sweep = json.loads((out / "lr_sweep.json").read_text()) if (out / "lr_sweep.json").is_file() else []
+    analyse(out, study, jobs, clock, args, sweep)
+    if (out / "linearise" / "linearise.md").is_file():
+        with open(out / "report.md", "a") as f:
+            f.write(demo_report.linearise_section((out / "linearise" / "linearise.md").read_text()))
+    print(f"\nreport: {out / 'report.md'}", flush=True)
+    return out
+
+
 def main(argv: list[str] | None = None) -> Path:
     args = parse_args(argv)
     try:
@@ -261,6 +314,8 @@ def main(argv: list[str] | None = None) -> Path:
     study.sizes = {s: study.sizes.get(s, {}) for s in args.sizes} if args.sizes else study.sizes
     study.attentions = args.attentions or study.attentions
     out = Path(args.out or f"runs/demo-{datetime.now(UTC):%Y%m%d-%H%M%S}").resolve()
+    if args.reanalyse:
+        return reanalyse(out, study, args)
     out.mkdir(parents=True, exist_ok=True)
     clock = {"wall": time.perf_counter(), "cpu": cpu_seconds(), "load": [os.getloadavg()[0]]}
     stage(f"making the synthetic data set in {out / 'data'}")

@@ -26,7 +26,7 @@ RULES = (
     f"its validation loss within {LOSS_RATIO}x; not supported when it misses that although its budget was at least "
     f"{MORE_BUDGET:g}x softmax's samples (the paper: LA needs more epochs) and its curve has flattened (error over "
     f"the last quarter of its run, or between its last two budgets, changed by < {100 * FLAT:.0f}% relative, or by "
-    f"less than 2 binomial standard errors of its last error on the zero-shot set); "
+    f"less than 2 binomial standard errors of the larger error on the zero-shot set); "
     f"else undetermined. "
     f"(b) supported when linear_affine needs >= {MUCH_SLOWER:g}x softmax's samples to the hardest target softmax "
     f"reaches at the largest size (lower interval bound, or never reaching it), not supported when the upper bound "
@@ -62,16 +62,18 @@ def step_ratios(
 def flattened(run: dict, n_images: int | None = None) -> tuple[bool, float]:
     """(whether the error changed by < FLAT relative over the last quarter of the run, that change). With budgets
     the change is the one between the ends of its last two budgets. With `n_images` (the zero-shot set's size) a
-    change within the set's noise also counts as flat: less than 2 binomial standard errors of the last error, as
-    near 0% error a relative change of 20% is a fraction of one image. (Both errors are measured on the same images,
-    so the noise of their difference is below that of two independent draws: one evaluation's is the yardstick.)"""
+    change within the set's noise also counts as flat: less than 2 binomial standard errors of the larger of the two
+    errors, as near 0% error a relative change of 20% is a fraction of one image. (Both errors are measured on the
+    same images, so the noise of their difference is below that of two independent draws: one evaluation's is the
+    yardstick.)"""
     samples = np.array([s for s, _ in run["curve"]], dtype=float)
     errors = np.array([1 - t for _, t in run["curve"]])
     quarter = errors[int(np.argmin(np.abs(samples - 0.75 * samples[-1])))]
     if len(run.get("budgets", [])) >= 2:
         quarter = 1 - run["budgets"][-2][1]
     change = (errors[-1] - quarter) / max(quarter, 1e-9)
-    noise = 2 * math.sqrt(errors[-1] * (1 - errors[-1]) / n_images) if n_images else 0
+    larger = max(quarter, errors[-1])
+    noise = 2 * math.sqrt(larger * (1 - larger) / n_images) if n_images else 0
     return abs(change) < FLAT or abs(errors[-1] - quarter) < noise, change
 
 

@@ -7,6 +7,7 @@ that compare with the paper (Gerami, Madani, Duraiswami 2026) follow fixed rules
 from __future__ import annotations
 
 import itertools
+import os
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -213,7 +214,7 @@ def budget_lines(runs: list[dict], n_images: int | None = None) -> list[str]:
         lines.append(
             f"- {attention}: the largest run ({largest['size']}, {largest['samples_seen']:,} samples) {verdict}; "
             f"its zero-shot error changed {change:+.0%} {span} (flat: within {100 * FLAT:.0f}% relative, or within 2 "
-            f"binomial standard errors of its last error on the zero-shot set)."
+            f"binomial standard errors of the larger error on the zero-shot set)."
         )
     return lines
 
@@ -302,6 +303,9 @@ def report_md(runs, fits, specs, bench, study, args, clock, format_table, num_cl
         f"median training samples per second "
         f"in this study (runs {study.jobs} at a time on {study.threads_per_job} thread(s) each); their intervals "
         f"are the samples multiplier's scaled by that one ratio (the ratio's own noise is not in them).\n",
+        f"In the fits and tail slopes below a zero-shot error of 0 (no mistake on the {n_images} images) counts as "
+        f"half an image, {0.5 / n_images:.5f}: a logarithm needs a positive error, and below 1/{n_images} the set "
+        "cannot tell errors apart.\n",
     ]
     for name, (_, _, _, _, _, title) in specs.items():
         report = fits[name]
@@ -334,8 +338,6 @@ def check_table(checks: list[tuple[str, bool, str]]) -> str:
 
 
 def _cores() -> int:
-    import os
-
     return os.cpu_count() or 1
 
 
