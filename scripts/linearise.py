@@ -189,7 +189,8 @@ def write(out: Path, teacher: dict, results: dict, args, seconds: float) -> None
         f"softmax run ({teacher['size']}, {100 * teacher['top1']:.1f}% zero-shot top-1); target {SHARE:.0%} of it = "
         f"{100 * target:.1f}%. Students in both towers, from the teacher's weights: stage 1 (attention transfer, "
         f"{args.transfer_steps} steps, lr {args.transfer_lr:g}), then stage 2 (contrastive + embedding + similarity "
-        "distillation, weights 1, the study's learning rate for that attention and size), evaluated every "
+        "distillation, weights 1, the study's learning rate for that attention and size, or the teacher's for an "
+        "attention the study did not train), evaluated every "
         f"{args.eval_every} steps; from scratch: the study's own run (evaluated every 100 steps, so its step count "
         "is rounded up to the next evaluation).",
         "",
