@@ -338,9 +338,10 @@ def open_retrieval(
         raise EvalInputError(f"{root} is neither a .csv/.tsv file nor a folder of .tar shards")
 
     def decode(sample):
-        captions = [c for c in sample.get("txt", b"").decode().splitlines() if c.strip()]
+        # empty lines stay in: retrieval.embed_pairs drops and counts them (captions_empty), as the CSV reader does
+        captions = sample.get("txt", b"").decode().splitlines()
         raw = image_bytes(sample)
-        image = load_image(raw, transform) if raw is not None and captions else None
+        image = load_image(raw, transform) if raw is not None and any(c.strip() for c in captions) else None
         return image, captions, sample["__key__"]
 
     return ShardList(wds_shards(root, split), decode)

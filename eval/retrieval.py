@@ -61,15 +61,18 @@ def recall_at_k(
 
 @torch.no_grad()
 def embed_pairs(model, loader, tokenizer, device, progress: bool = False):
-    """Normalised image features [I, D], caption features [T, D], each caption's image [T], skipped names, and
-    how many captions were cut to the context length (open_clip's truncation, counted, never silent)."""
+    """Normalised image features [I, D], caption features [T, D], each caption's image [T], skipped names, how
+    many captions were cut to the context length (open_clip's truncation, counted, never silent), and how many
+    empty captions (blank lines of a webdataset `txt`) were dropped."""
     images_out, texts_out, owner, skipped = [], [], [], []
     tokenizer = tokenizer if hasattr(tokenizer, "truncated") else CachedTokenizer(tokenizer)
-    truncated = 0
-    for images, captions, bad in tqdm(loader, desc="pairs", disable=not progress):
+    truncated = empty = 0
+    for images, groups, bad in tqdm(loader, desc="pairs", disable=not progress):
         skipped += bad
         if images is None:
             continue
+        captions = [[c for c in group if c.strip()] for group in groups]
+        empty += sum(len(g) for g in groups) - sum(len(g) for g in captions)
         first = sum(len(x) for x in images_out)
         images_out.append(F.normalize(model.encode_image(images.to(device)).float(), dim=-1).cpu())
         flat = [c for group in captions for c in group]
@@ -77,8 +80,9 @@ def embed_pairs(model, loader, tokenizer, device, progress: bool = False):
         truncated += tokenizer.truncated(flat)
         owner += [first + i for i, group in enumerate(captions) for _ in group]
     if not images_out:
-        return None, None, torch.zeros(0, dtype=torch.long), skipped, truncated
-    return torch.cat(images_out), torch.cat(texts_out), torch.as_tensor(owner, dtype=torch.long), skipped, truncated
+        return None, None, torch.zeros(0, dtype=torch.long), skipped, truncated, empty
+    owner = torch.as_tensor(owner, dtype=torch.long)
+    return torch.cat(images_out), torch.cat(texts_out), owner, skipped, truncated, empty
 
 
 def gather_pairs(image_features, text_features, owner, shard: Shard, device):
@@ -118,7 +122,7 @@ def evaluate(
     """
     pairs = datasets.open_retrieval(dataset, transform, split, csv_img_key, csv_caption_key, csv_separator)
     result = evaluate_pairs(model, pairs, tokenizer, **options)
-    return {**result, "captions_empty": getattr(pairs, "empty_captions", 0), "dataset": str(dataset)}
+    return {**result, "dataset": str(dataset)}
 
 
 def evaluate_pairs(
@@ -150,7 +154,9 @@ def evaluate_pairs(
     num_skipped, skipped = count_skipped(embedded[3], shard)
     if image_features is None:
         raise EvalInputError(f"no readable image-caption pairs ({num_skipped} unreadable); check the dataset path")
-    truncated = sum(gather_objects(embedded[4], shard))
+    truncated, empty = sum(gather_objects(embedded[4], shard)), sum(gather_objects(embedded[5], shard))
+    if empty:
+        log.warning("retrieval: %d empty captions (blank lines) dropped", empty)
     if truncated:
         log.warning(
             "retrieval: %d of %d captions were longer than the context (%s tokens) and cut as open_clip cuts them; "
@@ -161,6 +167,7 @@ def evaluate_pairs(
         )
     return {
         "captions_truncated": truncated,
+        "captions_empty": empty + getattr(pairs, "empty_captions", 0),  # blank lines, or a CSV's empty rows
         **recall_at_k(image_features, text_features, owner, ks),
         "num_images": len(image_features),
         "num_captions": len(text_features),

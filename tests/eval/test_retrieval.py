@@ -141,3 +141,21 @@ def test_csv_without_the_caption_column_gives_one_line_error(pairs, capsys):
         )
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "--csv-caption-key" in err and "\n" not in err
+
+
+def test_blank_caption_lines_of_a_webdataset_are_dropped_counted_and_logged(pairs, tmp_path, caplog):
+    """clip_benchmark's converter with a blank line between image 0's two captions (dropped and counted) and an image
+    whose `txt` is only blank lines (skipped as unreadable, as an image without captions, its lines with it)."""
+    items = [(str(pairs / f"{i}.png"), [f"a photo number {i}", f"caption {i}"]) for i in (0, 1, 2, 4)]
+    items[0] = (items[0][0], ["a photo number 0", "  ", "caption 0"])
+    items.append((str(pairs / "5.png"), ["", " "]))
+    convert_retrieval_dataset(items, "test", str(tmp_path / "wds"), transform=path_to_bytes, max_count=4, verbose=False)
+    torch.manual_seed(0)
+    model = models.create_model("tiny-s")
+    _, transform = models.transforms(model)
+    with caplog.at_level("WARNING", logger="eval.retrieval"):
+        result = retrieval.evaluate(
+            model, dataset=str(tmp_path / "wds"), tokenizer=models.tokenizer(model), transform=transform
+        )
+    assert result["captions_empty"] == 1 and result["num_captions"] == 8 and result["num_images"] == 4
+    assert result["skipped"] == 1 and "retrieval: 1 empty captions (blank lines) dropped" in caplog.text
