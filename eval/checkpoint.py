@@ -18,9 +18,11 @@ from pathlib import Path
 import open_clip
 import torch
 
+import models
 from eval.datasets import EvalInputError
 from models import layout
 from models.layout import CheckpointError
+from models.pretrained import match_scalars
 
 
 @dataclass
@@ -45,8 +47,6 @@ def resolve_checkpoint_folder(path: Path) -> Path:
 
 def load_weights(model: torch.nn.Module, state: dict, source, model_name: str) -> None:
     """Load a state dict strictly, turning a size or key mismatch into one line that names the cause."""
-    from models.pretrained import match_scalars
-
     own = model.state_dict()
     state = match_scalars(state, own)  # our [1] logit scale into open_clip's 0-dim one, and back
     differ = [
@@ -72,8 +72,6 @@ def load_weights(model: torch.nn.Module, state: dict, source, model_name: str) -
 
 def load_ours(path: Path, device, image_size: int | None = None, context_length: int | None = None) -> LoadedModel:
     """Rebuild `ModelConfig(**meta["config"]["model"])` -> build_clip -> load model.safetensors."""
-    import models
-
     folder = resolve_checkpoint_folder(path)
     meta = layout.read_meta(folder)
     try:
@@ -127,8 +125,6 @@ def load_open_clip(
 
     Importing models registers this project's tiny sizes (configs/models/*.json) with open_clip too.
     """
-    import models
-
     if name not in open_clip.list_models():
         raise EvalInputError(f"unknown open_clip model {name!r}; see open_clip.list_models() or register a config")
     if checkpoint and not Path(checkpoint).is_file():
@@ -210,8 +206,6 @@ def one_line_errors():
 def evaluate_from_args(args: argparse.Namespace, evaluate: Callable[..., dict], **options) -> dict:
     """CLI body: load the model the arguments name, run `evaluate(model, dataset=..., **options)`, add where the
     model came from and its size (models.summary), print the result JSON and write it to `args.out`."""
-    import models
-
     with one_line_errors():
         if not Path(args.dataset).exists():
             raise EvalInputError(

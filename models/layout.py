@@ -40,6 +40,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from safetensors import safe_open
+
 CHECKPOINTS, LATEST, MANIFEST = "checkpoints", "latest", "manifest.json"
 # the run directory's own files (train/ writes them, eval/ and the scripts read them)
 CONFIG, SUMMARY, GIT_COMMIT = "config.yaml", "summary.json", "git_commit.txt"
@@ -281,8 +283,6 @@ def load_problem(path: Path) -> str | None:
         if path.suffix == ".json":
             json.loads(path.read_text())
         elif path.suffix == ".safetensors":
-            from safetensors import safe_open
-
             # the header must parse and its tensors must cover the file exactly: truncation or garbage fails
             with safe_open(str(path), "pt"):
                 pass

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from models import layout
@@ -61,8 +62,6 @@ def read_state_dict(path: str | Path) -> dict[str, Tensor]:
 
 def load_weights_file(path: Path):
     if path.suffix == ".safetensors":
-        from safetensors.torch import load_file
-
         return load_file(str(path), device="cpu")
     return torch.load(path, map_location="cpu", weights_only=True)
 
@@ -178,8 +177,6 @@ def export_open_clip(model: nn.Module, path: str | Path) -> Path:
         for k, v in model.state_dict().items()
     }
     if path.suffix == ".safetensors":
-        from safetensors.torch import save_file
-
         save_file(sd, str(path))
     else:
         torch.save(sd, path)

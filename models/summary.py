@@ -18,6 +18,8 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
+from models.clip import build_clip
+
 aten = torch.ops.aten
 
 KEYS = (
@@ -74,8 +76,6 @@ def summary(model: nn.Module, macs: bool = True) -> dict:
 def gmacs_per_sample(model: nn.Module) -> dict:
     """{"image_gmacs", "text_gmacs", "gmacs_per_sample"} for one image and one text of full context length."""
     if getattr(model, "config", None) is not None:
-        from models.clip import build_clip
-
         with torch.device("meta"):
             shadow = build_clip(dataclasses.replace(model.config, pretrained=None)).eval()
         return _measure(shadow.visual, shadow.context_length, shadow.encode_image, shadow.encode_text)

@@ -48,8 +48,8 @@ from torch.distributed.fsdp import FSDPModule
 from models import ModelConfig, build_clip, layout
 from models.attention import Attention
 from models.layout import CheckpointError
-from models.pretrained import match_scalars, read_state_dict
-from train.loss import gather_with_grad
+from models.pretrained import load_pretrained, match_scalars, read_state_dict
+from train.loss import build_loss, gather_with_grad
 
 SHARED = ("in_proj_weight", "in_proj_bias", "out_proj.weight", "out_proj.bias")  # open_clip's, in every variant
 
@@ -225,9 +225,6 @@ class Distillation:
 def objective(cfg, model: nn.Module, accelerator) -> AttentionTransfer | Distillation:
     """The training objective of a config's `distill:` section: the teacher loaded and checked, the student
     started from its weights (unless model.pretrained); for transfer everything but the attention frozen."""
-    from models.pretrained import load_pretrained
-    from train.loss import build_loss
-
     d = cfg.distill
     teacher = load_teacher(d.teacher, model).to(accelerator.device)
     if not cfg.model.pretrained:

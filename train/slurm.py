@@ -18,6 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from models import layout
+from train.config import ConfigError, load_config
+from train.config import read_yaml as read_config_yaml
+from train.optim import check_schedule
 
 REPO = Path(__file__).resolve().parents[1]
 TEMPLATES = REPO / "slurm"
@@ -140,13 +143,9 @@ def resources_from(args: argparse.Namespace) -> Resources:
 def load_checked(config: Path, overrides: list[str], schedule: bool = False):
     """The validated training config (train.config.load_config), so a bad override fails before queueing;
     with `schedule`, its learning-rate schedule is checked too (train.optim.check_schedule)."""
-    from train.config import ConfigError, load_config
-
     try:
         cfg = load_config([str(config), *overrides])
         if schedule:
-            from train.optim import check_schedule
-
             check_schedule(cfg.optim, cfg.train.max_steps)
         return cfg
     except ConfigError as e:
@@ -162,9 +161,6 @@ def check_path(path: Path) -> Path:
 
 def read_yaml(path: Path):
     """The YAML of a config or sweep file; a file that is not YAML is a SubmitError naming it."""
-    from train.config import ConfigError
-    from train.config import read_yaml as read_config_yaml
-
     try:
         return read_config_yaml(path)
     except ConfigError as e:
