@@ -29,6 +29,7 @@ import pandas as pd
 
 from eval.scaling_fit import FITS, MIN_DISTINCT_X, bootstrap, fit_procedure, interval, predict
 from eval.scaling_io import POINTS, ScalingInputError, ScalingWarning, evaluate, load_points
+from eval.scaling_plot import render_png
 
 __all__ = ["ScalingInputError", "ScalingWarning", "fit", "format_table", "group_points", "load_points", "main", "plot"]
 
@@ -224,9 +225,14 @@ def format_table(report: dict) -> str:
 
 def plot(report: dict, df: pd.DataFrame, path, xlabel=None, ylabel=None, colours: dict | None = None) -> None:
     """Write the log-log PNG of ``report`` (points from ``df``) to ``path`` atomically (eval.scaling_plot)."""
-    from eval.scaling_plot import render_png
+    _write_atomic({Path(path): render_png(report, points_of(report, df), xlabel, ylabel, colours)})
 
-    _write_atomic({Path(path): render_png(report, df, xlabel, ylabel, colours)})
+
+def points_of(report: dict, df: pd.DataFrame) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """The points a report was fitted on, per group (its warnings about dropped rows already given by fit)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return group_points(df, report["x"], report["y"], report["group"])
 
 
 def _write_atomic(files: dict[Path, bytes]) -> None:
@@ -274,8 +280,6 @@ def parse_args(argv):
 
 def fit_and_write(args) -> str:
     """Read, fit, render, then write DIR/report.json and DIR/scaling.png together; returns the table text."""
-    from eval.scaling_plot import render_png
-
     points = args.points or ("all" if args.frontier_bins else "last")
     df = load_points(args.inputs, args.y, points)
     report = fit(
@@ -290,7 +294,7 @@ def fit_and_write(args) -> str:
         args.extrapolate,
         args.reference,
     )
-    png = render_png(report, df)
+    png = render_png(report, points_of(report, df))
     text = json.dumps(report, indent=2, allow_nan=False).encode()
     _write_atomic({args.out / "report.json": text + b"\n", args.out / "scaling.png": png})
     return format_table(report) + f"\nwrote {args.out / 'report.json'} and {args.out / 'scaling.png'}"

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import io
 import math
-import warnings
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
-import pandas as pd
 from matplotlib import ticker
 
 from eval.scaling_fit import predict
@@ -46,19 +44,18 @@ def _minor_label(value: float, shown: tuple[int, ...]) -> str:
 
 
 def render_png(
-    report: dict, df: pd.DataFrame, xlabel: str | None = None, ylabel: str | None = None, colours: dict | None = None
+    report: dict,
+    points: dict[str, tuple[np.ndarray, np.ndarray]],
+    xlabel: str | None = None,
+    ylabel: str | None = None,
+    colours: dict | None = None,
 ) -> bytes:
     """PNG bytes: one colour per group (tab10 in group order, or `colours` {group: colour}); points (frontier
     points filled, others hollow when a frontier was fitted), the fit over the shared x range, its 95% band
     (2.5/97.5 percentiles of the bootstrap fits' predictions per x) and extrapolated predictions with their
     intervals. The y range is that of the points and predictions (a band may leave it). Axis labels: the
-    expressions fitted unless given (say the units, e.g. "compute (GMACs x samples)")."""
-    from eval.scaling import group_points
-
-    with warnings.catch_warnings():
-        # fit() has already warned about dropped rows.
-        warnings.simplefilter("ignore")
-        points = group_points(df, report["x"], report["y"], report["group"])
+    expressions fitted unless given (say the units, e.g. "compute (GMACs x samples)"). `points`: {group: (x, y)},
+    eval.scaling.group_points of the data fitted."""
     fig, ax = plt.subplots(figsize=(7, 5), dpi=120)
     shown = []
     for i, (name, g) in enumerate(report["groups"].items()):
