@@ -33,6 +33,8 @@ from train.config import RANGES, ConfigError, build_config, load_config
         ("eval", "every", -2, ">= 0"),
         ("eval", "batch_size", 0, "> 0"),
         ("eval", "workers", -1, ">= 0"),
+        ("distill", "transfer_lr", 0.0, "> 0"),
+        ("distill", "transfer_warmup_steps", -1, ">= 0"),
     ],
 )
 def test_out_of_range_values_name_the_allowed_range(section, key, value, allowed):
@@ -52,7 +54,7 @@ def test_every_range_accepts_the_defaults_and_the_boundaries():
         }
     )
     assert cfg.optim.warmup_steps == cfg.train.max_steps == 5
-    assert all(section in ("optim", "data", "model", "train", "eval") for section, _ in RANGES)
+    assert all(section in ("optim", "data", "model", "train", "eval", "distill") for section, _ in RANGES)
 
 
 def test_a_warmup_longer_than_the_run_is_one_warning_line(tmp_path, capsys):
