@@ -220,9 +220,11 @@ def reference(frame: pd.DataFrame) -> str | None:
     return "softmax" if "softmax" in set(frame[ATTENTION]) else None
 
 
-def attention_table(out: Path, args: list[str]) -> str:
-    """scripts.bench_attention with the study's arguments; its Markdown table, headings nested one level."""
-    bench_attention.main([*map(str, args), "--out", str(out / "bench_attention")])
+def attention_table(out: Path, args: list[str], again: bool = True) -> str:
+    """scripts.bench_attention with the study's arguments; its Markdown table, headings nested one level. Not
+    `again`: the table the study's own run measured, where it has one (a re-analysis times nothing)."""
+    if again or not (out / "bench_attention.md").is_file():
+        bench_attention.main([*map(str, args), "--out", str(out / "bench_attention")])
     lines = (out / "bench_attention.md").read_text().splitlines()[1:]  # its title: the report's section says it
     return "\n".join("#" + line if line.startswith("#") else line for line in lines) + "\n"  # its sections nest
 
@@ -249,7 +251,7 @@ def analyse(out: Path, study: Study, jobs, clock: dict, args: argparse.Namespace
     fitted = {name: f for name, f in fits.items() if "groups" in f}
     demo_plots.summary_figure(fitted, finals, study.attentions, out / "summary.png")
     stage("timing the attention layers")
-    bench = attention_table(out, study.bench)
+    bench = attention_table(out, study.bench, again=not clock.get("final"))
     if not clock.get("final"):  # a re-analysis keeps the clock of the study's own run
         clock.update(wall=time.perf_counter() - clock["wall"], cpu=cpu_seconds() - clock["cpu"], final=True)
     (out / "clock.json").write_text(json.dumps(clock))

@@ -60,14 +60,14 @@ def test_demo_quick_writes_the_report(tmp_path):
     # --reanalyse: the same folder fitted and reported again, nothing trained: the same runs, the study's own clock
     clock = json.loads((out / "clock.json").read_text())
     (out / "clock.json").unlink()  # as a folder from before clock.json: the clock is read from the report
-    stamps = {p: p.stat().st_mtime for p in (out / "runs").glob("*/metrics.jsonl")}
+    stamps = {p: p.stat().st_mtime for p in [*(out / "runs").glob("*/metrics.jsonl"), out / "bench_attention.csv"]}
     demo.main([*QUICK, "--out", str(out), "--reanalyse"])
     again, _, text = read(out)
     assert [(r["size"], r["top1"], r["cpu_seconds"]) for r in again] == [
         (r["size"], r["top1"], r["cpu_seconds"]) for r in runs
     ]
     assert f"The study took {clock['wall'] / 60:.1f} minutes wall" in text and "\n## Linearising " in text
-    assert stamps == {p: p.stat().st_mtime for p in (out / "runs").glob("*/metrics.jsonl")}
+    assert stamps == {p: p.stat().st_mtime for p in stamps}  # no run trained, the attention layers not timed again
     with pytest.raises(SystemExit):
         demo.parse_args(["--reanalyse", "--out", str(tmp_path / "nothing")])
 
