@@ -76,17 +76,20 @@ def test_captions_cut_to_the_context_are_counted_and_logged(pairs, caplog):
     assert "8 of 16 captions were longer than the context (6 tokens)" in caplog.text
 
 
+def evaluate_logged(dataset, caplog, logger: str) -> dict:
+    """Retrieval of a fresh tiny-s model on `dataset`, with `logger`'s warnings captured."""
+    torch.manual_seed(0)
+    model = models.create_model("tiny-s")
+    _, transform = models.transforms(model)
+    with caplog.at_level("WARNING", logger=logger):
+        return retrieval.evaluate(model, dataset=str(dataset), tokenizer=models.tokenizer(model), transform=transform)
+
+
 def test_rows_with_an_empty_caption_are_skipped_counted_and_logged(pairs, tmp_path, caplog):
     rows = (pairs / "pairs.tsv").read_text().splitlines()
     rows[1] = rows[1].split("\t")[0] + "\t  "  # image 0's first caption: blank
     (pairs / "blank.tsv").write_text("\n".join(rows) + "\n")
-    torch.manual_seed(0)
-    model = models.create_model("tiny-s")
-    _, transform = models.transforms(model)
-    with caplog.at_level("WARNING", logger="eval.datasets"):
-        result = retrieval.evaluate(
-            model, dataset=str(pairs / "blank.tsv"), tokenizer=models.tokenizer(model), transform=transform
-        )
+    result = evaluate_logged(pairs / "blank.tsv", caplog, "eval.datasets")
     assert result["captions_empty"] == 1 and result["num_captions"] == 15 and result["num_images"] == 8
     assert "blank.tsv: rows with an empty caption skipped: 1 (the first is row 2)" in caplog.text
 
@@ -150,12 +153,6 @@ def test_blank_caption_lines_of_a_webdataset_are_dropped_counted_and_logged(pair
     items[0] = (items[0][0], ["a photo number 0", "  ", "caption 0"])
     items.append((str(pairs / "5.png"), ["", " "]))
     convert_retrieval_dataset(items, "test", str(tmp_path / "wds"), transform=path_to_bytes, max_count=4, verbose=False)
-    torch.manual_seed(0)
-    model = models.create_model("tiny-s")
-    _, transform = models.transforms(model)
-    with caplog.at_level("WARNING", logger="eval.retrieval"):
-        result = retrieval.evaluate(
-            model, dataset=str(tmp_path / "wds"), tokenizer=models.tokenizer(model), transform=transform
-        )
+    result = evaluate_logged(tmp_path / "wds", caplog, "eval.retrieval")
     assert result["captions_empty"] == 1 and result["num_captions"] == 8 and result["num_images"] == 4
     assert result["skipped"] == 1 and "retrieval: 1 empty captions (blank lines) dropped" in caplog.text
