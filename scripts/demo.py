@@ -113,11 +113,10 @@ def points(jobs, y: str, which: str) -> pd.DataFrame:
     return load_points([job.run_dir for job in jobs], y=y, points=which)
 
 
-def error_floor(out: Path, study: Study) -> float:
+def error_floor(classes: int, study: Study) -> float:
     """The zero-shot error a log-log fit or slope reads for an evaluation without a single mistake: half an image
     of the evaluation set (a continuity correction; 0 has no logarithm, and with n images an error below 1/n
     cannot be told from 0)."""
-    classes = len((out / "data" / "eval" / "classnames.txt").read_text().splitlines())
     return 0.5 / (classes * study.data.get("eval_per_class", 1))
 
 
@@ -238,7 +237,8 @@ def cpu_seconds() -> float:
 def analyse(out: Path, study: Study, jobs, clock: dict, args: argparse.Namespace, sweep: list[dict] = ()) -> None:
     """Fits, figures, the attention benchmark and the report, from the finished runs."""
     stage("fitting scaling laws per attention")
-    floor = error_floor(out, study)
+    classes = len((out / "data" / "eval" / "classnames.txt").read_text().splitlines())
+    floor = error_floor(classes, study)
     runs, fits = run_rows(jobs, floor), scaling_fits(jobs, out, study, floor)
     mains = [j for j in jobs if j.after is None]  # the full-budget runs, not their cooldown branches
     label = {str(j.run_dir): j.size for j in mains}  # the study's size names (SIZE@RESpx with resolutions)
@@ -257,7 +257,6 @@ def analyse(out: Path, study: Study, jobs, clock: dict, args: argparse.Namespace
     (out / "clock.json").write_text(json.dumps(clock))
     (out / "runs.json").write_text(json.dumps(runs, indent=2))
     (out / "fits.json").write_text(json.dumps({n: demo_report.fit_digest(f) for n, f in fits.items()}, indent=2))
-    classes = len((out / "data" / "eval" / "classnames.txt").read_text().splitlines())
     (out / "lr_sweep.json").write_text(json.dumps(list(sweep), indent=2))
     text = demo_report.report_md(runs, fits, FITS, bench, study, args, clock, format_table, classes, list(sweep))
     (out / "report.md").write_text(text)
