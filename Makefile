@@ -2,7 +2,8 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-# uv installs the pinned requirements in seconds where pip takes minutes (torch's CUDA wheels); pip if uv fails.
+# uv installs the pinned requirements in seconds where pip takes minutes (torch's CUDA wheels), compiled to bytecode
+# as pip does (PYTHONDONTWRITEBYTECODE=1 machines would otherwise compile every import in every process); pip if uv fails.
 UV := uv==0.13.9
 
 .PHONY: install lint test test-fast demo bench clean
@@ -12,7 +13,7 @@ install: $(VENV)/.installed
 $(VENV)/.installed: requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip $(UV)
-	$(VENV)/bin/uv pip install --quiet --python $(PY) -r requirements.txt || $(PY) -m pip install --quiet -r requirements.txt
+	$(VENV)/bin/uv pip install --quiet --compile-bytecode --python $(PY) -r requirements.txt || $(PY) -m pip install --quiet -r requirements.txt
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	touch $@
 
