@@ -265,6 +265,8 @@ def tables(seeds: list[Seed], targets: list[float]) -> list[str]:
             next((f"{r['scale']:g}x" for r in s.sweep if r["attention"] == a and r["chosen"]), "-") for s in seeds
         ]
         lrs.append(f"| {a} | {' / '.join(chosen)} |")
+    if not any(s.sweep for s in seeds):
+        lrs = ["No seed ran a learning-rate sweep: each used the study config's rates (`per_attention` lr_scale)."]
     return ["\n".join(t) + "\n" for t in (best, alpha, mult, lrs)]
 
 

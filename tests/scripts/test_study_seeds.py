@@ -92,6 +92,10 @@ def test_claims_and_report_from_three_seeds(tmp_path, capsys):
     assert claims["(c)"] == "**not supported**"
     assert "| linear_affine | demo-w64 | 20% | 2.90x / 3.00x / 3.10x | 3.00x [" in text
     assert "seeds 0 / 1 / 2" in text and "| softmax | 0.5x / 0.5x / 0.5x |" in text
+    for f in folders:  # studies without a sweep (configs/study/flat.yaml): one line, not a table of dashes
+        (f / "lr_sweep.json").write_text("[]")
+    text = main([str(f) for f in folders])
+    assert "No seed ran a learning-rate sweep" in text and "| softmax | - / - / - |" not in text
 
 
 def test_a_folder_without_results_is_one_error_line(tmp_path):
