@@ -4,7 +4,9 @@ Answers "does linear attention follow the same scaling law as softmax?": fits ev
 attention variant), gives 95% bootstrap intervals for alpha and beta, and the interval of the
 difference of exponents between groups. Forms: ``power`` (least squares in log-log space),
 ``saturating`` (y = beta x^alpha + c, c >= 0) and, with ``--frontier-bins K``, the compute-frontier
-fit of Cherti et al. 2023. What is read from each input kind: see eval/scaling_io.py.
+fit of Cherti et al. 2023. What is read from each input kind: see eval/scaling_io.py. A group with only as many
+distinct x as the form has parameters gives no interval: every verdict on it is "undetermined" (with the reason),
+and so is a prediction's interval there or where every bootstrap fit predicts the same value.
 
     python -m eval.scaling runs/ --x compute --y error --group model.image_attention --frontier-bins 8 \
         --out runs/scaling
@@ -27,13 +29,18 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from eval.scaling_fit import FITS, MIN_DISTINCT_X, bootstrap, fit_procedure, interval, predict
+from eval.scaling_fit import FITS, bootstrap, fit_procedure, floor_at_bound, interval, predict, too_few_x, zero_width
 from eval.scaling_io import POINTS, ScalingInputError, ScalingWarning, evaluate, load_points
 from eval.scaling_plot import render_png
 
 __all__ = ["ScalingInputError", "ScalingWarning", "fit", "format_table", "group_points", "load_points", "main", "plot"]
 
 BAND_POINTS = 60
+ZERO_WIDTH = "every bootstrap fit predicts the same value: a zero-width interval"
+FLOOR_AT_BOUND = {
+    "lower": "the floor is at its bound: the data do not show a floor",
+    "upper": "the floor is at its bound (the lowest y): the data do not place it below their lowest point",
+}
 
 
 def group_points(
@@ -86,17 +93,16 @@ def _fit_group(name, x, y, opts, rng, grid) -> tuple[dict, np.ndarray]:
     """The report entry of one group, and its bootstrap exponents [n_boot] for the comparisons."""
     form, bins = opts["form"], opts["frontier_bins"]
     params, x_used, y_used = fit_procedure(x, y, form, bins, name)
-    if len(np.unique(x_used)) == MIN_DISTINCT_X[form]:
+    few = too_few_x(x_used, form, name, bins)
+    if few:
         warnings.warn(
-            f"group '{name}' has only as many distinct x as the {form} form has parameters; "
-            "its intervals are not informative",
-            ScalingWarning,
-            stacklevel=3,
+            f"{few}; its intervals are not informative (verdicts on it: undetermined)", ScalingWarning, stacklevel=3
         )
     draws, redraws = bootstrap(x, y, form, bins, opts["n_boot"], rng, name)
     result = {
         "n_points": len(x),
         "n_distinct_x": len(np.unique(x)),
+        "no_interval": f"{few}: no interval" if few else None,
         "alpha": float(params[0]),
         "alpha_ci": interval(draws[:, 0]),
         "beta": float(params[1]),
@@ -106,15 +112,37 @@ def _fit_group(name, x, y, opts, rng, grid) -> tuple[dict, np.ndarray]:
     }
     if form == "saturating":
         result.update(c=float(params[2]), c_ci=interval(draws[:, 2]))
+        result["c_at_bound"] = floor_at_bound(result["c"], float(y_used.min()))
     if bins:
         result["frontier"] = [[float(a), float(b)] for a, b in zip(x_used, y_used)]
-    result["extrapolation"] = [
-        {"x": float(at), "y": float(predict(params, [at])[0]), "y_ci": interval(predict(draws, [at])[:, 0])}
-        for at in opts["extrapolate"]
-    ]
+    result["extrapolation"] = _extrapolations(params, draws, opts["extrapolate"], result["no_interval"])
     band = np.percentile(predict(draws, grid), [2.5, 97.5], axis=0)
     result["band"] = {"x": grid.tolist(), "lo": band[0].tolist(), "hi": band[1].tolist()}
     return result, draws[:, 0]
+
+
+def _extrapolations(params, draws, at_x, no_interval: str | None) -> list[dict]:
+    """The prediction at each x of at_x with its interval; "no_interval" says why that interval is undetermined."""
+    predictions = []
+    for at in at_x:
+        y, ci = float(predict(params, [at])[0]), interval(predict(draws, [at])[:, 0])
+        why = no_interval or (ZERO_WIDTH if zero_width(y, ci) else None)
+        predictions.append({"x": float(at), "y": y, "y_ci": ci, "no_interval": why})
+    return predictions
+
+
+def _verdict(a: str, b: str, diff: float, lo: float, hi: float, reasons: list[str]) -> tuple[str, str]:
+    """(verdict, the one-line summary) of alpha_a - alpha_b; undetermined when a group gives no interval."""
+    head = f"alpha({a}) - alpha({b}) = {diff:+.3f}"
+    if reasons:
+        return "undetermined", f"{head}: undetermined ({'; '.join(reasons)})"
+    verdict = "differ" if lo > 0 or hi < 0 else "not distinguishable at 95%"
+    plain = (
+        "the exponents differ (the interval excludes 0)"
+        if verdict == "differ"
+        else f"{verdict} (the interval contains 0)"
+    )
+    return verdict, f"{head} [95% CI {lo:+.3f}, {hi:+.3f}]: {plain}"
 
 
 def _compare(alphas: dict[str, np.ndarray], fits: dict[str, dict], reference: str | None) -> list[dict]:
@@ -127,15 +155,18 @@ def _compare(alphas: dict[str, np.ndarray], fits: dict[str, dict], reference: st
     for a, b in pairs:
         lo, hi = interval(alphas[a] - alphas[b])
         diff = fits[a]["alpha"] - fits[b]["alpha"]
-        verdict = "differ" if lo > 0 or hi < 0 else "not distinguishable at 95%"
-        plain = (
-            "the exponents differ (the interval excludes 0)"
-            if verdict == "differ"
-            else f"{verdict} (the interval contains 0)"
-        )
-        summary = f"alpha({a}) - alpha({b}) = {diff:+.3f} [95% CI {lo:+.3f}, {hi:+.3f}]: {plain}"
+        reasons = [fits[g]["no_interval"] for g in (a, b) if fits[g]["no_interval"]]
+        verdict, summary = _verdict(a, b, diff, lo, hi, reasons)
         comparisons.append(
-            {"a": a, "b": b, "alpha_diff": diff, "alpha_diff_ci": [lo, hi], "verdict": verdict, "summary": summary}
+            {
+                "a": a,
+                "b": b,
+                "alpha_diff": diff,
+                "alpha_diff_ci": [lo, hi],
+                "verdict": verdict,
+                "reason": "; ".join(reasons) or None,
+                "summary": summary,
+            }
         )
     return comparisons
 
@@ -197,18 +228,31 @@ def fit(
     }
 
 
-def _ci(value: float, ci: list[float]) -> str:
-    return f"{value:.4g} [{ci[0]:.4g}, {ci[1]:.4g}]"
+def _ci(value: float, ci: list[float], no_interval: str | None = None) -> str:
+    return f"{value:.4g} [no interval]" if no_interval else f"{value:.4g} [{ci[0]:.4g}, {ci[1]:.4g}]"
+
+
+def _notes(name: str, g: dict) -> list[str]:
+    """A group's lines under the table: why it has no interval, a floor at its bound, its predictions."""
+    lines = [g["no_interval"]] if g.get("no_interval") else []
+    if g.get("c_at_bound"):
+        lines.append(f"{name}: c = {g['c']:.3g}: {FLOOR_AT_BOUND[g['c_at_bound']]}")
+    for e in g["extrapolation"]:
+        at = f"{name}: predicted y at x = {e['x']:.4g}: "
+        why = e.get("no_interval")
+        lines.append(at + (f"{e['y']:.4g}, interval undetermined ({why})" if why else _ci(e["y"], e["y_ci"])))
+    return lines
 
 
 def format_table(report: dict) -> str:
-    """The report as terminal text: one row per group, then extrapolations and comparisons."""
+    """The report as terminal text: one row per group, then per group its notes and predictions, then comparisons."""
     saturating = report["form"] == "saturating"
     header = ["group", "n", "alpha [95% CI]", "beta [95% CI]"] + (["c [95% CI]"] if saturating else [])
     rows = []
     for name, g in report["groups"].items():
-        row = [name, str(g["n_points"]), _ci(g["alpha"], g["alpha_ci"]), _ci(g["beta"], g["beta_ci"])]
-        rows.append(row + ([_ci(g["c"], g["c_ci"])] if saturating else []))
+        none = g.get("no_interval")
+        row = [name, str(g["n_points"]), _ci(g["alpha"], g["alpha_ci"], none), _ci(g["beta"], g["beta_ci"], none)]
+        rows.append(row + ([_ci(g["c"], g["c_ci"], none)] if saturating else []))
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     frontier = f", frontier of {report['frontier_bins']} bins" if report["frontier_bins"] else ""
     lines = [
@@ -217,8 +261,7 @@ def format_table(report: dict) -> str:
     ]
     lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in [header, *rows]]
     for name, g in report["groups"].items():
-        for e in g["extrapolation"]:
-            lines.append(f"{name}: predicted y at x = {e['x']:.4g}: {_ci(e['y'], e['y_ci'])}")
+        lines += _notes(name, g)
     lines += [c["summary"] for c in report["comparisons"]]
     return "\n".join(lines)
 

@@ -14,6 +14,12 @@ from scipy.optimize import OptimizeWarning, curve_fit
 from eval.scaling_io import ScalingInputError
 
 MIN_DISTINCT_X = {"power": 2, "saturating": 3}
+# A floor c within this fraction of a bound of fit_saturating (0 or min y) sits at that bound. scipy's trf starts a
+# parameter on a bound 1e-10 inside it, so a floor that never left 0 reads 1e-10: TRF_START says so.
+FLOOR_RTOL = 1e-6
+TRF_START = 1.0001e-10
+# A prediction interval narrower than this fraction of the prediction has zero width.
+ZERO_WIDTH_RTOL = 1e-9
 # The bootstrap redraws degenerate resamples (too few distinct x); past this many draws per wanted
 # resample the group is too small to bootstrap at all.
 MAX_DRAWS_PER_RESAMPLE = 20
@@ -120,6 +126,34 @@ def bootstrap(x, y, form: str, frontier_bins: int | None, n_boot: int, rng: np.r
         except (TooFewPoints, RuntimeError, np.linalg.LinAlgError):
             redraws += 1
     return np.array(draws).reshape(n_boot, 3), redraws
+
+
+def too_few_x(x_used: np.ndarray, form: str, name: str, frontier_bins: int | None = None) -> str | None:
+    """Why the points a group was fitted on cannot give an interval, or None when they can.
+
+    With as many distinct x as the form has parameters the fit passes through the (mean) point at every x: no
+    residual is left, so the bootstrap spread measures only the scatter of repeated x and says nothing of how
+    well the form fits. Returns e.g. "group 'a' has only 2 distinct x for a 2-parameter power form".
+    """
+    need, distinct = MIN_DISTINCT_X[form], len(np.unique(x_used))
+    if distinct > need:
+        return None
+    where = f"the frontier ({frontier_bins} bins) of group '{name}' keeps" if frontier_bins else f"group '{name}' has"
+    return f"{where} only {distinct} distinct x for a {need}-parameter {form} form"
+
+
+def floor_at_bound(c: float, y_min: float) -> str | None:
+    """ "lower" when fit_saturating's floor c sits at 0, "upper" when at min y (its bounds), else None."""
+    # The trf start inside 0 counts as 0 unless y itself is that small (then the relative test decides).
+    lower = min(max(FLOOR_RTOL * y_min, TRF_START), 0.5 * y_min)
+    if c <= lower:
+        return "lower"
+    return "upper" if c >= (1 - FLOOR_RTOL) * y_min else None
+
+
+def zero_width(y: float, ci: list[float]) -> bool:
+    """Whether the interval ci = [lo, hi] of a prediction y has no width (every bootstrap fit agrees)."""
+    return ci[1] - ci[0] <= ZERO_WIDTH_RTOL * abs(y)
 
 
 def interval(draws: np.ndarray) -> list[float]:

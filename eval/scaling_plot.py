@@ -43,6 +43,82 @@ def _minor_label(value: float, shown: tuple[int, ...]) -> str:
     return f"{value:g}" if any(abs(mantissa - m) < 1e-6 for m in shown) else ""
 
 
+# Units of the expressions of eval/scaling_io.py. compute = gmacs_per_sample (models.summary: the forward MACs of one
+# image and one text, in units of 1e9) x samples_seen, so it counts forward GMACs; a step's backward is not in it.
+UNITS = {
+    "compute": "compute (forward GMACs: GMACs per image-text pair x samples seen)",
+    "gmacs_total": "compute (GMACs)",
+    "gmacs_per_sample": "GMACs per image-text pair (forward)",
+    "samples_seen": "samples seen (image-text pairs)",
+    "step": "optimizer steps",
+    "params": "parameters (count)",
+    "params_without_token_embedding": "parameters without the token embedding (count)",
+    "loss": "training loss (contrastive cross-entropy, nats)",
+    "val_loss": "validation loss (contrastive cross-entropy, nats)",
+    "error": "zero-shot top-1 error (fraction)",
+}
+
+
+def axis_label(expr: str) -> str:
+    """The label of an axis fitted on column expression `expr`, with its unit where the expression is known."""
+    name, _, dataset = expr.strip().partition("@")
+    if name in UNITS:
+        return UNITS[name].replace(" (", f" on {dataset} (", 1) if dataset else UNITS[name]
+    return expr
+
+
+def build_figure(
+    report: dict,
+    points: dict[str, tuple[np.ndarray, np.ndarray]],
+    xlabel: str | None = None,
+    ylabel: str | None = None,
+    colours: dict | None = None,
+):
+    """The matplotlib Figure of a report: one log-log panel, or with extrapolations two: the data range alone
+    (left, so that the points stay readable) and the view out to the extrapolated x (right).
+
+    One colour per group (tab10 in group order, or `colours` {group: colour}); points (frontier points filled,
+    others hollow when a frontier was fitted), the fit over the shared x range, its 95% band (2.5/97.5 percentiles
+    of the bootstrap fits' predictions per x; none for a group without an interval) and extrapolated predictions
+    with their intervals. The y range is that of the points and predictions in view (a band may leave it). Axis
+    labels: the expressions fitted with their units (axis_label) unless given. `points`: {group: (x, y)},
+    eval.scaling.group_points of the data fitted.
+    """
+    extrapolating = bool(report["extrapolate"])
+    fig, axes = plt.subplots(1, 1 + extrapolating, figsize=(13 if extrapolating else 7, 5), dpi=120, squeeze=False)
+    axes = list(axes[0])
+    frontier = f", frontier of {report['frontier_bins']} bins" if report["frontier_bins"] else ""
+    title = f"{report['form']} fit{frontier}; bands: 95% bootstrap ({report['n_boot']} resamples)"
+    x_data = np.concatenate([x for x, _ in points.values()])
+    for ax in axes:
+        shown = []
+        for i, (name, g) in enumerate(report["groups"].items()):
+            colour = (colours or {}).get(name, plt.get_cmap("tab10")(i % 10))
+            shown += _draw_group(ax, name, g, *points[name], colour)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        if ax is axes[0] and extrapolating:
+            # the data panel: the x range of the points; of the predictions only those inside it set the y range
+            low, high = x_data.min(), x_data.max()
+            ax.set_xlim(low / 1.3, high * 1.3)
+            shown = [v for v, at in shown if at is None or low <= at <= high]
+        else:
+            shown = [v for v, _ in shown]
+        ax.set_ylim(min(shown) / 1.25, max(shown) * 1.25)
+        ax.set_xlabel(xlabel or axis_label(report["x"]))
+        ax.set_ylabel(ylabel or axis_label(report["y"]))
+        ax.grid(True, which="both", alpha=0.3)
+        plain_ticks(ax)
+    if extrapolating:
+        fig.suptitle(title, fontsize=9)
+        axes[0].set_title("the data range", fontsize=9)
+        axes[1].set_title(f"extrapolated to x = {max(report['extrapolate']):.3g}", fontsize=9)
+    else:
+        axes[0].set_title(title, fontsize=9)
+    axes[-1].legend(fontsize=8)
+    return fig
+
+
 def render_png(
     report: dict,
     points: dict[str, tuple[np.ndarray, np.ndarray]],
@@ -50,35 +126,17 @@ def render_png(
     ylabel: str | None = None,
     colours: dict | None = None,
 ) -> bytes:
-    """PNG bytes: one colour per group (tab10 in group order, or `colours` {group: colour}); points (frontier
-    points filled, others hollow when a frontier was fitted), the fit over the shared x range, its 95% band
-    (2.5/97.5 percentiles of the bootstrap fits' predictions per x) and extrapolated predictions with their
-    intervals. The y range is that of the points and predictions (a band may leave it). Axis labels: the
-    expressions fitted unless given (say the units, e.g. "compute (GMACs x samples)"). `points`: {group: (x, y)},
-    eval.scaling.group_points of the data fitted."""
-    fig, ax = plt.subplots(figsize=(7, 5), dpi=120)
-    shown = []
-    for i, (name, g) in enumerate(report["groups"].items()):
-        colour = (colours or {}).get(name, plt.get_cmap("tab10")(i % 10))
-        shown += _draw_group(ax, name, g, *points[name], colour)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_ylim(min(shown) / 1.25, max(shown) * 1.25)
-    ax.set_xlabel(xlabel or report["x"])
-    ax.set_ylabel(ylabel or report["y"])
-    frontier = f", frontier of {report['frontier_bins']} bins" if report["frontier_bins"] else ""
-    ax.set_title(f"{report['form']} fit{frontier}; bands: 95% bootstrap ({report['n_boot']} resamples)", fontsize=9)
-    ax.grid(True, which="both", alpha=0.3)
-    plain_ticks(ax)
-    ax.legend(fontsize=8)
+    """PNG bytes of build_figure(report, points, xlabel, ylabel, colours)."""
+    fig = build_figure(report, points, xlabel, ylabel, colours)
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", bbox_inches="tight")
     plt.close(fig)
     return buffer.getvalue()
 
 
-def _draw_group(ax, name: str, g: dict, x: np.ndarray, y: np.ndarray, colour) -> list[float]:
-    """One group's points, fit, band and extrapolations; returns the y values that must stay in view."""
+def _draw_group(ax, name: str, g: dict, x: np.ndarray, y: np.ndarray, colour) -> list[tuple[float, float | None]]:
+    """One group's points, fit, band and extrapolations; returns the y values that must stay in view, each with the
+    x of its prediction (None for a data point)."""
     hollow = "frontier" in g
     ax.scatter(x, y, s=22, facecolors="none" if hollow else colour, edgecolors=colour, alpha=0.8)
     if hollow:
@@ -87,9 +145,12 @@ def _draw_group(ax, name: str, g: dict, x: np.ndarray, y: np.ndarray, colour) ->
     band = g["band"]
     grid = np.array(band["x"])
     params = [g["alpha"], g["beta"], g.get("c", 0.0)]
-    ax.plot(grid, predict(params, grid), color=colour, label=f"{name}: {_formula(params)} (n={g['n_points']})")
-    ax.fill_between(grid, band["lo"], band["hi"], color=colour, alpha=0.2, linewidth=0)
+    none = " (no interval)" if g.get("no_interval") else ""
+    ax.plot(grid, predict(params, grid), color=colour, label=f"{name}: {_formula(params)} (n={g['n_points']}){none}")
+    if not none:
+        ax.fill_between(grid, band["lo"], band["hi"], color=colour, alpha=0.2, linewidth=0)
     for e in g["extrapolation"]:
-        err = [[e["y"] - e["y_ci"][0]], [e["y_ci"][1] - e["y"]]]
+        # an undetermined interval is not drawn as a zero-width (or uninformative) error bar
+        err = None if e.get("no_interval") else [[e["y"] - e["y_ci"][0]], [e["y_ci"][1] - e["y"]]]
         ax.errorbar([e["x"]], [e["y"]], yerr=err, fmt="D", color=colour, capsize=3)
-    return [*y, *(e["y"] for e in g["extrapolation"])]
+    return [(v, None) for v in y] + [(e["y"], e["x"]) for e in g["extrapolation"]]
