@@ -5,7 +5,9 @@
 The file has the sections model (models.ModelConfig), data (data.DataConfig), optim, train and eval;
 anything left out keeps the dataclass default. Override values are parsed with `yaml.safe_load`, so
 `3`, `1e-4`, `true`, `null` and `[a, b]` mean what they say. Unknown keys, values of the wrong type and
-values outside a field's `Literal` choices are a one-line `ConfigError` that names the key and the fix.
+values outside a field's `Literal` choices are a one-line `ConfigError` that names the key and the fix; so are
+numbers out of range or not finite, unknown model sizes, attention names and impls (with the closest known name),
+an image size the patch does not divide, an impl that RoPE would ignore and a cache larger than this machine's memory.
 
 A file may start from another: `base: base/laion400m.yaml` (a path relative to the file) loads that file
 first and merges this one over it, section by section and key by key (a value given here replaces the
@@ -15,6 +17,9 @@ base's, lists included); a base may have its own base.
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import math
+import os
 import sys
 import types
 import typing
@@ -27,6 +32,8 @@ import yaml
 from data import DataConfig
 from models import ModelConfig
 from models.attention import get_attention, rope
+from models.attention.ops.dispatch import IMPLS
+from models.config import resolved_size
 
 
 class ConfigError(ValueError):
@@ -214,8 +221,12 @@ def build_config(raw: dict) -> Config:
         raise ConfigError(f"unknown config section {unknown[0]!r}; valid sections: {', '.join(SECTIONS)}")
     sections = {name: build_section(name, SECTIONS[name], raw.get(name) or {}) for name in SECTIONS}
     cfg = Config(**sections)
+    check_finite(cfg)
     check_ranges(cfg)
+    check_caches(cfg)
     check_model_names(cfg)
+    check_impl(cfg.model)
+    check_model_size(cfg.model)
     if cfg.distill.stage == "both" and not (cfg.distill.teacher and cfg.distill.transfer_steps >= 1):
         raise ConfigError(
             "distill.stage=both runs attention transfer, then distillation: it needs distill.teacher and "
@@ -261,10 +272,12 @@ RANGES = {
     ("train", "log_every"): at_least(0),
     ("train", "save_every"): at_least(0),
     ("train", "seed"): (lambda v: 0 <= v < 2**32, "in [0, 2**32)"),
+    ("train", "keep_steps"): (lambda v: all(s >= 0 for s in v), "a list of steps >= 0"),
     ("eval", "every"): at_least(0),
     ("eval", "batch_size"): above(0),
     ("eval", "workers"): at_least(0),
     ("eval", "cache_mb"): at_least(0),
+    ("data", "cache_mb"): at_least(0),
     ("distill", "transfer_lr"): above(0),
     ("distill", "transfer_warmup_steps"): at_least(0),
 }
@@ -278,12 +291,60 @@ def check_ranges(cfg: Config) -> None:
             raise ConfigError(f"{section}.{key}={value!r} is out of range: it must be {allowed}")
 
 
+def finite(value) -> bool:
+    """No inf or nan in a value, nested lists and dicts (attention options) included."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, dict):
+        return all(finite(v) for v in value.values())
+    return all(finite(v) for v in value) if isinstance(value, (list, tuple)) else True
+
+
+def check_finite(cfg: Config) -> None:
+    """Every number of every section finite: YAML's .inf and .nan (and "inf", "nan") fit a float field."""
+    for section, values in to_dict(cfg).items():
+        for key, value in values.items():
+            if not finite(value):
+                raise ConfigError(f"{section}.{key}={value!r} is not a finite number; give a finite value")
+
+
+def machine_mb() -> float | None:
+    """This machine's memory in MB (2**20 bytes, as data.cache_mb and eval.cache_mb count), None where unknown."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**20
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def check_caches(cfg: Config) -> None:
+    """data.cache_mb and eval.cache_mb within this machine's memory (a bigger cache could never be filled)."""
+    total = machine_mb()
+    for section in ("data", "eval"):
+        mb = getattr(cfg, section).cache_mb
+        if total is not None and mb > total:
+            raise ConfigError(
+                f"{section}.cache_mb={mb:g} is more than this machine's memory ({total:.0f} MB); "
+                f"set it below {total:.0f}, or 0 for no cache"
+            )
+
+
+def did_you_mean(name, known) -> str:
+    """'; did you mean X?' for the closest of `known` (difflib), or ''."""
+    close = difflib.get_close_matches(str(name), list(known), n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def tower_names(model: ModelConfig, tower: str) -> list[str]:
+    """The distinct attention names of a tower (one name, or one per layer)."""
+    value = getattr(model, f"{tower}_attention")
+    return list(dict.fromkeys([value] if isinstance(value, str) else value))
+
+
 def check_model_names(cfg: Config) -> None:
     """Attention and position names known to the registry (and causal where the text tower needs it), so a
     sweep or a Slurm job with a typo fails at submission, not on the cluster."""
     for tower, causal in (("image", False), ("text", True)):
-        value = getattr(cfg.model, f"{tower}_attention")
-        for name in dict.fromkeys([value] if isinstance(value, str) else value):
+        for name in tower_names(cfg.model, tower):
             try:
                 get_attention(name).check_causal(causal)
             except ValueError as e:
@@ -291,6 +352,40 @@ def check_model_names(cfg: Config) -> None:
         kind = getattr(cfg.model, f"{tower}_pos_embed")
         if kind not in rope.KINDS:
             raise ConfigError(f"model.{tower}_pos_embed={kind!r} is not known; use one of {', '.join(rope.KINDS)}")
+
+
+def check_impl(model: ModelConfig) -> None:
+    """model.attention_impl one of the dispatcher's (models/attention/ops/dispatch.py). With RoPE, a variant with a
+    rope_feature_map (linear_elu) runs rope.rotated_linear in PyTorch ops whatever its impl says (Attention.forward),
+    so an impl other than auto or torch, from attention_impl or the tower's options, is refused, not ignored."""
+    impl = model.attention_impl
+    if impl not in IMPLS:
+        raise ConfigError(
+            f"model.attention_impl={impl!r} is not known; use one of {', '.join(IMPLS)}{did_you_mean(impl, IMPLS)}"
+        )
+    for tower in ("image", "text"):
+        if getattr(model, f"{tower}_pos_embed") != "rope":
+            continue
+        options = getattr(model, f"{tower}_attention_options")
+        for name in tower_names(model, tower):
+            own = options[name] if isinstance(options.get(name), dict) else options
+            key = f"model.{tower}_attention_options impl" if "impl" in own else "model.attention_impl"
+            asked = own.get("impl", impl)
+            if get_attention(name).rope_feature_map is not None and asked not in ("auto", "torch"):
+                raise ConfigError(
+                    f"{key}={asked} would be ignored: with model.{tower}_pos_embed=rope, {name} runs its rotary form "
+                    f"in PyTorch ops whatever the impl (models/attention/rope.py); set {key}=auto (or torch), "
+                    f"or model.{tower}_pos_embed=learnable"
+                )
+
+
+def check_model_size(model: ModelConfig) -> None:
+    """model.name a known size, model.image_size a multiple of its patch size, context_length >= 2 (resolved_size)."""
+    try:
+        resolved_size(model)
+    except (ValueError, KeyError) as e:
+        message = str(e).splitlines()[0]
+        raise ConfigError(message if message.startswith("model.") else f"model.name: {message}") from None
 
 
 def warmup_warning(cfg: Config) -> str | None:
@@ -311,7 +406,10 @@ def build_section(name: str, cls: type, values: dict):
     values = dict(values)
     for key, value in values.items():
         if key not in hints:
-            raise ConfigError(f"unknown config key {name}.{key}; valid keys of {name!r}: {', '.join(fields)}")
+            raise ConfigError(
+                f"unknown config key {name}.{key}; valid keys of {name!r}: {', '.join(fields)}"
+                + did_you_mean(key, fields)
+            )
         value = values[key] = coerce_float(value, hints[key])
         if not matches(value, hints[key]):
             allowed = choices(hints[key])

@@ -9,6 +9,8 @@ reachable as `attend(name, q, k, v, causal=...)` on `[B, H, N, D]` tensors (torc
 
 from __future__ import annotations
 
+import difflib
+
 from torch import Tensor, nn
 
 ATTENTIONS: dict[str, type[nn.Module]] = {}
@@ -30,9 +32,11 @@ def register_attention(name: str):
 
 
 def get_attention(name: str) -> type[nn.Module]:
-    """The class registered under `name`; an unknown name raises with the sorted known names."""
+    """The class registered under `name`; an unknown name raises with the sorted known names and the closest."""
     if name not in ATTENTIONS:
-        raise ValueError(f"unknown attention {name!r}; known attentions: {', '.join(sorted(ATTENTIONS))}")
+        close = difflib.get_close_matches(str(name), sorted(ATTENTIONS), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ValueError(f"unknown attention {name!r}; known attentions: {', '.join(sorted(ATTENTIONS))}{hint}")
     return ATTENTIONS[name]
 
 
