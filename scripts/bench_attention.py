@@ -96,8 +96,10 @@ def dtypes_for(name: str, args) -> list[tuple[torch.dtype, int]]:
     if args.dtypes:
         return [(getattr(torch, d), 1 << 62) for d in args.dtypes]
     if args.device == "cuda":
-        return [(torch.bfloat16, 1 << 62), (torch.float32, 1 << 62)]
-    return [(torch.float32, 1 << 62)] + ([(torch.bfloat16, args.bf16_max_n)] if name in args.bf16_variants else [])
+        pairs = [(torch.bfloat16, 1 << 62), (torch.float32, 1 << 62)]
+    else:
+        pairs = [(torch.float32, 1 << 62)] + ([(torch.bfloat16, args.bf16_max_n)] if name in args.bf16_variants else [])
+    return pairs
 
 
 def peer_backends(dtype: torch.dtype) -> list[SDPBackend]:
@@ -222,12 +224,20 @@ def run(args) -> tuple[pd.DataFrame, dict]:
     names = args.variants or default or first + sorted(set(ATTENTIONS) - set(first))
     info = dict(load_start=os.getloadavg()[0], threads=torch.get_num_threads(), machine=probe.describe())
     info.update(probe.rates(args.quick))
-    print(", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in info.items()), flush=True)
-    rows = []
+    print(", ".join(f"{k}={v:.4g}" for k, v in info.items() if isinstance(v, float)), info["machine"], flush=True)
+    rows, emulated = [], info["skipped"]  # bf16's rate (always probed) and each dtype asked for: one line each
+    info["skipped"] = {k: v for k, v in emulated.items() if k == "bfloat16"}
+    for line in info["skipped"].values():
+        print(line, flush=True)
     for name in names:
         sizes = args.sizes + (args.long_sizes if issubclass(ATTENTIONS[name], LinearAttention) else [])
         for causal in (False, True) if ATTENTIONS[name].supports_causal else (False,):
             for dtype, max_n in dtypes_for(name, args):
+                if (dtype_name := str(dtype).removeprefix("torch.")) in emulated:  # one line, in the report too
+                    if dtype_name not in info["skipped"]:
+                        print(emulated[dtype_name], flush=True)
+                    info["skipped"][dtype_name] = emulated[dtype_name]
+                    continue
                 for passes in args.passes:
                     rows += bench_line(name, causal, dtype, passes, [n for n in sizes if n <= max_n], probe, args)
     if args.device == "cpu":

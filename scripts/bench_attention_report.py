@@ -189,9 +189,13 @@ def header(info: dict, args) -> list[str]:
             f"{info['gemm_bf16'] / 1e3:.0f} TFLOP/s. Softmax peer: SDPA pinned to FlashAttention-2 (bf16, fp16) or "
             "its memory-efficient kernel (fp32, which flash lacks). Linear ops: impl column of the CSV.",
         ]
+    skipped = info.get("skipped", {})  # bf16 and each dtype asked for that this CPU emulates, one line each
+    bf16 = "" if "bfloat16" in skipped else f"; bf16 GEMM: {info['gemm_bf16']:.0f} GFLOP/s"
     return [
         *lines,
-        f"Machine fp32 GEMM: {info['gemm']:.0f} GFLOP/s; bf16 GEMM: {info['gemm_bf16']:.0f} GFLOP/s. Causal chunkwise "
+        *(f"{line}." for line in skipped.values()),
+        *([""] if skipped else []),
+        f"Machine fp32 GEMM: {info['gemm']:.0f} GFLOP/s{bf16}. Causal chunkwise "
         f"form (forward + backward of chunked.causal_linear, N={info['chunk_n']}): cumsum over chunk states "
         f"{info['chunk_cumsum_ms']:.1f} ms vs Python loop over chunks {info['chunk_loop_ms']:.1f} ms.",
         "",

@@ -14,7 +14,6 @@ import argparse
 import csv
 import json
 import os
-import platform
 import statistics
 import tempfile
 import time
@@ -23,6 +22,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from eval import machine
 from models import layout
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
@@ -90,9 +90,9 @@ def report(row: dict, out: Path) -> None:
         writer.writerow(row)
     (out / "bench_checkpoint.md").write_text(
         "# Checkpoint verification cost\n\n"
-        f"`python -m scripts.bench_checkpoint --params {row['params']:.4g}` on {platform.node()} "
-        f"({platform.processor() or platform.machine()}), {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
-        f"median of the rounds; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (other jobs share "
+        f"`python -m scripts.bench_checkpoint --params {row['params']:.4g}` on "
+        f"{machine.describe()}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
+        f"median of the rounds; load average {os.getloadavg()[0]:.1f} (other jobs share "
         "the cores and the disk).\n\n"
         f"{line}.\n"
     )

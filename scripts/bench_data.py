@@ -12,7 +12,6 @@ Writes docs/bench_data.csv and docs/bench_data.md.
 import argparse
 import csv
 import os
-import platform
 import statistics
 import tempfile
 import time
@@ -28,6 +27,7 @@ from webdataset.tariterators import tar_file_expander
 
 from data import DataConfig, build_train_data
 from data.synthetic import make_synthetic
+from eval import machine
 
 
 def time_epoch(batches) -> tuple[int, float]:
@@ -75,7 +75,7 @@ def write_report(rows: list[dict], out: Path, args) -> None:
         "",
         f"`python scripts/bench_data.py --samples {args.samples} --image-size {args.image_size} "
         f"--batch-size {args.batch_size} --workers {args.workers} --rounds {args.rounds}` on "
-        f"{platform.machine()} with {os.cpu_count()} CPU cores (load average {os.getloadavg()[0]:.1f} at the "
+        f"{machine.describe()} (load average {os.getloadavg()[0]:.1f} at the "
         f"end: other jobs share the cores, so single rounds are noisy), torch {torch.__version__}.",
         "Synthetic JPEG shards; open_clip train transform and ViT-B-16 tokenizer in the workers; one epoch "
         "per round, worker start-up included; median over rounds.",

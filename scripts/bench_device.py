@@ -11,11 +11,12 @@ Everything else in the benchmark scripts is device-independent and tested on the
 from __future__ import annotations
 
 import gc
-import platform
 import time
 from pathlib import Path
 
 import torch
+
+from eval import machine
 
 
 class CPUProbe:
@@ -49,12 +50,14 @@ class CPUProbe:
         gc.collect()
 
     def describe(self) -> str:
-        return f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} CPU threads"
+        return machine.describe(self.device)
 
     def rates(self, quick: bool = False) -> dict:
-        """The machine's fp32 and bf16 GEMM rates (GFLOP/s), measured now (on small matrices when `quick`)."""
-        n = 1024 if quick else 4096
-        return {"gemm": gemm_gflops(self, torch.float32, n), "gemm_bf16": gemm_gflops(self, torch.bfloat16, n)}
+        """The machine's fp32 and bf16 GEMM rates (GFLOP/s), measured now in bounded time (eval/machine.py: a
+        small product first; on small matrices when `quick`); an emulated bf16 is NaN, its line in "skipped"."""
+        n, skipped = 1024 if quick else 4096, machine.emulated(self.device)
+        bf16 = float("nan") if "bfloat16" in skipped else machine.gemm_rate(self.device, torch.bfloat16, n)[0]
+        return {"gemm": machine.gemm_rate(self.device, torch.float32, n)[0], "gemm_bf16": bf16, "skipped": skipped}
 
 
 class CUDAProbe(CPUProbe):
@@ -85,13 +88,10 @@ class CUDAProbe(CPUProbe):
         gc.collect()
         torch.cuda.empty_cache()
 
-    def describe(self) -> str:
-        p = torch.cuda.get_device_properties(0)
-        return f"{p.name} ({p.total_memory / 2**30:.0f} GiB, {p.multi_processor_count} SMs), CUDA {torch.version.cuda}"
-
     def rates(self, quick: bool = False) -> dict:
         """Copy bandwidth (GB/s, bytes read + written) and bf16 GEMM rate (GFLOP/s), measured now."""
-        return {"bandwidth": copy_gbs(self), "gemm_bf16": gemm_gflops(self, torch.bfloat16, 2048 if quick else 8192)}
+        bf16 = machine.gemm_rate(self.device, torch.bfloat16, 2048 if quick else 8192)[0]
+        return {"bandwidth": copy_gbs(self), "gemm_bf16": bf16, "skipped": {}}
 
 
 def probe(device: str):
@@ -115,14 +115,6 @@ def is_oom(err: BaseException) -> bool:
 def memory_kb(field: str) -> int:
     with open("/proc/self/status") as f:
         return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
-
-
-def gemm_gflops(probe, dtype: torch.dtype, n: int = 4096) -> float:
-    """Best of 5 square matrix products of size n on the probe's device."""
-    a, b = (torch.randn(n, n, device=probe.device).to(dtype) for _ in range(2))
-    torch.mm(a, b)
-    best = min(probe.time(lambda: torch.mm(a, b)) for _ in range(5))
-    return 2 * n**3 / best / 1e9
 
 
 def copy_gbs(probe, n_bytes: int = 2**30) -> float:

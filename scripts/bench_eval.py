@@ -16,7 +16,6 @@ docs/bench_eval.csv, docs/bench_eval.png and docs/bench_eval.md.
 import argparse
 import csv
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -32,7 +31,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from data import make_synthetic
-from eval import datasets, zeroshot
+from eval import datasets, machine, zeroshot
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 
@@ -152,8 +151,8 @@ def write_outputs(rows: list[dict], args) -> None:
     head = text.split(marker)[0] if text else "# Evaluation throughput and agreement\n\n"
     (DOCS / "bench_eval.md").write_text(
         f"{head}{marker}\n\n## Throughput (written by scripts/bench_eval.py)\n\n"
-        f"`python scripts/bench_eval.py {' '.join(sys.argv[1:])}` on {platform.processor() or platform.machine()} "
-        f"({torch.get_num_threads()} torch threads, load average {os.getloadavg()[0]:.1f} at the end), "
+        f"`python scripts/bench_eval.py {' '.join(sys.argv[1:])}` on "
+        f"{machine.describe()} (load average {os.getloadavg()[0]:.1f} at the end), "
         f"model {args.model} (random init), {args.device}, batch "
         f"{args.batch_size}, {args.workers} workers, best of {args.rounds} alternating rounds:\n\n"
         + "\n".join(table)

@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from eval import machine
 from models import ModelConfig, build_clip
 from models.blocks import Block
 from models.config import size_config
@@ -259,12 +260,16 @@ def write(rows: list[dict], args, probe, total: float) -> None:
     plain = [r for r in rows if not r["checkpointing"] and r["part"] != "clip"]
     fitted = slopes(plain)
     plot(plain, fitted, out / "bench_long.png")
-    precision = "bf16 autocast" if args.bf16 else "fp32"
+    precision = (
+        "bf16 autocast"
+        if args.bf16
+        else "fp32" + (f" ({skipped}; --bf16 ignored)" if (skipped := getattr(args, "skipped", "")) else "")
+    )
     lines = [
         "# Long sequences: training-step time of the whole model against length",
         "",
         f"`python -m scripts.bench_long {' '.join(args.argv)}`, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC; "
-        f"{probe.describe()}, {os.cpu_count()} cores, {args.threads} torch threads, load "
+        f"{probe.describe()}, load "
         f"average {os.getloadavg()[0]:.1f} at the end; {args.size}, {precision}; fastest of {args.steps} rounds; "
         f"total {total / 60:.1f} min. Ratio: the attention's step time over softmax's (SDPA) at the same length "
         "and checkpointing; bound: the FLOP model's ratio (scripts/bench_long.py). Peak MB on a CPU: the process's "
@@ -314,6 +319,10 @@ def main(argv: list[str] | None = None) -> Path:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     probe, start, rows = bench_device.probe(args.device), time.perf_counter(), []
+    args.skipped = machine.emulated(args.device).get("bfloat16", "") if args.bf16 else ""
+    if args.skipped:  # bf16 autocast on a CPU that emulates bf16 would take hours: fp32 instead, said once
+        print(f"{args.skipped}; --bf16 ignored, fp32 timed", flush=True)
+        args.bf16 = False
     for tower, lengths in (("image", args.image_sizes), ("text", args.text_lengths)):
         for length in (int(x) for x in lengths.split(",") if x):
             rows += measure(args, tower, length, probe)

@@ -31,6 +31,7 @@ from pathlib import Path
 import yaml
 
 from data import make_synthetic
+from eval import machine
 from models import layout
 
 REPO = Path(__file__).resolve().parents[1]
@@ -164,7 +165,7 @@ def main(argv: list[str] | None = None) -> Path:
     header = (
         f"`python -m scripts.bench_step --steps {args.steps} --rounds {args.rounds}`, "
         f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, ours = {commit.stdout.strip()} (with uncommitted changes, if any), "
-        f"baseline = {args.baseline}; CPU {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end; "
+        f"baseline = {args.baseline}; {machine.describe()}, load average {os.getloadavg()[0]:.1f} at the end; "
         f"demo-w64, batch 64, 32 px, 4,000 training samples ({args.steps * 64 / 4000:.1f} epochs), 1 torch thread per "
         f"run, each tree's study settings (`run:` of configs/study/demo.yaml: ours {settings['ours']}, baseline "
         f"{settings['baseline']}), no evaluation; fastest of {args.rounds} rounds; total "

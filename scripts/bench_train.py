@@ -36,6 +36,7 @@ except ImportError as err:  # models/ builds on open_clip's configs and tokenize
         f"error: open_clip is needed ({err}); pip install open_clip_torch, or carry its wheel (scripts/gpu_check.sh)"
     ) from None
 
+from eval import machine
 from models import ModelConfig, build_clip
 from models.attention import ATTENTIONS
 from scripts import bench_device
@@ -118,12 +119,20 @@ def row(part: str, model: str, pixels: int, precision: str, attention: str, resu
     return out | ({"open_clip_s": peer_s} if part == "vs_open_clip" else {})
 
 
+def precisions(probe) -> list[str]:
+    """fp32 and bf16; bf16 skipped, with one line, on a CPU that emulates it (eval/machine.py)."""
+    skipped = machine.emulated(probe.device).get("bfloat16")
+    if skipped:
+        print(skipped, flush=True)
+    return ["fp32"] if skipped else ["fp32", "bf16"]
+
+
 def ours_vs_open_clip(sizes: list[str], batch_size: int, rounds: int, probe) -> list[dict]:
     rows = []
     for size in sizes:
         pixels = open_clip.get_model_config(size)["vision_cfg"]["image_size"]  # 224 for the ViT-*-16
         images, tokens = batch(size, pixels, batch_size, probe.device)
-        for precision in ("fp32", "bf16"):
+        for precision in precisions(probe):
             torch.manual_seed(0)
             ours = build_clip(ModelConfig(name=size))
             theirs = open_clip.create_model(size)
@@ -183,6 +192,7 @@ def write_outputs(rows: list[dict], args, probe, total: float) -> None:
         f"torch {torch.__version__}, open_clip {open_clip.__version__}; fastest of {args.steps} "
         "steps after one warm-up; a step = forward, contrastive loss, backward, AdamW step; peak = memory above "
         f"what was held before the step. Total run {total / 60:.1f} min.",
+        *([f"{machine.emulated(probe.device)['bfloat16']}."] if "bf16" not in {r["precision"] for r in first} else []),
         "",
         "## Softmax CLIP, ours vs open_clip (224 px for the ViT-*-16)",
         "",

@@ -121,6 +121,8 @@ def claim_c(fits: dict) -> tuple[str, str]:
     c = next((c for c in fits.get("error_frontier", {}).get("comparisons", []) if c["a"] == NODENOM), None)
     if c is None:
         return "undetermined", "the compute-frontier exponents were not fitted"
+    if c.get("verdict") == "undetermined":  # too few points for an interval
+        return "undetermined", f"compute-frontier exponents: {c.get('reason')}"
     lo, hi = c["alpha_diff_ci"]
     groups = fits["error_frontier"]["groups"]
     numbers = (

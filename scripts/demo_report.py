@@ -7,12 +7,12 @@ that compare with the paper (Gerami, Madani, Duraiswami 2026) follow fixed rules
 from __future__ import annotations
 
 import itertools
-import os
 from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
 
+from eval import machine
 from eval.multiplier import multiplier
 from scripts.demo_claims import FLAT, claims, claims_table, flattened
 from scripts.demo_sweep import sweep_table
@@ -29,7 +29,8 @@ def fit_digest(report: dict) -> dict:
         for name, g in report["groups"].items()
     }
     comparisons = [
-        {k: c[k] for k in ("a", "b", "alpha_diff", "alpha_diff_ci", "verdict")} for c in report["comparisons"]
+        {k: c.get(k) for k in ("a", "b", "alpha_diff", "alpha_diff_ci", "verdict", "reason")}
+        for c in report["comparisons"]
     ]
     return {"x": report["x"], "y": report["y"], "form": report["form"], "groups": groups, "comparisons": comparisons}
 
@@ -112,6 +113,8 @@ def exponent_sentence(fits: dict, name: str, attention: str, what: str) -> str:
     c = comparison(fits, name, attention)
     if c is None:
         return f"the {what} exponents were not compared"
+    if c.get("verdict") == "undetermined":  # too few points for an interval (eval.scaling says why)
+        return f"its {what} exponent against softmax's is undetermined ({c.get('reason')})"
     lo, hi = c["alpha_diff_ci"]
     if lo <= 0 <= hi:
         return (
@@ -269,7 +272,7 @@ def report_md(runs, fits, specs, bench, study, args, clock, format_table, num_cl
         f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC: {len(runs)} runs ({len(study.sizes)} sizes x "
         f"{len(study.attentions)} attentions, the same attention in both towers), {study.jobs} at a time. "
         f"The study took {clock['wall'] / 60:.1f} minutes wall and {clock['cpu'] / 60:.1f} CPU-minutes on "
-        f"{_cores()} cores; the 1-minute load average was {np.mean(loads):.1f} on average (max {max(loads):.1f}) "
+        f"{machine.describe()}; the 1-minute load average was {np.mean(loads):.1f} on average (max {max(loads):.1f}) "
         f"while it ran (the study's own {study.jobs} runs and their data-loader workers count; a load well above "
         f"{study.jobs * study.threads_per_job + study.jobs} means other jobs shared the cores).\n"
     )
@@ -335,10 +338,6 @@ def check_table(checks: list[tuple[str, bool, str]]) -> str:
     rows = ["| check | holds | numbers |", "|---|---|---|"]
     rows += [f"| {what} | {'yes' if ok else '**no**'} | {numbers} |" for what, ok, numbers in checks]
     return "\n".join(rows) + "\n"
-
-
-def _cores() -> int:
-    return os.cpu_count() or 1
 
 
 def linearise_section(text: str) -> str:

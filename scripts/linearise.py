@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 from datetime import UTC, datetime
@@ -30,6 +29,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import yaml
 
+from eval import machine
 from models import layout
 from scripts.demo_study import Job, overrides, run_jobs, spec_of
 
@@ -184,8 +184,8 @@ def write(out: Path, teacher: dict, results: dict, args, seconds: float) -> None
         "",
         f"`python -m scripts.linearise {args.study} --transfer-steps {args.transfer_steps} --distill-steps "
         f"{args.distill_steps}{' --students ' + ' '.join(args.students) if args.students else ''}`, "
-        f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {platform.machine()} with {os.cpu_count()} "
-        f"cores, load average {os.getloadavg()[0]:.1f} at the end, {seconds / 60:.1f} min. Teacher: the study's best "
+        f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {machine.describe()}, "
+        f"load average {os.getloadavg()[0]:.1f} at the end, {seconds / 60:.1f} min. Teacher: the study's best "
         f"softmax run ({teacher['size']}, {100 * teacher['top1']:.1f}% zero-shot top-1); target {SHARE:.0%} of it = "
         f"{100 * target:.1f}%. Students in both towers, from the teacher's weights: stage 1 (attention transfer, "
         f"{args.transfer_steps} steps, lr {args.transfer_lr:g}), then stage 2 (contrastive + embedding + similarity "

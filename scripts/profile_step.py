@@ -25,6 +25,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from data import make_synthetic
 from data.stream import decode, tar_samples
+from eval import machine
 from train import main as train_main
 from train.config import load_config
 from train.dist import make_accelerator
@@ -178,7 +179,7 @@ def main(argv: list[str] | None = None) -> Path:
         "# Where the main job's training step spends its time",
         "",
         f"`python -m scripts.profile_step`, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {args.size}, batch 64, 32 px, "
-        f"one torch thread; CPU {os.cpu_count()} cores, load average {load:.1f} at the end; "
+        f"one torch thread; {machine.describe()}, load average {load:.1f} at the end; "
         f"{(time.perf_counter() - started) / 60:.1f} min. Model step: forward, contrastive loss, backward, "
         "gradient norm, AdamW on loaded batches (op groups by self time under torch.profiler, scaled to the "
         "unprofiled step). Data: the stages of the data worker, in this process. Per process: wall seconds.",

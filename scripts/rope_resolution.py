@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from data import make_synthetic
+from eval import machine
 from models.config import size_config
 from scripts.demo_study import REPO, Job, overrides, run_jobs, spec_of
 
@@ -102,7 +102,7 @@ def write(out: Path, args, results: dict, seconds: float) -> None:
         "# RoPE against a resampled position table at other resolutions",
         "",
         f"`python -m scripts.rope_resolution --size {args.size} --steps {args.steps} --lr {args.lr}`, "
-        f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {platform.machine()} with {os.cpu_count()} cores, load average "
+        f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {machine.describe()}, load average "
         f"{os.getloadavg()[0]:.1f} at the end, {seconds / 60:.1f} min. Trained at 32 px (softmax, cosine over "
         f"{args.steps} steps of 64), zero-shot top-1 on the embedded 24-class set at each evaluation size; "
         "learnable: the table resampled on load (bicubic), rope: no table; tuned: then fine-tuned "

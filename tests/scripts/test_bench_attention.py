@@ -6,6 +6,7 @@ import pytest
 import torch
 from torch.nn.attention import SDPBackend
 
+from eval import machine
 from scripts import bench_attention, bench_device
 from scripts.bench_attention import bench_line, main, parse_args
 from scripts.bench_attention_report import aims, markdown
@@ -21,6 +22,18 @@ def test_quick_run_writes_csv_plot_and_table(tmp_path):
     assert (tmp_path / "bench.png").stat().st_size > 0
     text = (tmp_path / "bench.md").read_text()
     assert "linear_affine_nodenom full" in text and "linear_affine_nodenom causal float32: time / softmax" in text
+
+
+def test_emulated_bf16_is_skipped_in_one_line_and_the_run_finishes(tmp_path, monkeypatch, capsys):
+    """A CPU without native bf16 (forced here): no bf16 rate at 4096, no bf16 point, one line in output and page."""
+    monkeypatch.setenv(machine.FORCE_ENV, "1")
+    argv = ["--variants", "softmax", "linear_affine", "--sizes", "77", "--long-sizes", "--bf16-variants", "softmax"]
+    main([*argv, "--budget", "0.05", "--out", str(tmp_path / "bench")])  # not --quick: the full-size rate probe
+    frame = pd.read_csv(tmp_path / "bench.csv")
+    assert set(frame.dtype) == {"float32"} and set(frame.variant) == {"softmax", "linear_affine"}
+    assert capsys.readouterr().out.count("bf16 skipped: ") == 1
+    text = (tmp_path / "bench.md").read_text()
+    assert text.count("bf16 skipped: ") == 1 and "bf16 emulated" in text
 
 
 def test_forward_only_pass_and_explicit_impl(tmp_path):

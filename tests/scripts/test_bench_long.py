@@ -5,6 +5,7 @@ import csv
 
 import pytest
 
+from eval import machine
 from scripts import bench_long
 
 
@@ -49,6 +50,17 @@ def test_bf16_autocast_form_runs_and_says_so(tmp_path):
     argv = ["--size", "tiny-s", "--image-sizes", "32", "--text-lengths", "", "--clip", "", "--steps", "1"]
     argv += ["--threads", "1", "--attentions", "softmax,linear_affine_nodenom", "--bf16", "--out", str(tmp_path)]
     text = bench_long.main(argv).read_text()
-    assert "bf16 autocast" in text and "| image | 32 |" in text
+    native = "bfloat16" not in machine.emulated("cpu")  # a CPU that emulates bf16 times fp32 and says so
+    assert ("bf16 autocast" if native else "--bf16 ignored") in text and "| image | 32 |" in text
     with open(tmp_path / "bench_long.csv") as f:
         assert all(float(r["seconds"]) > 0 for r in csv.DictReader(f))
+
+
+def test_bf16_on_a_cpu_that_emulates_it_times_fp32_and_says_so(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv(machine.FORCE_ENV, "1")
+    argv = ["--size", "tiny-s", "--image-sizes", "32", "--text-lengths", "", "--clip", "", "--steps", "1"]
+    text = bench_long.main(
+        [*argv, "--threads", "1", "--attentions", "softmax", "--bf16", "--out", str(tmp_path)]
+    ).read_text()
+    assert "fp32 (bf16 skipped: " in text and "bf16 autocast" not in text
+    assert capsys.readouterr().out.count("bf16 skipped") == 1

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from eval import machine
 from models.config import size_config
 from scripts import demo
 from scripts.demo_study import Job, StudyError, jobs_of, load_study, overrides
@@ -70,6 +71,14 @@ def test_demo_quick_writes_the_report(tmp_path):
     assert stamps == {p: p.stat().st_mtime for p in stamps}  # no run trained, the attention layers not timed again
     with pytest.raises(SystemExit):
         demo.parse_args(["--reanalyse", "--out", str(tmp_path / "nothing")])
+
+
+def test_demo_analysis_on_a_cpu_that_emulates_bf16_skips_it_in_one_line(tmp_path, monkeypatch, capsys):
+    """The attention timing of the analysis on a CPU without native bf16 (forced): finishes, one line says why."""
+    monkeypatch.setenv(machine.FORCE_ENV, "1")
+    bench = demo.attention_table(tmp_path, ["--variants", "softmax", "--sizes", "77", "--budget", "0.05"])
+    assert bench.count("bf16 skipped: ") == 1 and "| 77 |" in bench
+    assert capsys.readouterr().out.count("bf16 skipped") == 1
 
 
 def test_study_config_errors_are_one_line(tmp_path):

@@ -31,7 +31,7 @@ def test_training_at_another_size_and_a_size_the_patch_does_not_divide(tmp_path,
     argv = [str(path), "model.image_size=70", "optim.warmup_steps=1", f"train.run_dir={tmp_path / 'bad'}"]
     code, _, err = finish(cli(argv))
     assert code == 1 and err.count("\n") == 1, err
-    assert err.startswith("error: model: model.image_size=70 is not a multiple of tiny-s's patch size 8; nearest")
+    assert err.startswith("error: model.image_size=70 is not a multiple of tiny-s's patch size 8; nearest")
     assert "sizes: 64, 72" in err and not (tmp_path / "bad").exists()
 
 
