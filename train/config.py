@@ -24,6 +24,7 @@ import sys
 import types
 import typing
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Literal
 
@@ -62,7 +63,9 @@ class OptimConfig:
 class TrainConfig:
     """The loop, the hardware setup, logging and checkpoints. run_dir: a path or an fsspec URL (train/storage.py)."""
 
-    run_dir: str = "runs/default"
+    # null: a folder of its own, runs/<config stem>-<image attention>-<text attention>-<YYYYmmdd-HHMMSS> (named at
+    # the start, name_run_dir); resuming (train.resume=auto, a requeued job) needs run_dir set: a new name starts fresh
+    run_dir: str | None = None
     max_steps: int = 1000
     accum_freq: int = 1  # micro-batches of data.batch_size per optimizer step (one contrastive loss over all)
     loss: Literal["clip", "siglip"] = "clip"  # symmetric InfoNCE | sigmoid
@@ -156,6 +159,32 @@ def load_config(argv: list[str]) -> Config:
     if warning:
         print(warning, file=sys.stderr)
     return cfg
+
+
+def default_run_dir(cfg: Config, config_file: str, now: datetime | None = None) -> str:
+    """runs/<config stem>-<image attention>-<text attention>-<YYYYmmdd-HHMMSS>, as open_clip names its runs (a tower
+    with several attentions joins their names with '+'); -2, -3, ... after it when a folder of that name exists."""
+    towers = ["+".join(tower_names(cfg.model, tower)) for tower in ("image", "text")]
+    stamp = (now or datetime.now()).strftime("%Y%m%d-%H%M%S")
+    base = "-".join([f"runs/{Path(config_file).stem}", *towers, stamp])
+    name, n = base, 1
+    while Path(name).exists():
+        n += 1
+        name = f"{base}-{n}"
+    return name
+
+
+def name_run_dir(cfg: Config, config_file: str, world_size: int) -> None:
+    """Set a null train.run_dir to default_run_dir, once at the start of a run, so that resume, checkpoints,
+    config.yaml and both linearisation stages see one folder. Several processes would each name their own."""
+    if cfg.train.run_dir is not None:
+        return
+    if world_size > 1:
+        raise ConfigError(
+            f"train.run_dir is not set and this run has {world_size} processes, which would each name a folder of "
+            "their own; set train.run_dir, e.g. train.run_dir=runs/NAME"
+        )
+    cfg.train.run_dir = default_run_dir(cfg, config_file)
 
 
 def read_yaml(path: Path):

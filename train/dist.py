@@ -41,6 +41,11 @@ def world_size_from_env() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
+def rank_from_env() -> int:
+    """This process's rank as torchrun sets it (0 for a single process), known before the Accelerator is built."""
+    return int(os.environ.get("RANK", "0"))
+
+
 def make_accelerator(cfg: TrainConfig) -> Accelerator:
     """An Accelerator for DDP (default) or FSDP, with the configured mixed precision.
 

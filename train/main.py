@@ -5,7 +5,8 @@
 Config sections: model (models.ModelConfig), data (data.DataConfig), optim, train, eval; every field with its
 default is in train/config.py and data/config.py, models/config.py. Launch on one process, or under `torchrun` /
 `accelerate launch` / Slurm's `srun` for many; configs/*.yaml give the launch command of each experiment.
-A rerun of the same command resumes from the newest complete checkpoint (train.resume=auto).
+Without train.run_dir each run gets a folder of its own (runs/<config>-<attentions>-<time>, printed at its start
+and end); with it, a rerun of the same command resumes from the newest complete checkpoint (train.resume=auto).
 Exit codes: 0 done, 75 pre-empted (SIGTERM/SIGUSR1: checkpoint written after the current step), 1 error.
 """
 
@@ -33,8 +34,8 @@ from models.preprocess import CachedTokenizer, split_normalise
 from train import distill, stages
 from train.branch import starting_point
 from train.checkpoint import load_checkpoint
-from train.config import Config, ConfigError, dump, load_config, to_dict
-from train.dist import StopFlag, make_accelerator, shard_model, world_size_from_env
+from train.config import Config, ConfigError, dump, load_config, name_run_dir, to_dict
+from train.dist import StopFlag, make_accelerator, rank_from_env, shard_model, world_size_from_env
 from train.log import RunLog, check_wandb, git_commit, trim_metrics
 from train.loop import DataStream, Progress, Trainer, TrainingError, plain_param
 from train.loss import build_loss
@@ -47,14 +48,24 @@ SIGLIP_INIT = {"logit_scale": math.log(10), "logit_bias": -10.0}  # Zhai et al. 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     cfg = load_config(argv)
+    name_run_dir(cfg, argv[0], world_size_from_env())
     if cfg.distill.stage == "both":
         return stages.run_both(cfg, argv)  # each stage a `python -m train` of its own
     preflight(cfg, world_size_from_env())
     stop = StopFlag()  # from here on SIGTERM/SIGUSR1 mean: checkpoint after the current step, exit 75
     try:
-        return fit(cfg, stop)
+        say_run_dir(cfg)
+        code = fit(cfg, stop)
+        say_run_dir(cfg)
+        return code
     finally:
         stop.restore()
+
+
+def say_run_dir(cfg: Config) -> None:
+    """`run folder: PATH` on rank 0, at the start and at the end of a run."""
+    if rank_from_env() == 0:
+        print(f"run folder: {cfg.train.run_dir}", file=sys.stderr, flush=True)
 
 
 def cli(argv: list[str] | None = None) -> int:

@@ -7,7 +7,8 @@
 Stage 1 trains in RUN_DIR/transfer for distill.transfer_steps steps at distill.transfer_lr (optim.lr when unset)
 with distill.transfer_warmup_steps of warm-up, without activation checkpointing (it feeds each layer the teacher's
 hidden states); stage 2 trains in RUN_DIR with `model.pretrained: RUN_DIR/transfer` and every other setting of the
-config. Each stage is an ordinary run, with its own checkpoints, resume and summary: a job that is stopped and
+config. Both stages get the parent's run folder as an override (`pinned`): a null train.run_dir is named once, by
+the parent. Each stage is an ordinary run, with its own checkpoints, resume and summary: a job that is stopped and
 requeued (exit code 75) resumes the stage it was in, and a finished stage 1 has nothing to do.
 
 Why one process per stage, not both in one: accelerate keeps one state per process and tears the process group down
@@ -19,6 +20,7 @@ per stage. SIGTERM and SIGUSR1 (pre-emption, Slurm's warning) are passed on to t
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -47,6 +49,12 @@ def stage_overrides(cfg: Config) -> list[list[str]]:
     return [stage1, stage2]
 
 
+def pinned(cfg: Config) -> list[str]:
+    """What the parent resolved, as overrides for both stages, which would otherwise resolve it again: the run folder
+    (a null train.run_dir is named from the time). JSON-quoted, so any path reads back as the same string."""
+    return [f"train.run_dir={json.dumps(str(cfg.train.run_dir))}"]
+
+
 def run_stage(command: list[str]) -> int:
     """Run one stage as a child process, passing SIGTERM/SIGUSR1 on to it; its exit code."""
     child = subprocess.Popen(command)
@@ -60,9 +68,11 @@ def run_stage(command: list[str]) -> int:
 
 def run_both(cfg: Config, argv: list[str]) -> int:
     """Stage 1, then (if it finished) stage 2; the first non-zero exit code stops it (75: requeue and resume)."""
+    print(f"run folder: {cfg.train.run_dir} (stage 1 in its transfer/)", file=sys.stderr, flush=True)
     for number, extra in enumerate(stage_overrides(cfg), start=1):
         print(f"linearisation stage {number} of 2: {' '.join(extra)}", file=sys.stderr, flush=True)
-        code = run_stage([sys.executable, "-m", "train", *argv, *extra])
+        code = run_stage([sys.executable, "-m", "train", *argv, *pinned(cfg), *extra])
         if code != 0:
             return code
+    print(f"run folder: {cfg.train.run_dir}", file=sys.stderr, flush=True)
     return 0
