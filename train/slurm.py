@@ -14,7 +14,7 @@ import string
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from models import layout
@@ -67,6 +67,15 @@ class Resources:
         return self.nodes * self.procs_per_node
 
 
+def with_loader_cpus(res: Resources, workers: int) -> Resources:
+    """`res` asking for procs_per_node x (workers + 1) CPUs per task unless --cpus-per-task was given: each node
+    runs one task, torchrun's processes and each process's `workers` data-loading workers share it. Clusters
+    that give a task one CPU by default would otherwise starve the loaders."""
+    if res.cpus_per_task:
+        return res
+    return replace(res, cpus_per_task=res.procs_per_node * (max(workers, 0) + 1))
+
+
 def sbatch_options(res: Resources) -> str:
     """The optional `#SBATCH` lines: no --gres line in CPU mode (gpus_per_node=0)."""
     lines = [f"--gres=gpu:{res.gpus_per_node}"] if res.gpus_per_node else []
@@ -95,7 +104,12 @@ def add_resource_arguments(parser: argparse.ArgumentParser, training: bool = Tru
     parser.add_argument("--partition", help="Slurm partition (default: the cluster's default)")
     parser.add_argument("--account", help="Slurm account to charge")
     parser.add_argument("--gpus-per-node", type=int, default=1, help="0 = CPU job without a --gres line")
-    parser.add_argument("--cpus-per-task", type=int, help="CPUs for each node's task (all its processes)")
+    parser.add_argument(
+        "--cpus-per-task",
+        type=int,
+        help="CPUs for each node's task, all its processes (default for a training job and a suite job: "
+        "processes per node x (loader workers + 1))",
+    )
     parser.add_argument(
         "--sbatch-arg",
         action="append",

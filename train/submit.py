@@ -10,10 +10,11 @@ the evaluation suite (train/submit_suite.py).
     python -m train.submit suite RUN_OR_CHECKPOINT... --suite configs/eval_suite.yaml --gpus-per-node 8 --time 60
 
 A training job runs one Slurm task per node; each task starts torchrun for the processes of its node, with
-the rendezvous taken from Slurm's variables (slurm/train.sbatch). `--dry-run` prints the scripts instead of
-submitting them. The run directory is `train.run_dir` of the overrides or of the config file, else
-runs/<config-stem>-<timestamp>; it is passed on as an absolute `train.run_dir=` override, so a requeued
-job resumes there (train.resume=auto). The job runs in the current directory, like `python -m train` here.
+the rendezvous taken from Slurm's variables (slurm/train.sbatch); unless --cpus-per-task is given, that task asks
+for procs-per-node x (data.workers + 1) CPUs, one for each process and each of its loader workers. `--dry-run`
+prints the scripts instead of submitting them. The run directory is `train.run_dir` of the overrides or of the
+config file, else runs/<config-stem>-<timestamp>; it is passed on as an absolute `train.run_dir=` override, so a
+requeued job resumes there (train.resume=auto). The job runs in the current directory, like `python -m train` here.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from train.slurm import (
     sbatch_options,
     submit,
     timestamp,
+    with_loader_cpus,
 )
 from train.submit_suite import main_suite
 from train.sweep import main_sweep
@@ -57,9 +59,9 @@ def submit_training(
     config: Path, overrides: list[str], res: Resources, dry_run: bool, stamp: str
 ) -> tuple[str | None, Path]:
     """Validate, render and submit one training job; returns (job id, run dir)."""
-    load_checked(config, overrides, schedule=True)
+    cfg = load_checked(config, overrides, schedule=True)
     run_dir, overrides = choose_run_dir(config, overrides, stamp)
-    script = render_train(config, overrides, run_dir, res)
+    script = render_train(config, overrides, run_dir, with_loader_cpus(res, cfg.data.workers))
     job_id = submit(script, run_dir / "train.sbatch", dry_run)
     if job_id:
         print(f"submitted job {job_id}\nrun dir: {run_dir}")

@@ -30,6 +30,7 @@ from train.slurm import (
     sbatch_options,
     submit,
     timestamp,
+    with_loader_cpus,
 )
 
 
@@ -86,7 +87,7 @@ def main_suite(argv: list[str]) -> None:
         read_suite(args.suite and str(args.suite), args.dataset)
     except EvalInputError as e:
         raise SubmitError(str(e)) from None
-    res = resources_from(args)
+    res = with_loader_cpus(resources_from(args), args.workers)
     targets = [p.absolute() for p in args.checkpoints]
     runs = [run_of(p) for p in targets]
     outputs = [str(args.out.absolute() / f"{run.name}-{name}") if args.out else "" for run, name in runs]
