@@ -7,8 +7,10 @@ model is rebuilt from the config stored with the weights, so nothing else is nee
 """
 
 import argparse
+import difflib
 import json
 import logging
+import os
 import sys
 from collections.abc import Callable
 from contextlib import contextmanager, nullcontext
@@ -34,6 +36,32 @@ class LoadedModel:
     tokenizer: Callable
     info: dict = field(default_factory=dict)
     model_cfg: object = None
+    notes: list[str] = field(default_factory=list)  # one line each: what evaluating at another size changed
+
+
+def context_notes(model: torch.nn.Module, state: dict) -> list[str]:
+    """The note a CLI prints when the checkpoint's text position table (`state`, as read) is resampled to the
+    context length `model` was built with."""
+    trained, built = state.get("positional_embedding"), model.state_dict().get("positional_embedding")
+    if trained is None or built is None or trained.shape[0] == built.shape[0]:
+        return []
+    old, new = trained.shape[0], built.shape[0]
+    return [f"note: text positions resampled from {old} to {new} (the model was trained with {old})"]
+
+
+def closest_sibling(path: Path) -> str:
+    """` (did you mean runs/tiny?)` naming the entry of `path`'s folder closest to its name, or ''."""
+    try:
+        names = [entry.name for entry in path.parent.iterdir()]
+    except OSError:
+        return ""
+    match = difflib.get_close_matches(path.name, names, n=1)
+    return f" (did you mean {path.parent / match[0]}?)" if match else ""
+
+
+def missing_path_error(path, give: str) -> EvalInputError:
+    """`PATH does not exist (did you mean ...?); give ...` for a model path that is not there at all."""
+    return EvalInputError(f"{path} does not exist{closest_sibling(Path(path))}; give {give}")
 
 
 def resolve_checkpoint_folder(path: Path) -> Path:
@@ -88,7 +116,9 @@ def load_ours(path: Path, device, image_size: int | None = None, context_length:
     except ValueError as e:
         raise EvalInputError(str(e).replace("model.image_size", "--image-size")) from None
     # the same loader as model.pretrained (models/pretrained.py)
-    state = models.resample_positions(model, models.read_state_dict(folder / layout.MODEL), cfg.text_pos_keep)
+    state = models.read_state_dict(folder / layout.MODEL)
+    notes = context_notes(model, state)
+    state = models.resample_positions(model, state, cfg.text_pos_keep)
     load_weights(model, state, folder, cfg.name)
     _, transform = models.transforms(cfg)
     info = {
@@ -97,7 +127,7 @@ def load_ours(path: Path, device, image_size: int | None = None, context_length:
         "samples_seen": meta.get("samples_seen"),
         "model": cfg.name,
     }
-    return LoadedModel(model.to(device).eval(), transform, models.tokenizer(cfg), info, cfg)
+    return LoadedModel(model.to(device).eval(), transform, models.tokenizer(cfg), info, cfg, notes)
 
 
 class RandomInitWarning(logging.Filter):
@@ -127,21 +157,25 @@ def load_open_clip(
     """
     if name not in open_clip.list_models():
         raise EvalInputError(f"unknown open_clip model {name!r}; see open_clip.list_models() or register a config")
+    if checkpoint and not Path(checkpoint).exists():
+        raise missing_path_error(checkpoint, "an open_clip weights file (.safetensors, .pt, .bin)")
     if checkpoint and not Path(checkpoint).is_file():
-        raise EvalInputError(f"checkpoint file {checkpoint} does not exist")
+        raise EvalInputError(f"checkpoint {checkpoint} is not a file; give an open_clip weights file")
     # with a checkpoint the random init is overwritten below, so open_clip's warning would say the opposite
     with weights_follow() if checkpoint else nullcontext():
         model, _, transform = open_clip.create_model_and_transforms(
             name, force_image_size=image_size, force_context_length=context_length
         )
+    notes = []
     if checkpoint:
         state = models.read_state_dict(checkpoint)
+        notes = context_notes(model, state)
         check_built_size(model, state, checkpoint, image_size, context_length)
         state = models.resample_positions(model, state, text_keep=0)
         load_weights(model, state, checkpoint, name)
     info = {"checkpoint": checkpoint, "step": None, "samples_seen": None, "model": name}
     tokenizer = open_clip.get_tokenizer(name, context_length=context_length)
-    return LoadedModel(model.to(device).eval(), transform, tokenizer, info)
+    return LoadedModel(model.to(device).eval(), transform, tokenizer, info, notes=notes)
 
 
 def check_built_size(model, state: dict, checkpoint: str, image_size: int | None, context_length: int | None) -> None:
@@ -163,6 +197,23 @@ def check_built_size(model, state: dict, checkpoint: str, image_size: int | None
 
 def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def default_workers() -> int:
+    """DataLoader workers of an evaluation CLI: min(4, CPUs this process may use - 1), at least 0, so that a small
+    machine keeps a CPU for the main process (torch warns about more workers than CPUs)."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(0, min(4, cpus - 1))
+
+
+def add_workers_argument(parser: argparse.ArgumentParser) -> None:
+    workers = default_workers()
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=workers,
+        help=f"data-loading worker processes (default: min(4, usable CPUs - 1), {workers} on this machine)",
+    )
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -187,6 +238,10 @@ def load_from_args(args: argparse.Namespace) -> LoadedModel:
     if not path:
         raise EvalInputError(
             "no model given: pass a run directory or checkpoint folder, or --open-clip-model NAME [--checkpoint FILE]"
+        )
+    if not Path(path).exists():
+        raise missing_path_error(
+            path, "a run folder, a checkpoint folder, or an open_clip weights file with --open-clip-model NAME"
         )
     if not Path(path).is_dir():
         raise EvalInputError(f"{path} is not a folder; for an open_clip weights file add --open-clip-model NAME")
@@ -213,6 +268,8 @@ def evaluate_from_args(args: argparse.Namespace, evaluate: Callable[..., dict], 
                 "folder or (retrieval) a .csv/.tsv file"
             )
         loaded = load_from_args(args)
+        for note in loaded.notes:
+            print(note, file=sys.stderr)
         result = evaluate(
             loaded.model,
             dataset=args.dataset,

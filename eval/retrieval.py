@@ -186,7 +186,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--csv-caption-key", default="title")
     parser.add_argument("--csv-separator", help="default: tab for .tsv, comma otherwise")
     parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--workers", type=int, default=4)
+    checkpoint.add_workers_argument(parser)
     parser.add_argument("--out", help="write the result JSON here")
     return parser.parse_args(argv)
 

@@ -216,7 +216,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "default: templates.txt in the dataset, else openai",
     )
     parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--workers", type=int, default=4)
+    checkpoint.add_workers_argument(parser)
     parser.add_argument("--class-chunk", type=int, default=4096, help="classes scored at a time")
     parser.add_argument("--texts-per-batch", type=int, default=1024, help="prompts encoded at a time")
     parser.add_argument("--out", help="write the result JSON here")
