@@ -1,20 +1,106 @@
-"""Where a run reports: RUN/metrics.jsonl, wandb and a tqdm bar, all from rank 0 only."""
+"""Where a run reports: RUN/metrics.jsonl, wandb, a tqdm bar and log lines, all from rank 0 only.
+
+Log lines: `python -m train` shows the INFO lines of the project's packages (train, models, data, eval: pretrained
+loading, attention impls, the run's own messages) and every library's warnings on stderr, on rank 0 (other ranks:
+warnings only), and appends the same lines with their time and level to RUN/out.log (LOG_FILE). The progress bar goes
+to the console only; log lines pass it through tqdm.write, so the bar stays whole and the file never sees it.
+"""
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import netrc
 import os
 import subprocess
 import sys
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from tqdm import tqdm
 
 from models import layout
 from train.config import ConfigError
+
+LOG_FILE = "out.log"  # RUN/out.log, open_clip's name (RUN/train.log is what scripts/demo_study.py captures)
+PACKAGES = ("train", "models", "data", "eval")  # whose INFO lines a run shows; other libraries' from WARNING on
+FILE_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+log = logging.getLogger(__name__)
+
+
+class Console(logging.Handler):
+    """One line per record on the current sys.stderr, through tqdm.write so that a progress bar stays whole;
+    INFO lines as they are, the others after their level (`warning: ...`)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            text = self.format(record)
+            tqdm.write(
+                text if record.levelno == logging.INFO else f"{record.levelname.lower()}: {text}", file=sys.stderr
+            )
+        except Exception:
+            self.handleError(record)
+
+
+@contextmanager
+def console_logging(main: bool) -> Iterator[None]:
+    """While it lasts, log lines show on stderr: INFO lines of PACKAGES on the main process (rank 0), warnings of
+    every logger on all. Loggers and handlers are as before afterwards (tests run many trainings in one process)."""
+    handler = Console(logging.INFO if main else logging.WARNING)
+    unset = [logger for logger in map(logging.getLogger, PACKAGES) if logger.level == logging.NOTSET]
+    for logger in unset:
+        logger.setLevel(logging.INFO)
+    logging.getLogger().addHandler(handler)
+    try:
+        yield
+    finally:
+        logging.getLogger().removeHandler(handler)
+        for logger in unset:
+            logger.setLevel(logging.NOTSET)
+
+
+class RunFile(logging.FileHandler):
+    """Appends to RUN/out.log once the run has made its folder; the lines before are held, then written first. A run
+    refused before it starts (a bad checkpoint to branch from, ...) so leaves no folder behind."""
+
+    def __init__(self, path: Path):
+        super().__init__(path, encoding="utf-8", delay=True)
+        self.held: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.stream is None and not Path(self.baseFilename).parent.is_dir():
+            self.held.append(record)
+            return
+        for earlier in self.held:
+            super().emit(earlier)
+        self.held.clear()
+        super().emit(record)
+
+
+@contextmanager
+def file_logging(path: Path | None) -> Iterator[None]:
+    """While it lasts, every INFO line and above, with its time, level and logger, is appended to `path` (RunFile;
+    None: nothing, as on ranks other than 0)."""
+    if path is None:
+        yield
+        return
+    handler = RunFile(path)
+    handler.setLevel(logging.INFO)
+    handler.setFormatter(logging.Formatter(FILE_FORMAT))
+    logging.getLogger().addHandler(handler)
+    try:
+        yield
+    finally:
+        logging.getLogger().removeHandler(handler)
+        handler.close()
+
+
+def logging_on() -> bool:
+    """Whether console_logging is in effect (train.main sets it up; a script that drives a Trainer may not)."""
+    return any(isinstance(h, Console) for h in logging.getLogger().handlers)
 
 
 def check_wandb(mode: str) -> None:
@@ -105,8 +191,13 @@ class RunLog:
             self.bar.set_postfix({k: f"{v:.4g}" for k, v in postfix.items()}, refresh=False)
 
     def write(self, message: str) -> None:
-        """A line on stderr that does not break the bar (rank 0 only)."""
-        if self.main:
+        """A line for the user, rank 0 only: a log line (stderr and RUN/out.log) under train.main, else a line on
+        stderr; either way through tqdm.write, which keeps the bar whole."""
+        if not self.main:
+            return
+        if logging_on():
+            log.info(message)
+        else:
             tqdm.write(message, file=sys.stderr)
 
     def close(self) -> None:

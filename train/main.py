@@ -7,12 +7,14 @@ default is in train/config.py and data/config.py, models/config.py. Launch on on
 `accelerate launch` / Slurm's `srun` for many; configs/*.yaml give the launch command of each experiment.
 Without train.run_dir each run gets a folder of its own (runs/<config>-<attentions>-<time>, printed at its start
 and end); with it, a rerun of the same command resumes from the newest complete checkpoint (train.resume=auto).
+Log lines (pretrained loading, attention impls, the run's messages) show on stderr and go to RUN/out.log (train/log.py).
 Exit codes: 0 done, 75 pre-empted (SIGTERM/SIGUSR1: checkpoint written after the current step), 1 error.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import sys
@@ -36,36 +38,42 @@ from train.branch import starting_point
 from train.checkpoint import load_checkpoint
 from train.config import Config, ConfigError, dump, load_config, name_run_dir, to_dict
 from train.dist import StopFlag, make_accelerator, rank_from_env, shard_model, world_size_from_env
-from train.log import RunLog, check_wandb, git_commit, trim_metrics
+from train.log import LOG_FILE, RunLog, check_wandb, console_logging, file_logging, git_commit, trim_metrics
 from train.loop import DataStream, Progress, Trainer, TrainingError, plain_param
 from train.loss import build_loss
 from train.optim import build_optimizer, check_schedule, follow_schedule
 from train.storage import RunStorage
 
+logger = logging.getLogger(__name__)  # `log` in fit is the RunLog
 SIGLIP_INIT = {"logit_scale": math.log(10), "logit_bias": -10.0}  # Zhai et al. 2023, sec. 3.1
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    cfg = load_config(argv)
-    name_run_dir(cfg, argv[0], world_size_from_env())
-    if cfg.distill.stage == "both":
-        return stages.run_both(cfg, argv)  # each stage a `python -m train` of its own
-    preflight(cfg, world_size_from_env())
-    stop = StopFlag()  # from here on SIGTERM/SIGUSR1 mean: checkpoint after the current step, exit 75
+    with console_logging(main=rank_from_env() == 0):
+        cfg = load_config(argv)
+        name_run_dir(cfg, argv[0], world_size_from_env())
+        if cfg.distill.stage == "both":
+            return stages.run_both(cfg, argv)  # each stage a `python -m train` of its own
+        preflight(cfg, world_size_from_env())
+        return run_in_folder(cfg)
+
+
+def run_in_folder(cfg: Config) -> int:
+    """One run in its folder: its log lines also in RUN/out.log (rank 0), `run folder: PATH` at the start and after
+    the done line, SIGTERM/SIGUSR1 meaning: checkpoint after the current step, exit 75."""
+    storage, main_rank = RunStorage.of(cfg.train.run_dir, cfg.train.stage_dir), rank_from_env() == 0
+    if main_rank:
+        storage.pull_run_files()  # a remote run's metrics, wandb id and log, before this launch adds to them
+    stop = StopFlag()
     try:
-        say_run_dir(cfg)
-        code = fit(cfg, stop)
-        say_run_dir(cfg)
-        return code
+        with file_logging(storage.local / LOG_FILE if main_rank else None):
+            logger.info("run folder: %s", cfg.train.run_dir)
+            code = fit(cfg, stop)
+            logger.info("run folder: %s", cfg.train.run_dir)
+            return code
     finally:
         stop.restore()
-
-
-def say_run_dir(cfg: Config) -> None:
-    """`run folder: PATH` on rank 0, at the start and at the end of a run."""
-    if rank_from_env() == 0:
-        print(f"run folder: {cfg.train.run_dir}", file=sys.stderr, flush=True)
 
 
 def cli(argv: list[str] | None = None) -> int:
@@ -194,8 +202,6 @@ def build_model(model_cfg: ModelConfig, loss: str, compile: bool) -> nn.Module:
 def resume(cfg: Config, accelerator, storage: RunStorage, stream: DataStream, progress: Progress) -> None:
     """Load the checkpoint train.resume names (auto: the newest complete one in the run directory), else the
     train.branch_from checkpoint of another run."""
-    if accelerator.is_main_process:
-        storage.pull_run_files()
     folder, branching = starting_point(cfg, storage, accelerator)
     if folder is None:
         return
@@ -223,7 +229,7 @@ def resume(cfg: Config, accelerator, storage: RunStorage, stream: DataStream, pr
     stream.load_state_dict(data_state)
     if accelerator.is_main_process:
         verb = "branched" if branching else "resumed"
-        print(f"{verb} from {folder} at step {progress.step} ({progress.samples_seen} samples seen)", file=sys.stderr)
+        logger.info("%s from %s at step %d (%d samples seen)", verb, folder, progress.step, progress.samples_seen)
 
 
 def start_run_dir(cfg: Config, accelerator, storage: RunStorage, step: int, sizes: dict) -> RunLog:

@@ -21,6 +21,7 @@ per stage. SIGTERM and SIGUSR1 (pre-emption, Slurm's warning) are passed on to t
 from __future__ import annotations
 
 import json
+import logging
 import signal
 import subprocess
 import sys
@@ -28,6 +29,7 @@ import sys
 from train.config import Config
 
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+log = logging.getLogger(__name__)
 
 
 def stage_overrides(cfg: Config) -> list[list[str]]:
@@ -68,11 +70,11 @@ def run_stage(command: list[str]) -> int:
 
 def run_both(cfg: Config, argv: list[str]) -> int:
     """Stage 1, then (if it finished) stage 2; the first non-zero exit code stops it (75: requeue and resume)."""
-    print(f"run folder: {cfg.train.run_dir} (stage 1 in its transfer/)", file=sys.stderr, flush=True)
+    log.info("run folder: %s (stage 1 in its transfer/)", cfg.train.run_dir)
     for number, extra in enumerate(stage_overrides(cfg), start=1):
-        print(f"linearisation stage {number} of 2: {' '.join(extra)}", file=sys.stderr, flush=True)
+        log.info("linearisation stage %d of 2: %s", number, " ".join(extra))
         code = run_stage([sys.executable, "-m", "train", *argv, *pinned(cfg), *extra])
         if code != 0:
             return code
-    print(f"run folder: {cfg.train.run_dir}", file=sys.stderr, flush=True)
+    log.info("run folder: %s", cfg.train.run_dir)
     return 0

@@ -33,6 +33,7 @@ from pathlib import Path
 
 from models import layout
 from models.layout import CHECKPOINTS, LATEST, MANIFEST, METRICS, RUN_FILES, WANDB_ID, Check, is_url
+from train.log import LOG_FILE
 
 
 def default_stage(url: str) -> Path:
@@ -94,22 +95,24 @@ class RunStorage:
             fs.rm(f"{root}/{CHECKPOINTS}/{old}", recursive=True)
 
     def upload_run_files(self) -> None:
-        """config.yaml, summary.json, git_commit.txt, metrics.jsonl, wandb_id.txt, whichever exist (each whole)."""
+        """config.yaml, summary.json, git_commit.txt, metrics.jsonl, wandb_id.txt, out.log, whichever exist (each
+        whole)."""
         if self.remote is None:
             return
         fs, root = self.filesystem()
         fs.makedirs(root, exist_ok=True)
-        for name in RUN_FILES:
+        for name in (*RUN_FILES, LOG_FILE):
             if (self.local / name).is_file():
                 fs.put_file(str(self.local / name), f"{root}/{name}")
 
     def pull_run_files(self) -> None:
-        """Start from the remote's metrics.jsonl and wandb id (a new node's staging folder is empty)."""
+        """Start from the remote's metrics.jsonl, wandb id and log (a new node's staging folder is empty); before
+        anything is logged to the local copy."""
         if self.remote is None:
             return
         fs, root = self.filesystem()
         self.local.mkdir(parents=True, exist_ok=True)
-        for name in (METRICS, WANDB_ID):
+        for name in (METRICS, WANDB_ID, LOG_FILE):
             if fs.isfile(f"{root}/{name}"):
                 fs.get_file(f"{root}/{name}", str(self.local / name))
 
