@@ -176,7 +176,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--out", help="folder for NAME.json and results.csv (default: RUN/eval/<checkpoint>/)")
     parser.add_argument("--batch-size", type=int, default=64, help="images per batch and process")
-    parser.add_argument("--workers", type=int, default=4, help="data-loading workers per process")
+    checkpoint.add_workers_argument(parser)
     return parser.parse_args(argv)
 
 
@@ -188,6 +188,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         shard, device = init_from_environment(args.device)
         args.device = str(device)
         loaded = checkpoint.load_from_args(args)
+        for note in loaded.notes if shard.rank == 0 else ():
+            print(note, file=sys.stderr)
         out = output_folder(args, loaded)
         opened = [open_entry(entry, loaded.transform) for entry in entries]
         summary = {**loaded.info, **models.summary(loaded.model), "world_size": shard.world_size}
