@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import logging
 import math
 import os
 import sys
@@ -35,6 +36,9 @@ from models import ModelConfig
 from models.attention import get_attention, rope
 from models.attention.ops.dispatch import IMPLS
 from models.config import resolved_size
+
+TRANSFER_SHARE = 0.25  # of train.max_steps: attention transfer's when a teacher comes without distill.stage
+log = logging.getLogger(__name__)
 
 
 class ConfigError(ValueError):
@@ -119,11 +123,14 @@ class DistillConfig:
     (1 - cosine to the teacher's image and text embeddings) + similarity_weight x the KL divergence from the
     teacher's image-text similarity distribution over the batch (both directions), each term logged; both = stage
     1 for transfer_steps steps at transfer_lr (optim.lr when null) with transfer_warmup_steps of warm-up (optim's
-    when null) in RUN_DIR/transfer, then stage 2 from it in RUN_DIR with the rest of the config (train/stages.py)."""
+    when null) in RUN_DIR/transfer, then stage 2 from it in RUN_DIR for train.max_steps with the rest of the config
+    (train/stages.py). stage null with a teacher: both, within train.max_steps: transfer_steps (when 0:
+    TRANSFER_SHARE of them, rounded, at least 1) of stage 1, the rest of stage 2 (default_stages, said in one line).
+    A student after stage 1 alone is not a finished model: its MLPs never saw its attention."""
 
     teacher: str | None = None
-    stage: Literal["transfer", "distill", "both"] = "transfer"
-    transfer_steps: int = 0
+    stage: Literal["transfer", "distill", "both"] | None = None  # null: both with a teacher (see above)
+    transfer_steps: int = 0  # stage 1's steps with stage both; 0 with stage null: TRANSFER_SHARE of train.max_steps
     transfer_lr: float | None = None
     transfer_warmup_steps: int | None = None
     contrastive_weight: float = 1.0
@@ -256,6 +263,9 @@ def build_config(raw: dict) -> Config:
     check_model_names(cfg)
     check_impl(cfg.model)
     check_model_size(cfg.model)
+    note = default_stages(cfg)
+    if note:
+        log.info(note)
     if cfg.distill.stage == "both" and not (cfg.distill.teacher and cfg.distill.transfer_steps >= 1):
         raise ConfigError(
             "distill.stage=both runs attention transfer, then distillation: it needs distill.teacher and "
@@ -267,6 +277,29 @@ def build_config(raw: dict) -> Config:
             "(checkpointed) forward would not see; set model.grad_checkpointing=false"
         )
     return cfg
+
+
+def default_stages(cfg: Config) -> str | None:
+    """A teacher without distill.stage: both stages within train.max_steps, distill.transfer_steps (when 0:
+    TRANSFER_SHARE of them, rounded, at least 1) of attention transfer, then the rest of distillation. Sets
+    distill.stage, distill.transfer_steps and train.max_steps (stage 2's, as `both` counts them); returns the line
+    that says so, or None when the config chose (or has no teacher)."""
+    d, total = cfg.distill, cfg.train.max_steps
+    if not d.teacher or d.stage is not None:
+        return None
+    transfer = d.transfer_steps or max(1, math.floor(TRANSFER_SHARE * total + 0.5))
+    steps = f"{transfer} step{'s' * (transfer != 1)} of"
+    if transfer >= total:
+        raise ConfigError(
+            f"distill.teacher without distill.stage runs attention transfer, then distillation, within "
+            f"train.max_steps={total}: {steps} transfer leave none for distillation; raise train.max_steps (or "
+            "lower distill.transfer_steps), or set distill.stage to transfer or distill"
+        )
+    d.stage, d.transfer_steps, cfg.train.max_steps = "both", transfer, total - transfer
+    return (
+        f"distill: teacher given without distill.stage: running both stages, {steps} attention transfer then "
+        f"{total - transfer} of distillation (set distill.stage to choose)"
+    )
 
 
 def at_least(low):
@@ -307,6 +340,7 @@ RANGES = {
     ("eval", "workers"): at_least(0),
     ("eval", "cache_mb"): at_least(0),
     ("data", "cache_mb"): at_least(0),
+    ("distill", "transfer_steps"): at_least(0),
     ("distill", "transfer_lr"): above(0),
     ("distill", "transfer_warmup_steps"): at_least(0),
 }

@@ -7,9 +7,10 @@
 Stage 1 trains in RUN_DIR/transfer for distill.transfer_steps steps at distill.transfer_lr (optim.lr when unset)
 with distill.transfer_warmup_steps of warm-up, without activation checkpointing (it feeds each layer the teacher's
 hidden states); stage 2 trains in RUN_DIR with `model.pretrained: RUN_DIR/transfer` and every other setting of the
-config. Both stages get the parent's run folder as an override (`pinned`): a null train.run_dir is named once, by
-the parent. Each stage is an ordinary run, with its own checkpoints, resume and summary: a job that is stopped and
-requeued (exit code 75) resumes the stage it was in, and a finished stage 1 has nothing to do.
+config. Both stages get the parent's run folder and steps as overrides (`pinned`): a null train.run_dir is named
+once, by the parent, and so is the default split of train.max_steps when a teacher comes without distill.stage.
+Each stage is an ordinary run, with its own checkpoints, resume and summary: a job that is stopped and requeued
+(exit code 75) resumes the stage it was in, and a finished stage 1 has nothing to do.
 
 Why one process per stage, not both in one: accelerate keeps one state per process and tears the process group down
 at the end of a run, and DDP (and FSDP) wrap the parameters that train when the model is wrapped, which differ
@@ -53,8 +54,14 @@ def stage_overrides(cfg: Config) -> list[list[str]]:
 
 def pinned(cfg: Config) -> list[str]:
     """What the parent resolved, as overrides for both stages, which would otherwise resolve it again: the run folder
-    (a null train.run_dir is named from the time). JSON-quoted, so any path reads back as the same string."""
-    return [f"train.run_dir={json.dumps(str(cfg.train.run_dir))}"]
+    (a null train.run_dir is named from the time) and the steps of each stage (a teacher without distill.stage splits
+    train.max_steps, config.default_stages). The folder JSON-quoted, so any path reads back as the same string."""
+    return [
+        f"train.run_dir={json.dumps(str(cfg.train.run_dir))}",
+        "distill.stage=both",
+        f"distill.transfer_steps={cfg.distill.transfer_steps}",
+        f"train.max_steps={cfg.train.max_steps}",
+    ]
 
 
 def run_stage(command: list[str]) -> int:

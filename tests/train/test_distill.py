@@ -179,7 +179,7 @@ def test_training_with_a_teacher_fits_the_attention_only_and_saves_only_the_stud
     config = tiny_config(tmp_path, synthetic, optim={"lr": 3e-3, "warmup_steps": 1}, train={"max_steps": 12})
     overrides = ["model.image_attention=linear_affine_nodenom", "model.text_attention=linear_affine_nodenom"]
     evals = [f"eval.dataset={synthetic['eval']}", "eval.every=6"]
-    assert run(config, f"distill.teacher={teacher_file}", *overrides, *evals) == 0
+    assert run(config, f"distill.teacher={teacher_file}", "distill.stage=transfer", *overrides, *evals) == 0
     losses = [r["loss"] for r in train_records(tmp_path / "run")]
     assert losses[-1] < 0.7 * losses[0], losses
     # the teacher's zero-shot result, computed once, is logged beside the student's at every evaluation
@@ -198,7 +198,12 @@ def test_a_teacher_with_checkpointing_is_refused(tmp_path, synthetic, teacher_fi
     from train.config import ConfigError
 
     with pytest.raises(ConfigError, match=r"set model.grad_checkpointing=false"):
-        run(tiny_config(tmp_path, synthetic), f"distill.teacher={teacher_file}", "model.grad_checkpointing=true")
+        run(
+            tiny_config(tmp_path, synthetic),
+            f"distill.teacher={teacher_file}",
+            "distill.stage=transfer",
+            "model.grad_checkpointing=true",
+        )
 
 
 def test_distillation_terms_vanish_for_a_student_equal_to_its_teacher(teacher_file):
@@ -242,7 +247,8 @@ def test_stage_one_resumes_exactly_mid_stage(tmp_path, synthetic, teacher_file):
     config = tiny_config(
         tmp_path, synthetic, optim={"lr": 3e-3, "warmup_steps": 1}, train={"max_steps": 6, "save_every": 3}
     )
-    common = [f"distill.teacher={teacher_file}", "model.image_attention=hedgehog", "model.text_attention=hedgehog"]
+    common = [f"distill.teacher={teacher_file}", "distill.stage=transfer", "model.image_attention=hedgehog"]
+    common += ["model.text_attention=hedgehog"]
     full, resumed = tmp_path / "run", tmp_path / "resumed"
     assert run(config, *common, "train.keep_last=2") == 0
     middle = checkpoints(full)[0]
