@@ -93,19 +93,29 @@ def is_url(path) -> bool:
 
 
 def write_json(path: Path, obj) -> None:
-    with open(path, "w") as f:
-        json.dump(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        with open(path, "w") as f:
+            json.dump(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:  # a failed write() names no file
+        e.filename = e.filename or str(path)
+        raise
 
 
 def write_text_atomic(path: Path, text: str) -> None:
+    """Replace `path` by a file holding `text`; a write the storage refuses leaves no `.tmp` file and names it."""
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(text + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            f.write(text + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        e.filename = e.filename or str(tmp)
+        raise
 
 
 def fsync_tree(folder: Path) -> None:
@@ -113,6 +123,9 @@ def fsync_tree(folder: Path) -> None:
         fd = os.open(path, os.O_RDONLY)
         try:
             os.fsync(fd)
+        except OSError as e:  # an I/O error of the disk: name the file it concerns
+            e.filename = str(path)
+            raise
         finally:
             os.close(fd)
 

@@ -3,7 +3,9 @@
 Save: every rank writes into `checkpoints/.tmp_step_X/` (accelerate's `save_state`, its data position), rank 0
 the model and meta.json; rank 0 then finishes the folder (manifest with every file's SHA-256, fsync, rename,
 `latest`), prunes old ones and, for a remote run directory, uploads it (train/storage.py). A crash or kill -9
-during the write leaves only a `.tmp_*` folder that resume ignores and the next save deletes.
+during the write leaves only a `.tmp_*` folder that resume ignores and the next save deletes. Storage that refuses
+a write (full, over quota or the file-size limit, failing) stops the run on every rank with one line that names
+the file, the cause and the checkpoint kept; the `.tmp_*` folder is removed.
 
 Resume: rank 0 picks the checkpoint (`train.resume` auto | none | PATH | URL; auto = the newest that passes
 `models.layout.check`, each one skipped reported in one line that names the file) and tells the other ranks;
@@ -14,16 +16,21 @@ random-state file that is missing, bad or not applied is a warning: the run resu
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import random
+import re
 import shutil
 from pathlib import Path
 
 import numpy as np
 import torch
 from accelerate import Accelerator
-from accelerate.utils import broadcast_object_list
+from accelerate.utils import SAFE_WEIGHTS_NAME, broadcast_object_list, gather_object
+from safetensors import SafetensorError
 from safetensors.torch import save_file
+from torch.distributed.checkpoint.api import CheckpointException
 
 from models import layout
 from models.layout import META, MODEL, STATE, CheckpointError, is_url, read_meta  # noqa: F401 - read_meta: API
@@ -41,7 +48,9 @@ def save_checkpoint(
     keep_steps=(),
 ) -> Path:
     """Write a complete checkpoint for meta["step"] (call on every rank); returns its local folder.
-    Checkpoints of `keep_steps` are never pruned (branch points of cooldown runs)."""
+    Checkpoints of `keep_steps` are never pruned (branch points of cooldown runs). Storage that refuses a write
+    (full, over quota, over the file-size limit, failing) raises CheckpointWriteError on every rank, after the
+    temporary folder is removed."""
     storage = storage if isinstance(storage, RunStorage) else RunStorage.of(str(storage))
     tmp = layout.tmp_folder(storage.local, meta["step"])
     name = layout.step_name(meta["step"])
@@ -51,26 +60,107 @@ def save_checkpoint(
     )
     if sum_over_ranks(accelerator, {"broken": int(broken)})["broken"]:  # every rank raises, none waits forever
         raise RuntimeError(f"refusing to write checkpoint {name}: the model holds NaN or Inf weights")
-    if accelerator.is_main_process:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-    accelerator.wait_for_everyone()
-    accelerator.save_state(str(tmp / STATE), safe_serialization=True)
+    main = accelerator.is_main_process
+    # three stages, each ended by all ranks together (in place of a barrier), so that a failed write stops all alike
+    together(accelerator, tmp, lambda: main and empty_folder(tmp))
+    together(accelerator, tmp, lambda: write_files(accelerator, tmp, state_dict, meta, data_state))
+    together(accelerator, tmp, lambda: main and complete(storage, tmp, keep_last, keep_steps))
+    return tmp.with_name(name)
+
+
+def empty_folder(folder: Path) -> None:
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+
+
+def write_files(accelerator: Accelerator, tmp: Path, state_dict: dict, meta: dict, data_state: dict) -> None:
+    """This rank's files of the checkpoint in `tmp`: accelerate's state and data position; rank 0 also the model
+    and meta.json."""
+    try:
+        accelerator.save_state(str(tmp / STATE), safe_serialization=True)  # its errors name no file: newest_file
+    except SafetensorError as e:  # safetensors removes a file it fails to write: accelerate's only such file
+        e.filename = str(tmp / STATE / SAFE_WEIGHTS_NAME)
+        raise
     layout.write_json(tmp / layout.data_state_name(accelerator.process_index), data_state)
     if accelerator.is_main_process:
-        save_file(state_dict, str(tmp / MODEL))
+        try:
+            save_file(state_dict, str(tmp / MODEL))
+        except (OSError, SafetensorError) as e:
+            e.filename = getattr(e, "filename", None) or str(tmp / MODEL)
+            raise
         layout.write_json(tmp / META, meta)
-    accelerator.wait_for_everyone()
+
+
+def complete(storage: RunStorage, tmp: Path, keep_last: int, keep_steps) -> None:
+    """Rank 0, once every file is written: finish the folder, prune the old ones, upload a remote run's."""
+    final = layout.finish(tmp)
+    # a remote run keeps its history remotely: the staging folder only needs the newest checkpoint
+    if storage.remote:
+        layout.prune(storage.local, 1, keep=final)
+    else:
+        layout.prune(storage.local, keep_last, keep=final, keep_steps=keep_steps)
+    upload(storage, final, keep_last, keep_steps)
+
+
+class CheckpointWriteError(CheckpointError):
+    """The storage refused a checkpoint's write; the message names the file, the cause and the checkpoint kept."""
+
+
+def together(accelerator: Accelerator, tmp: Path, write) -> None:
+    """Run this rank's part of a checkpoint write, then wait for every rank's. A storage failure on any rank
+    removes `tmp` and raises CheckpointWriteError on every rank (other errors propagate as they are)."""
+    failure = None
+    try:
+        write()
+    except (OSError, RuntimeError, SafetensorError, CheckpointException) as e:
+        cause = write_failure(e)
+        if cause is None:
+            raise
+        failure = f"{cause} (writing {getattr(e, 'filename', None) or newest_file(tmp) or tmp})"
+    if accelerator.num_processes > 1:
+        failure = next((f for f in gather_object([failure]) if f), None)
+    if failure is None:
+        return
     if accelerator.is_main_process:
-        final = layout.finish(tmp)
-        # a remote run keeps its history remotely: the staging folder only needs the newest checkpoint
-        if storage.remote:
-            layout.prune(storage.local, 1, keep=final)
-        else:
-            layout.prune(storage.local, keep_last, keep=final, keep_steps=keep_steps)
-        upload(storage, final, keep_last, keep_steps)
-    accelerator.wait_for_everyone()
-    return tmp.with_name(name)
+        shutil.rmtree(tmp, ignore_errors=True)
+    # the manifest is written last: the newest folder with one is the newest complete checkpoint as written
+    kept = next((p.name for p in layout.step_folders(tmp.parent.parent) if (p / layout.MANIFEST).is_file()), None)
+    raise CheckpointWriteError(
+        f"checkpoint {tmp.name.removeprefix(layout.TMP_PREFIX)} not written: {failure}; its partial folder is "
+        "removed; kept checkpoint: " + (f"{kept} (a rerun resumes from it)" if kept else "none (a rerun starts afresh)")
+    )
+
+
+STORAGE_CAUSES = {
+    errno.ENOSPC: "no space left on device",
+    errno.EDQUOT: "disk quota exceeded",
+    errno.EFBIG: "file too large (over the file-size limit, ulimit -f)",
+}
+# torch.save's C++ writer keeps no errno: a short write is "unexpected pos ..." from inline_container.cc
+TORCH_WRITE_FAILED = re.compile(r"inline_container|PytorchStreamWriter|cannot be opened")
+
+
+def write_failure(e: BaseException) -> str | None:
+    """The cause of a failed checkpoint write when the storage refused it, in words; None for any other error."""
+    if isinstance(e, CheckpointException):  # torch.distributed.checkpoint (FSDP): the failures of all ranks
+        causes = [write_failure(error) for error, _ in e.failures.values()]
+        return next((c for c in causes if c), None)
+    code = e.errno if isinstance(e, OSError) else None
+    if isinstance(e, SafetensorError):  # the OS error is in its text: "I/O error: File too large (os error 27)"
+        found = re.search(r"os error (\d+)|Os \{ code: (\d+)", str(e))
+        code = int(found[1] or found[2]) if found else None
+    elif isinstance(e, RuntimeError) and not TORCH_WRITE_FAILED.search(str(e)):
+        return None
+    if code is None:
+        return layout.first_line(e) if isinstance(e, OSError) else "the write failed (disk full or file-size limit?)"
+    return STORAGE_CAUSES.get(code) or os.strerror(code).lower()
+
+
+def newest_file(folder: Path) -> Path | None:
+    """The file written last under `folder`: the one that accelerate's save_state was writing when it failed
+    (its errors name none). File times tick coarsely (a few ms): of two as new, the later inode is the newer file."""
+    files = [p for p in Path(folder).rglob("*") if p.is_file()] if Path(folder).is_dir() else []
+    return max(files, key=lambda p: (p.stat().st_mtime_ns, p.stat().st_ino), default=None)
 
 
 def upload(storage: RunStorage, folder: Path, keep_last: int, keep_steps=()) -> None:

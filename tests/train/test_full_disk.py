@@ -1,0 +1,182 @@
+"""Storage that refuses a checkpoint (disk full, quota, file-size limit, I/O error): the run stops with one
+`error:` line naming the file, the cause and the checkpoint kept, leaves no `.tmp_*` folder, exits 1, and a rerun
+resumes from the kept checkpoint. Injected in-process and on one of two ranks, and for real in a child under
+`ulimit -f`.
+
+`python -m tests.train.test_full_disk STEP RANK CONFIG [overrides]` is `python -m train` whose rank RANK meets a
+full disk writing its data position into the checkpoint of STEP (test-only fault injection).
+"""
+
+import errno
+import os
+import resource
+import shutil
+import signal
+import sys
+import traceback
+from pathlib import Path
+
+import pytest
+from safetensors import SafetensorError
+from torch.distributed.checkpoint.api import CheckpointException
+
+import train.checkpoint
+from models import layout
+from tests.train.common import TORCHRUN, cli, finish, reset_accelerate, run, tiny_config, train_records
+from train.checkpoint import write_failure
+from train.main import cli as train_cli
+
+pytestmark = pytest.mark.trains
+TORCH_SHORT_WRITE = "the write failed (disk full or file-size limit?)"
+
+
+def lines_of(err: str) -> list[str]:
+    return [line for line in err.splitlines() if line.startswith("error:")]
+
+
+@pytest.mark.parametrize(
+    "error, cause",
+    [
+        (OSError(errno.ENOSPC, "No space left on device"), "no space left on device"),
+        (OSError(errno.EDQUOT, "Disk quota exceeded"), "disk quota exceeded"),
+        (OSError(errno.EFBIG, "File too large"), "file too large (over the file-size limit, ulimit -f)"),
+        (OSError(errno.EIO, "Input/output error"), "input/output error"),
+        (
+            SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)"),
+            "no space left on device",
+        ),
+        (
+            SafetensorError("Error while serializing: IoError(Os { code: 122, kind: FilesystemQuotaExceeded"),
+            "disk quota exceeded",
+        ),
+        (RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 1152 vs 1040"), TORCH_SHORT_WRITE),
+        (RuntimeError("some other failure"), None),
+        # FSDP's torch.distributed.checkpoint: the failure of any rank
+        (
+            CheckpointException("save", {1: (OSError(errno.ENOSPC, "No space"), traceback.StackSummary())}),
+            "no space left on device",
+        ),
+    ],
+)
+def test_each_storage_failure_is_named(error, cause):
+    assert write_failure(error) == cause
+
+
+@pytest.mark.parametrize("step, kept", [(1, None), (2, "step_00000001")])
+def test_a_full_disk_is_one_line_and_the_last_checkpoint_is_kept(tmp_path, synthetic, monkeypatch, capsys, step, kept):
+    real = train.checkpoint.save_file
+    target = layout.tmp_folder(tmp_path / "run", step) / layout.MODEL
+
+    def full_disk(tensors, filename, *args, **kwargs):
+        if filename != str(target):
+            return real(tensors, filename, *args, **kwargs)
+        Path(filename).write_bytes(bytes(4096))  # a real write gets this far, then the disk is full
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(train.checkpoint, "save_file", full_disk)
+    config = tiny_config(tmp_path, synthetic, train={"max_steps": 3, "save_every": 1, "keep_last": 3})
+    reset_accelerate()
+    capsys.readouterr()
+    assert train_cli([str(config)]) == 1
+    err = capsys.readouterr().err
+    after = f"{kept} (a rerun resumes from it)" if kept else "none (a rerun starts afresh)"
+    assert lines_of(err) == [
+        f"error: checkpoint {layout.step_name(step)} not written: no space left on device (writing {target}); "
+        f"its partial folder is removed; kept checkpoint: {after}"
+    ]
+    assert err.rstrip().splitlines()[-1].startswith("error:") and "Traceback" not in err
+    run_dir = tmp_path / "run"
+    assert not list((run_dir / layout.CHECKPOINTS).glob(layout.TMP_PREFIX + "*"))
+    found = layout.newest_complete(run_dir)
+    assert (found[0].name if found else None) == kept
+    if kept:
+        monkeypatch.undo()
+        assert run(config) == 0
+        assert f"resumed from {found[0]} at step 1" in capsys.readouterr().err
+        assert [r["step"] for r in train_records(run_dir)] == [1, 2, 3]
+
+
+@pytest.fixture(scope="module")
+def one_step(tmp_path_factory, synthetic):
+    """A run with its checkpoint at step 1, and the tiny config."""
+    folder = tmp_path_factory.mktemp("one_step")
+    config = tiny_config(folder, synthetic, train={"max_steps": 1, "save_every": 1})
+    assert run(config) == 0
+    yield folder, config
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def file_size_limit(limit: int):
+    """preexec_fn of a child whose files may not grow past `limit` bytes: a write past it fails with EFBIG
+    (SIGXFSZ ignored, as Python does by default, instead of killing the process)."""
+
+    def apply() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    return apply
+
+
+@pytest.mark.parametrize(
+    "fails, cause",
+    [
+        ("state/model.safetensors", "file too large (over the file-size limit, ulimit -f)"),  # safetensors' writer
+        ("state/optimizer.bin", TORCH_SHORT_WRITE),  # torch.save's, which keeps no errno
+    ],
+)
+def test_a_file_size_limit_in_a_child_is_one_line(one_step, tmp_path, fails, cause):
+    """The limit lies between the sizes of accelerate's model file and its optimizer file (written after it), or
+    below the model file's: the checkpoint of step 2 fails at the file named, the one of step 1 is kept."""
+    source, config = one_step
+    run_dir = tmp_path / "run"
+    shutil.copytree(source / "run", run_dir)
+    step1 = run_dir / layout.CHECKPOINTS / layout.step_name(1)
+    model, optimizer = ((step1 / name).stat().st_size for name in ("state/model.safetensors", "state/optimizer.bin"))
+    assert model < optimizer
+    limit = model // 2 if fails == "state/model.safetensors" else (model + optimizer) // 2
+    args = [str(config), f"train.run_dir={run_dir}", "train.max_steps=2"]
+    code, _, err = finish(cli(args, preexec_fn=file_size_limit(limit)))
+    assert code == 1, err[-3000:]
+    tmp = layout.tmp_folder(run_dir, 2)
+    assert err.rstrip().splitlines()[-1] == (
+        f"error: checkpoint {layout.step_name(2)} not written: {cause} (writing {tmp / fails}); "
+        f"its partial folder is removed; kept checkpoint: {step1.name} (a rerun resumes from it)"
+    ), err[-3000:]
+    assert len(lines_of(err)) == 1 and "Traceback" not in err
+    assert not list((run_dir / layout.CHECKPOINTS).glob(layout.TMP_PREFIX + "*"))
+    assert layout.newest_complete(run_dir)[0] == step1
+
+
+def fail_data_state(step: int, rank: int) -> None:
+    """In this process: rank `rank`'s data_state file in the checkpoint of `step` meets a full disk."""
+    real = layout.write_json
+
+    def write_json(path: Path, obj) -> None:
+        if path.parent.name == layout.TMP_PREFIX + layout.step_name(step) and path.name == layout.data_state_name(rank):
+            path.write_text("{")
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        real(path, obj)
+
+    layout.write_json = write_json
+
+
+def test_a_full_disk_on_another_rank_stops_every_rank(tmp_path, synthetic):
+    """Rank 1 fails while rank 0 writes on: both learn of it where they would wait for each other, and stop."""
+    config = tiny_config(tmp_path, synthetic, train={"max_steps": 3, "save_every": 1})
+    proc = cli(["2", "1", str(config)], launcher=TORCHRUN, module="tests.train.test_full_disk")
+    code, _, err = finish(proc)
+    assert code != 0
+    run_dir = tmp_path / "run"
+    failed = layout.tmp_folder(run_dir, 2) / layout.data_state_name(1)
+    line = (
+        f"error: checkpoint {layout.step_name(2)} not written: no space left on device (writing {failed}); "
+        f"its partial folder is removed; kept checkpoint: {layout.step_name(1)} (a rerun resumes from it)"
+    )
+    assert lines_of(err) == [line, line], err[-3000:]  # one from each rank
+    assert not list((run_dir / layout.CHECKPOINTS).glob(layout.TMP_PREFIX + "*"))
+    assert layout.newest_complete(run_dir)[0].name == layout.step_name(1)
+
+
+if __name__ == "__main__":
+    fail_data_state(int(sys.argv[1]), int(sys.argv[2]))
+    sys.exit(train_cli(sys.argv[3:]))
