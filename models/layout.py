@@ -17,7 +17,10 @@ run code included) is found before anything is loaded. The random-state files ar
 only costs the exact replay of random augmentations, so it is reported (`Check.optional`) and the checkpoint
 still counts. Folders written before manifests existed are checked by loading each file instead (json,
 safetensors header, `torch.load(weights_only=True)`), which is slower and refuses the same replaced, truncated
-or garbled files (a flipped byte inside a tensor needs the manifest's SHA-256).
+or garbled files (a flipped byte inside a tensor needs the manifest's SHA-256). With or without a manifest (which
+shows a file unchanged, not who wrote it), the `.metadata` files of FSDP's sharded state, which
+torch.distributed.checkpoint unpickles as they are, are read by an unpickler that builds only their own types, and
+the non-tensor entries they list are loaded with weights_only=True (`dcp_load`), before anything loads them.
 
 Readers of the weights alone (eval, pretrained loading) given a checkpoint folder check just meta.json and
 model.safetensors (a copy of those two is enough); given a run directory they take the newest complete
@@ -29,9 +32,11 @@ This module imports nothing else of the project (models/, eval/ and train/ all r
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
+import pickle
 import re
 import shutil
 import sys
@@ -254,7 +259,7 @@ def check(folder: Path) -> Check:
     digests = hash_all(folder, [name for name in manifest["files"] if name not in bad])
     bad.update({name: CHANGED for name, digest in digests.items() if digest != manifest["files"][name].get("sha256")})
     result = verdict(bad)
-    return result if result.problem else Check(meta_problem(folder), result.optional)
+    return result if result.problem else Check(meta_problem(folder) or sharded_problem(folder), result.optional)
 
 
 def file_problem(folder: Path, name: str) -> str | None:
@@ -293,7 +298,9 @@ def check_by_loading(folder: Path) -> Check:
 def load_problem(path: Path) -> str | None:
     """Why one file does not load safely, or None; torch files load with weights_only=True (no code runs)."""
     try:
-        if path.suffix == ".json":
+        if path.name.endswith(DCP_METADATA):
+            dcp_load(path)
+        elif path.suffix == ".json":
             json.loads(path.read_text())
         elif path.suffix == ".safetensors":
             # the header must parse and its tensors must cover the file exactly: truncation or garbage fails
@@ -311,6 +318,74 @@ def torch_load(path: Path):
     from accelerate.utils import load
 
     return load(str(path), map_location="cpu", weights_only=True)
+
+
+# torch.distributed.checkpoint's index of a sharded folder (FSDP's model and optimizer state): a plain pickle
+DCP_METADATA = ".metadata"
+
+
+class DCPMetadataUnpickler(pickle.Unpickler):
+    """Builds only what a torch.distributed.checkpoint .metadata file holds (`dcp_globals`); any other global
+    (os.system, builtins.eval, ...) is refused before it is called."""
+
+    def find_class(self, module: str, name: str):
+        found = dcp_globals().get((module, name))
+        if found is None:
+            raise pickle.UnpicklingError(f"{module}.{name} is not a type of torch.distributed.checkpoint metadata")
+        return found
+
+
+@functools.cache
+def dcp_globals() -> dict[tuple[str, str], object]:
+    """(module, name) -> object of each global a .metadata pickle names: the metadata dataclasses, torch's dtypes,
+    Size and layouts (a layout is torch.serialization._get_layout of its name), and the path of its storage_meta."""
+    import collections
+    import pathlib
+
+    import torch
+    from torch.distributed.checkpoint import filesystem
+    from torch.distributed.checkpoint import metadata as m
+
+    kinds = (m.Metadata, m.MetadataIndex, m.StorageMeta, m.TensorStorageMetadata, m.BytesStorageMetadata)
+    kinds += (m.ChunkStorageMetadata, m.TensorProperties, m._MEM_FORMAT_ENCODING, filesystem._StorageInfo)
+    kinds += (torch.Size, torch.serialization._get_layout, collections.OrderedDict, pathlib.PurePosixPath)
+    kinds += (pathlib.PosixPath,)
+    found = {(kind.__module__, kind.__qualname__): kind for kind in kinds}
+    found.update({("torch", n): v for n, v in vars(torch).items() if isinstance(v, torch.dtype)})
+    return found
+
+
+def dcp_load(path: Path) -> None:
+    """Read a sharded folder's .metadata and load each non-tensor entry it lists, without running code from either;
+    raises on anything else. torch.distributed.checkpoint reads them with pickle.load and torch.load(weights_only=
+    False), and a manifest beside them shows only that they are unchanged since it was written, not who wrote it."""
+    import io
+
+    import torch
+    from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
+
+    with open(path, "rb") as f:
+        metadata = DCPMetadataUnpickler(f).load()
+    if not isinstance(metadata, Metadata) or not isinstance(metadata.storage_data, dict):
+        raise ValueError("not torch.distributed.checkpoint Metadata")
+    for index, item in metadata.storage_data.items():
+        if isinstance(metadata.state_dict_metadata.get(index.fqn), TensorStorageMetadata):
+            continue  # read by torch.load(weights_only=True)
+        if item.transform_descriptors:  # the bytes loaded would not be those checked here
+            raise ValueError(f"entry {index.fqn} is stored through {item.transform_descriptors}")
+        with open(path.parent / item.relative_path, "rb") as f:
+            f.seek(item.offset)
+            torch.load(io.BytesIO(f.read(item.length)), map_location="cpu", weights_only=True)
+
+
+def sharded_problem(folder: Path) -> str | None:
+    """Why a .metadata file of the checkpoint, or a non-tensor entry it lists, would run code or does not load
+    (`dcp_load`), or None. Cheap: tensors are not read."""
+    for path in sorted(Path(folder).rglob("*" + DCP_METADATA)):
+        reason = load_problem(path)
+        if reason:
+            return f"{path.relative_to(folder).as_posix()} {reason}"
+    return None
 
 
 def first_line(error: BaseException) -> str:

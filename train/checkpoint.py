@@ -10,8 +10,10 @@ the file, the cause and the checkpoint kept; the `.tmp_*` folder is removed.
 Resume: rank 0 picks the checkpoint (`train.resume` auto | none | PATH | URL; auto = the newest that passes
 `models.layout.check`, each one skipped reported in one line that names the file) and tells the other ranks;
 every rank then loads it. Nothing runs code from a file: the model is safetensors, accelerate 1.15 loads the
-rest with `torch.load(weights_only=True)`, and the manifest check refuses a replaced file before that. A
-random-state file that is missing, bad or not applied is a warning: the run resumes with fresh random numbers.
+rest with `torch.load(weights_only=True)`, the manifest check refuses a replaced file before that, and the
+pickles that FSDP's sharded state is read through are checked to hold only their own types (on every rank, again
+just before the load). A random-state file that is missing, bad or not applied is a warning: the run resumes with
+fresh random numbers.
 """
 
 from __future__ import annotations
@@ -236,9 +238,12 @@ def load_checkpoint(accelerator: Accelerator, folder: Path) -> tuple[dict, dict]
     rng_file = layout.rng_name(accelerator.process_index)
     bad_rng = layout.file_problem(folder, rng_file)
     before = rng_snapshot()
+    refuse_foreign_pickles(accelerator, folder)
     try:
         accelerator.load_state(str(folder / STATE))
-    except Exception as e:  # e.g. an optimizer of another model: the files are sound, they do not fit
+    except (Exception, CheckpointException) as e:  # e.g. an optimizer of another model: sound files that do not fit
+        if isinstance(e, CheckpointException):  # FSDP's: the first rank's error
+            e = next(iter(e.failures.values()))[0]
         raise CheckpointError(
             f"checkpoint {folder}: {STATE}/ does not load into this run ({layout.first_line(e)}); "
             "resume another checkpoint with train.resume=PATH or start afresh with train.resume=none"
@@ -256,6 +261,17 @@ def load_checkpoint(accelerator: Accelerator, folder: Path) -> tuple[dict, dict]
     data_file = folder / layout.data_state_name(accelerator.process_index)
     data_state = json.loads((data_file if data_file.is_file() else folder / layout.data_state_name(0)).read_text())
     return meta, data_state
+
+
+def refuse_foreign_pickles(accelerator: Accelerator, folder: Path) -> None:
+    """On every rank, just before torch.distributed.checkpoint unpickles them: the sharded state's .metadata files
+    and non-tensor entries hold nothing but their own types (models.layout.sharded_problem)."""
+    bad = layout.sharded_problem(folder)
+    if sum_over_ranks(accelerator, {"bad": int(bad is not None)})["bad"]:  # every rank raises, none waits forever
+        raise CheckpointError(
+            f"checkpoint {folder}: {bad or 'a sharded state file is refused on another rank'}; resume another "
+            "checkpoint with train.resume=PATH or start afresh with train.resume=none"
+        )
 
 
 def rng_not_restored(path: Path) -> str | None:
