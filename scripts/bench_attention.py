@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import inspect
 import os
+import sys
 import time
 from contextlib import nullcontext
 
@@ -75,6 +76,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", default=None, help="output path without extension (default docs/bench_attention[_cuda])")
     p.add_argument("--quick", action="store_true", help="tiny sizes and budgets, for a smoke test")
     args = p.parse_args(argv)
+    args.argv = sys.argv[1:] if argv is None else list(argv)
     quick = dict(sizes=[77, 300], long_sizes=[1024]) if args.quick else {}
     for key, value in DEFAULTS[args.device].items():
         name = {"long": "long_sizes"}.get(key, key)

@@ -4,12 +4,12 @@ the Markdown tables, the plot, and the CPU-only extras (fresh-page cost, chunk l
 from __future__ import annotations
 
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 
 import pandas as pd
 import torch
 
+from eval import pages
 from models.attention.ops import cpu_build
 from models.attention.ops.chunked import causal_linear
 from models.attention.ops.common import fresh
@@ -170,13 +170,12 @@ def wide(part: pd.DataFrame, values) -> pd.DataFrame:
 
 
 def header(info: dict, args) -> list[str]:
-    when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     shape = f"B={args.batch}, H={args.heads}, D={args.head_dim}"
+    what_ran = pages.command("scripts.bench_attention", getattr(args, "argv", None))
+    title = "Attention benchmark: forward + backward on q, k, v [B, H, N, D]"
     lines = [
-        "# Attention benchmark: forward + backward on q, k, v [B, H, N, D]",
-        "",
-        f"{when}; {info['machine']}, torch {torch.__version__}; {shape}. All numbers come from one run of "
-        f"`python -m scripts.bench_attention{' --device cuda' if args.device == 'cuda' else ''}`, so the ratios are "
+        pages.header(title, what_ran, load=info.get("load_end"), where=info["machine"]),
+        f"torch {torch.__version__}; {shape}. All numbers come from this one run, so the ratios are "
         f"side by side on the same machine. Time: best of repeats within {args.budget} s per point, in ms; (r x) is "
         "the ratio to SDPA softmax in the same mode, dtype, pass and N; * = extrapolated, not run; OOM = out of "
         "memory (see the script's docstring).",

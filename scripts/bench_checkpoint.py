@@ -13,7 +13,6 @@ finishes it and checks it; the figures are medians over rounds. Writes docs/benc
 import argparse
 import csv
 import json
-import os
 import statistics
 import tempfile
 import time
@@ -22,7 +21,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from eval import machine
+from eval import pages
 from models import layout
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
@@ -71,11 +70,11 @@ def main(argv: list[str] | None = None) -> dict:
     row = {key: statistics.median(r[key] for r in rounds) for key in rounds[0]}
     row["params"], row["hash_mb_per_s"] = int(args.params), row["bytes"] / 1e6 / row["check_s"]
     row["finish_over_write"] = row["finish_s"] / row["write_s"]
-    report(row, args.out)
+    write_page(row, args.out)
     return row
 
 
-def report(row: dict, out: Path) -> None:
+def write_page(row: dict, out: Path) -> None:
     line = (
         f"{row['params'] / 1e6:.1f}M parameters, {row['bytes'] / 1e9:.2f} GB of checkpoint files: write "
         f"{row['write_s']:.1f} s, finish (hash into the manifest, fsync, rename) {row['finish_s']:.1f} s "
@@ -89,11 +88,8 @@ def report(row: dict, out: Path) -> None:
         writer.writeheader()
         writer.writerow(row)
     (out / "bench_checkpoint.md").write_text(
-        "# Checkpoint verification cost\n\n"
-        f"`python -m scripts.bench_checkpoint --params {row['params']:.4g}` on "
-        f"{machine.describe()}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
-        f"median of the rounds; load average {os.getloadavg()[0]:.1f} (other jobs share "
-        "the cores and the disk).\n\n"
+        pages.header("Checkpoint verification cost", f"python -m scripts.bench_checkpoint --params {row['params']:.4g}")
+        + "Median of the rounds (other jobs share the cores and the disk).\n\n"
         f"{line}.\n"
     )
 

@@ -11,7 +11,6 @@ Writes docs/bench_data.csv and docs/bench_data.md.
 
 import argparse
 import csv
-import os
 import statistics
 import tempfile
 import time
@@ -27,7 +26,7 @@ from webdataset.tariterators import tar_file_expander
 
 from data import DataConfig, build_train_data
 from data.synthetic import make_synthetic
-from eval import machine
+from eval import pages
 
 
 def time_epoch(batches) -> tuple[int, float]:
@@ -70,13 +69,11 @@ def write_report(rows: list[dict], out: Path, args) -> None:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
+    argv = ["--samples", args.samples, "--image-size", args.image_size, "--batch-size", args.batch_size]
+    argv = [str(a) for a in [*argv, "--workers", args.workers, "--rounds", args.rounds]]
     lines = [
-        "# Data loader throughput",
-        "",
-        f"`python scripts/bench_data.py --samples {args.samples} --image-size {args.image_size} "
-        f"--batch-size {args.batch_size} --workers {args.workers} --rounds {args.rounds}` on "
-        f"{machine.describe()} (load average {os.getloadavg()[0]:.1f} at the "
-        f"end: other jobs share the cores, so single rounds are noisy), torch {torch.__version__}.",
+        pages.header("Data loader throughput", pages.command("scripts.bench_data", argv)),
+        f"Other jobs share the cores, so single rounds are noisy; torch {torch.__version__}.",
         "Synthetic JPEG shards; open_clip train transform and ViT-B-16 tokenizer in the workers; one epoch "
         "per round, worker start-up included; median over rounds.",
         "",

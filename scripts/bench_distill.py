@@ -22,17 +22,16 @@ from __future__ import annotations
 
 import argparse
 import csv
-import os
 import statistics
 import sys
 import tempfile
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
 
+from eval import pages
 from models import ModelConfig, build_clip
 from models.clip import image_size, tokenizer
 from scripts import bench_device
@@ -123,8 +122,6 @@ def write(rows: list[dict], out: Path, stem: str, header: str) -> Path:
         writer.writeheader()
         writer.writerows(rows)
     lines = [
-        "# A linearisation step against a training step of the student",
-        "",
         header,
         "",
         f"| size | batch | step | s/step | / training step | within the {AIM}x aim |",
@@ -156,9 +153,9 @@ def main(argv: list[str] | None = None) -> Path:
     with tempfile.TemporaryDirectory() as folder:
         for size in args.sizes:
             rows += measure(size, args.attention, args.steps, args.batch, probe, Path(folder))
-    header = (
-        f"`python -m scripts.bench_distill {' '.join(sys.argv[1:])}`, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC; "
-        f"{probe.describe()}, load average {os.getloadavg()[0]:.1f} at the end; torch {torch.__version__}. Student: "
+    title = "A linearisation step against a training step of the student"
+    header = pages.header(title, pages.command("scripts.bench_distill", sys.argv[1:]), probe.device) + (
+        f"\nTorch {torch.__version__}. Student: "
         f"{args.attention} in both towers; teacher: softmax, same size. A step = zero_grad, forward, loss, backward, "
         f"gradient norm, AdamW (train.loop's functions); training = the student alone on the contrastive loss, "
         "transfer = stage 1 (teacher forward + per-layer output MSE, attention parameters only), distill = stage 2 "

@@ -31,7 +31,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from data import make_synthetic
-from eval import datasets, machine, zeroshot
+from eval import datasets, machine, pages, zeroshot
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 
@@ -148,11 +148,17 @@ def write_outputs(rows: list[dict], args) -> None:
     text = (DOCS / "bench_eval.md").read_text() if (DOCS / "bench_eval.md").exists() else ""
     marker = "<!-- bench_eval.py results -->"
     # keep the hand-written part of the page above the marker; replace what the last run wrote below it
-    head = text.split(marker)[0] if text else "# Evaluation throughput and agreement\n\n"
+    head = (
+        text.split(marker)[0]
+        if text
+        else pages.header(
+            "Evaluation throughput and agreement", pages.command("scripts.bench_eval", sys.argv[1:]), args.device
+        )
+    )
     (DOCS / "bench_eval.md").write_text(
         f"{head}{marker}\n\n## Throughput (written by scripts/bench_eval.py)\n\n"
-        f"`python scripts/bench_eval.py {' '.join(sys.argv[1:])}` on "
-        f"{machine.describe()} (load average {os.getloadavg()[0]:.1f} at the end), "
+        f"`{pages.command('scripts.bench_eval', sys.argv[1:])}` on "
+        f"{machine.describe(args.device)} (load average {os.getloadavg()[0]:.1f} at the end), "
         f"model {args.model} (random init), {args.device}, batch "
         f"{args.batch_size}, {args.workers} workers, best of {args.rounds} alternating rounds:\n\n"
         + "\n".join(table)

@@ -24,16 +24,14 @@ import argparse
 import csv
 import itertools
 import math
-import os
 import sys
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from eval import machine
+from eval import machine, pages
 from models import ModelConfig, build_clip
 from models.blocks import Block
 from models.config import size_config
@@ -265,12 +263,10 @@ def write(rows: list[dict], args, probe, total: float) -> None:
         if args.bf16
         else "fp32" + (f" ({skipped}; --bf16 ignored)" if (skipped := getattr(args, "skipped", "")) else "")
     )
+    title = "Long sequences: training-step time of the whole model against length"
     lines = [
-        "# Long sequences: training-step time of the whole model against length",
-        "",
-        f"`python -m scripts.bench_long {' '.join(args.argv)}`, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC; "
-        f"{probe.describe()}, load "
-        f"average {os.getloadavg()[0]:.1f} at the end; {args.size}, {precision}; fastest of {args.steps} rounds; "
+        pages.header(title, pages.command("scripts.bench_long", args.argv), probe.device),
+        f"{args.size}, {precision}; fastest of {args.steps} rounds; "
         f"total {total / 60:.1f} min. Ratio: the attention's step time over softmax's (SDPA) at the same length "
         "and checkpointing; bound: the FLOP model's ratio (scripts/bench_long.py). Peak MB on a CPU: the process's "
         "resident-set high-water mark above what it held before the step; the allocator keeps freed memory, so a "

@@ -25,13 +25,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 
 import yaml
 
 from data import make_synthetic
-from eval import machine
+from eval import pages
 from models import layout
 
 REPO = Path(__file__).resolve().parents[1]
@@ -119,8 +118,6 @@ def write(rows: list[dict], out: Path, header: str) -> None:
         writer.writeheader()
         writer.writerows(rows)
     lines = [
-        "# The main job's training step: ours against the baseline commit",
-        "",
         header,
         "",
         "| setting | attention | contender | samples/s per run | CPU s per 1,000 samples | speed-up |",
@@ -161,11 +158,11 @@ def main(argv: list[str] | None = None) -> Path:
                     f"baseline {best['baseline'][0]:.0f}: {rows[-1]['speedup']:.2f}x",
                     flush=True,
                 )
-    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    header = (
-        f"`python -m scripts.bench_step --steps {args.steps} --rounds {args.rounds}`, "
-        f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, ours = {commit.stdout.strip()} (with uncommitted changes, if any), "
-        f"baseline = {args.baseline}; {machine.describe()}, load average {os.getloadavg()[0]:.1f} at the end; "
+    argv = ["--steps", str(args.steps), "--rounds", str(args.rounds), "--baseline", args.baseline]
+    header = pages.header(
+        "The main job's training step: ours against the baseline commit", pages.command("scripts.bench_step", argv)
+    ) + (
+        f"\nOurs = that commit, baseline = {args.baseline}; "
         f"demo-w64, batch 64, 32 px, 4,000 training samples ({args.steps * 64 / 4000:.1f} epochs), 1 torch thread per "
         f"run, each tree's study settings (`run:` of configs/study/demo.yaml: ours {settings['ours']}, baseline "
         f"{settings['baseline']}), no evaluation; fastest of {args.rounds} rounds; total "

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import os
 import sys
 import tempfile
 import time
@@ -36,7 +35,7 @@ except ImportError as err:  # models/ builds on open_clip's configs and tokenize
         f"error: open_clip is needed ({err}); pip install open_clip_torch, or carry its wheel (scripts/gpu_check.sh)"
     ) from None
 
-from eval import machine
+from eval import machine, pages
 from models import ModelConfig, build_clip
 from models.attention import ATTENTIONS
 from scripts import bench_device
@@ -183,15 +182,11 @@ def write_outputs(rows: list[dict], args, probe, total: float) -> None:
         writer.writerows(rows)
     first = [r for r in rows if r["part"] == "vs_open_clip"]
     second = [r for r in rows if r["part"] == "attention"]
-    where = "CPU" if probe.device == "cpu" else "GPU"
     lines = [
-        "# Training step: ours against open_clip, and each attention",
-        "",
-        f"`{' '.join(['python scripts/bench_train.py', *sys.argv[1:]])}`: batch {args.batch_size}, "
-        f"{where} ({probe.describe()}; load average {os.getloadavg()[0]:.1f} at the end), "
-        f"torch {torch.__version__}, open_clip {open_clip.__version__}; fastest of {args.steps} "
-        "steps after one warm-up; a step = forward, contrastive loss, backward, AdamW step; peak = memory above "
-        f"what was held before the step. Total run {total / 60:.1f} min.",
+        pages.header("Training step: ours against open_clip, and each attention", args.command, probe.device),
+        f"Batch {args.batch_size}, torch {torch.__version__}, open_clip {open_clip.__version__}; fastest of "
+        f"{args.steps} steps after one warm-up; a step = forward, contrastive loss, backward, AdamW step; peak = "
+        f"memory above what was held before the step. Total run {total / 60:.1f} min.",
         *([f"{machine.emulated(probe.device)['bfloat16']}."] if "bf16" not in {r["precision"] for r in first} else []),
         "",
         "## Softmax CLIP, ours vs open_clip (224 px for the ViT-*-16)",
@@ -269,6 +264,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=1, help="CPU intra-op threads")
     parser.add_argument("--out", default=str(DOCS), help="folder for bench_train[_cuda].csv/.md/.png")
     args = parser.parse_args(argv)
+    args.command = pages.command("scripts.bench_train", sys.argv[1:] if argv is None else argv)
     cpu = dict(batch_size=8, attention_batch_size=2, resolutions="224,448", steps=3)
     for key, value in (GPU_DEFAULTS if args.device == "cuda" else cpu).items():
         if getattr(args, key) is None:

@@ -7,12 +7,11 @@ that compare with the paper (Gerami, Madani, Duraiswami 2026) follow fixed rules
 from __future__ import annotations
 
 import itertools
-from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
 
-from eval import machine
+from eval import machine, pages
 from eval.multiplier import multiplier
 from scripts.demo_claims import FLAT, claims, claims_table, flattened
 from scripts.demo_sweep import sweep_table
@@ -266,10 +265,9 @@ def report_md(runs, fits, specs, bench, study, args, clock, format_table, num_cl
     loads = clock["load"]
     targets = study.fits.get("targets", [0.5, 0.3])
     n_images = num_classes * study.data.get("eval_per_class", 1)
-    head = (
-        f"# Softmax vs linear attention on the embedded synthetic data\n\n"
-        f"Made by `python -m scripts.demo{' --quick' if args.quick else ''}{study_flag(args)} --seed {args.seed}` on "
-        f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC: {len(runs)} runs ({len(study.sizes)} sizes x "
+    what_ran = f"python -m scripts.demo{' --quick' if args.quick else ''}{study_flag(args)} --seed {args.seed}"
+    head = pages.header("Softmax vs linear attention on the embedded synthetic data", what_ran) + (
+        f"\n{len(runs)} runs ({len(study.sizes)} sizes x "
         f"{len(study.attentions)} attentions, the same attention in both towers), {study.jobs} at a time. "
         f"The study took {clock['wall'] / 60:.1f} minutes wall and {clock['cpu'] / 60:.1f} CPU-minutes on "
         f"{machine.describe()}; the 1-minute load average was {np.mean(loads):.1f} on average (max {max(loads):.1f}) "

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+from eval import pages
 from models import ModelConfig, build_clip, gmacs_per_sample, layout
 from models.config import resolved_size
 from scripts import fsdp_on_cpu
@@ -206,12 +207,10 @@ def write_report(rows: list[dict], out: Path, device: str) -> Path:
         writer = csv.DictWriter(f, fieldnames=FIELDS, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows)
-    name = torch.cuda.get_device_name(0) if device == "cuda" else "CPU"
     lines = [
-        "# GPU training check",
-        "",
-        f"`python -m scripts.gpu_train_check` on {name}, torch {torch.__version__}, {time.strftime('%Y-%m-%d %H:%M')}."
-        " Synthetic batches; speed from the logging intervals after the first; TFLOP/s = 6 x GMACs x samples/s.",
+        pages.header("GPU training check", pages.command("scripts.gpu_train_check", sys.argv[1:]), device),
+        f"Torch {torch.__version__}. Synthetic batches; speed from the logging intervals after the first; "
+        "TFLOP/s = 6 x GMACs x samples/s.",
         "",
         "| " + " | ".join(FIELDS) + " |",
         "| " + " | ".join("---" for _ in FIELDS) + " |",

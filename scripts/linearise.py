@@ -17,10 +17,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 
 import matplotlib
@@ -29,7 +27,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import yaml
 
-from eval import machine
+from eval import pages
 from models import layout
 from scripts.demo_study import Job, overrides, run_jobs, spec_of
 
@@ -173,6 +171,11 @@ def plot(out: Path, teacher: dict, results: dict) -> None:
     plt.close(fig)
 
 
+def command_args(args) -> list[str]:
+    argv = [str(args.study), "--transfer-steps", str(args.transfer_steps), "--distill-steps", str(args.distill_steps)]
+    return argv + (["--students", *args.students] if args.students else [])
+
+
 def write(out: Path, teacher: dict, results: dict, args, seconds: float) -> None:
     target = SHARE * teacher["top1"]
 
@@ -180,12 +183,11 @@ def write(out: Path, teacher: dict, results: dict, args, seconds: float) -> None
         return f"{n:,}" if n is not None else f"never (best {100 * best:.1f}%)"
 
     lines = [
-        f"# Linearising {teacher['size']} softmax: attention transfer and distillation against training from scratch",
-        "",
-        f"`python -m scripts.linearise {args.study} --transfer-steps {args.transfer_steps} --distill-steps "
-        f"{args.distill_steps}{' --students ' + ' '.join(args.students) if args.students else ''}`, "
-        f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {machine.describe()}, "
-        f"load average {os.getloadavg()[0]:.1f} at the end, {seconds / 60:.1f} min. Teacher: the study's best "
+        pages.header(
+            f"Linearising {teacher['size']} softmax: attention transfer and distillation against training from scratch",
+            pages.command("scripts.linearise", command_args(args)),
+        ),
+        f"{seconds / 60:.1f} min. Teacher: the study's best "
         f"softmax run ({teacher['size']}, {100 * teacher['top1']:.1f}% zero-shot top-1); target {SHARE:.0%} of it = "
         f"{100 * target:.1f}%. Students in both towers, from the teacher's weights: stage 1 (attention transfer, "
         f"{args.transfer_steps} steps, lr {args.transfer_lr:g}), then stage 2 (contrastive + embedding + similarity "

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time
@@ -30,7 +29,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from data import make_synthetic
-from eval import machine
+from eval import pages
 from models.config import size_config
 from scripts.demo_study import REPO, Job, overrides, run_jobs, spec_of
 
@@ -136,13 +135,14 @@ def main(argv=None) -> Path:
 
 
 def write(out: Path, args, results: dict, seconds: float) -> None:
+    argv = ["--size", args.size, "--base-steps", args.base_steps, "--tune-steps", args.tune_steps]
+    argv += ["--context", args.context, "--keep", args.keep]
     context = size_config(args.size)["text_cfg"]["context_length"]
     lines = [
-        "# Long-CLIP's recipe on the embedded data: stretched positions against kept ones and training from scratch",
-        "",
-        f"`python -m scripts.long_clip --size {args.size} --base-steps {args.base_steps} --tune-steps "
-        f"{args.tune_steps} --context {args.context} --keep {args.keep}`, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, "
-        f"{machine.describe()}, load average {os.getloadavg()[0]:.1f} at the end, "
+        pages.header(
+            "Long-CLIP's recipe on the embedded data: stretched positions against kept ones and training from scratch",
+            pages.command("scripts.long_clip", [str(a) for a in argv]),
+        ),
         f"{seconds / 60:.1f} min. {args.size}, image tower softmax, batch 64, 32 px; base context {context} tokens, "
         f"long context {args.context}. Long-caption retrieval: text-to-image R@1 over 24 x {args.eval_per_class} "
         "images in groups of four that differ only in the shape described after 80+ tokens (a text tower that cannot "

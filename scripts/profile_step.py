@@ -17,7 +17,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
@@ -25,7 +24,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from data import make_synthetic
 from data.stream import decode, tar_samples
-from eval import machine
+from eval import pages
 from train import main as train_main
 from train.config import load_config
 from train.dist import make_accelerator
@@ -174,13 +173,10 @@ def main(argv: list[str] | None = None) -> Path:
         writer = csv.DictWriter(f, ["part", "what", "ms"])
         writer.writeheader()
         writer.writerows(rows)
-    load = os.getloadavg()[0]
     lines = [
-        "# Where the main job's training step spends its time",
-        "",
-        f"`python -m scripts.profile_step`, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {args.size}, batch 64, 32 px, "
-        f"one torch thread; {machine.describe()}, load average {load:.1f} at the end; "
-        f"{(time.perf_counter() - started) / 60:.1f} min. Model step: forward, contrastive loss, backward, "
+        pages.header("Where the main job's training step spends its time", pages.command("scripts.profile_step", [])),
+        f"{args.size}, batch 64, 32 px, one torch thread; {(time.perf_counter() - started) / 60:.1f} min. Model step: "
+        "forward, contrastive loss, backward, "
         "gradient norm, AdamW on loaded batches (op groups by self time under torch.profiler, scaled to the "
         "unprofiled step). Data: the stages of the data worker, in this process. Per process: wall seconds.",
         "",

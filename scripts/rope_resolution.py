@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time
@@ -23,7 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from data import make_synthetic
-from eval import machine
+from eval import pages
 from models.config import size_config
 from scripts.demo_study import REPO, Job, overrides, run_jobs, spec_of
 
@@ -99,11 +98,13 @@ def write(out: Path, args, results: dict, seconds: float) -> None:
     sizes = sorted({s for _, s in results})
     patch = size_config(args.size)["vision_cfg"]["patch_size"]
     lines = [
-        "# RoPE against a resampled position table at other resolutions",
-        "",
-        f"`python -m scripts.rope_resolution --size {args.size} --steps {args.steps} --lr {args.lr}`, "
-        f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {machine.describe()}, load average "
-        f"{os.getloadavg()[0]:.1f} at the end, {seconds / 60:.1f} min. Trained at 32 px (softmax, cosine over "
+        pages.header(
+            "RoPE against a resampled position table at other resolutions",
+            pages.command(
+                "scripts.rope_resolution", ["--size", args.size, "--steps", str(args.steps), "--lr", str(args.lr)]
+            ),
+        ),
+        f"{seconds / 60:.1f} min. Trained at 32 px (softmax, cosine over "
         f"{args.steps} steps of 64), zero-shot top-1 on the embedded 24-class set at each evaluation size; "
         "learnable: the table resampled on load (bicubic), rope: no table; tuned: then fine-tuned "
         f"{args.finetune_steps} steps at {sizes[-1]} px (the 32 px training images upsampled by the transform), from "

@@ -19,12 +19,12 @@ import json
 import math
 import re
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
 from scipy import stats
 
+from eval import pages
 from eval.multiplier import first_reach
 from scripts.demo_claims import (
     GAP,
@@ -277,8 +277,8 @@ def report(seeds: list[Seed], targets: list[float], command: str, n_images: int 
     folders = ", ".join(f"seed {s.seed}: `{s.folder}`" for s in seeds)
     return "\n".join(
         [
-            "# The study over seeds\n",
-            f"Made by `{command}` on {datetime.now(UTC):%Y-%m-%d %H:%M} UTC from {len(seeds)} study folders "
+            pages.header("The study over seeds", command),
+            f"From {len(seeds)} study folders "
             f"({folders}). Each number: its value per seed, then the mean over seeds with a 95% Student-t interval "
             f"over seeds ({len(seeds) - 1} degrees of freedom; multipliers on a log scale). '>' marks a mean with a "
             "seed whose run never reached the target (counted at its lower bound), '<' one with a seed whose run "
