@@ -38,6 +38,8 @@ LONG_FIRST = (
     "tests/eval/test_sharding.py",
     "tests/train/test_distributed.py",
     "tests/train/test_distill_distributed.py",
+    "tests/train/test_untrusted_metadata.py",
+    "tests/train/test_full_disk.py",
 )
 
 
@@ -62,6 +64,9 @@ TRAINS = (
     "tests/eval/test_zeroshot.py",
     "tests/eval/test_numbered_folders.py",
     "tests/data/test_epochs.py",
+    "tests/train/test_run_folder.py",
+    "tests/train/test_logging.py",
+    "tests/train/test_distill_default.py",
 )
 
 

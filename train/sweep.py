@@ -45,6 +45,7 @@ from train.slurm import (
     resources_from,
     submit,
     timestamp,
+    with_loader_cpus,
 )
 
 AXES = ("sizes", "attentions", "samples", "cooldowns_at")
@@ -288,6 +289,7 @@ def main_sweep(argv: list[str]) -> None:
         raise SubmitError(f"this sweep sets {' and '.join(ours)} itself; drop it from --sbatch-arg")
     res, stamp = resources_from(args), timestamp()
     base = load_checked(config, args.overrides)
+    res = with_loader_cpus(res, base.data.workers)
     per_step = base.data.batch_size * base.train.accum_freq
     sweep_dir = check_path((args.sweep_dir or Path(f"runs/sweep-{config.stem}-{stamp}")).absolute())
     if args.cooldowns_at:

@@ -82,3 +82,10 @@ def test_training_step_gets_the_cpus_on_a_real_cluster(slurm_cluster, torchrun_s
     assert_completed(wait_for(job_id, run_dir, timeout=60), job_id, run_dir)
     lines = [line for line in log.read_text().splitlines() if line.startswith("cpus")]
     assert lines == ["cpus 3 3", "cpus 3 3"], (lines, job_output(job_id, run_dir))
+
+
+def test_sweep_jobs_ask_for_their_loaders_cpus(capsys, monkeypatch, tmp_path):
+    """A sweep's arrays render through the same rule: 8 GPUs x (8 workers + 1)."""
+    argv = ["sweep", str(LAION), "--attentions", "softmax,linear_affine_nodenom", "--samples", "1000000"]
+    lines = dry_run(capsys, monkeypatch, tmp_path, [*argv, "--gpus-per-node", "8", "data.workers=8"])
+    assert {line for line in lines if line.startswith("--cpus-per-task")} == {"--cpus-per-task=72"}
