@@ -195,7 +195,9 @@ def launch(spec: dict, processes: int, timeout: float) -> dict:
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
     row_file = Path(spec["out"]) / "rows" / f"{spec['check']}.json"
     if done.returncode != 0 or not row_file.is_file():
-        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        lines = [line for line in done.stderr.strip().splitlines() if line.strip("= ")] or ["no output"]
+        last = next((line for line in reversed(lines) if "Error" in line), lines[-1])  # not torchrun's banner
+        print("\n".join(lines[-30:]), file=sys.stderr)
         print(f"{spec['check']}: failed with exit code {done.returncode}: {last}", file=sys.stderr)
         return {**spec, "processes": processes, "status": f"failed ({done.returncode}): {last[:200]}"}
     return json.loads(row_file.read_text())

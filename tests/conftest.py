@@ -67,6 +67,7 @@ TRAINS = (
     "tests/train/test_run_folder.py",
     "tests/train/test_logging.py",
     "tests/train/test_distill_default.py",
+    "tests/train/test_schedule_change.py",
 )
 
 

@@ -41,7 +41,7 @@ from train.dist import StopFlag, make_accelerator, rank_from_env, shard_model, w
 from train.log import LOG_FILE, RunLog, check_wandb, console_logging, file_logging, git_commit, trim_metrics
 from train.loop import DataStream, Progress, Trainer, TrainingError, plain_param
 from train.loss import build_loss
-from train.optim import build_optimizer, check_schedule, follow_schedule
+from train.optim import build_optimizer, check_schedule, follow_schedule, schedule_change
 from train.storage import RunStorage
 
 logger = logging.getLogger(__name__)  # `log` in fit is the RunLog
@@ -207,7 +207,8 @@ def resume(cfg: Config, accelerator, storage: RunStorage, stream: DataStream, pr
         return
     # how the weights were first loaded is not the model; a field newer than the checkpoint has its default there
     loading = ("pretrained", "text_pos_keep", "pretrained_fresh")
-    saved = {**to_dict(ModelConfig()), **read_meta(folder)["config"]["model"]}
+    saved_all = read_meta(folder)["config"]
+    saved = {**to_dict(ModelConfig()), **saved_all["model"]}
     saved = {k: v for k, v in saved.items() if k not in loading}
     wanted = {k: v for k, v in to_dict(cfg)["model"].items() if k not in loading}
     if saved != wanted:
@@ -230,6 +231,9 @@ def resume(cfg: Config, accelerator, storage: RunStorage, stream: DataStream, pr
     if accelerator.is_main_process:
         verb = "branched" if branching else "resumed"
         logger.info("%s from %s at step %d (%d samples seen)", verb, folder, progress.step, progress.samples_seen)
+        change = None if branching else schedule_change(saved_all, cfg.optim, cfg.train.max_steps, progress.step)
+        if change:
+            logger.warning(change.removeprefix("warning: "))
 
 
 def start_run_dir(cfg: Config, accelerator, storage: RunStorage, step: int, sizes: dict) -> RunLog:

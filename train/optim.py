@@ -105,6 +105,24 @@ def lr_multiplier(
     return decay(min(1.0, (step - warmup) / max(1, total - warmup)), "cosine", min_ratio)
 
 
+def schedule_change(saved: dict, cfg: OptimConfig, max_steps: int, step: int) -> str | None:
+    """The warning for a run resumed at `step` under another schedule (`saved`: its checkpoint's config), where the
+    learning rate would move by more than 10% at once: a finished cosine run extended by raising train.max_steps
+    starts again near optim.lr."""
+    old = OptimConfig(**{k: v for k, v in saved.get("optim", {}).items() if k in OptimConfig.__dataclass_fields__})
+    old_steps = saved.get("train", {}).get("max_steps", max_steps)
+    before = old.lr * lr_multiplier(step - 1, **schedule_arguments(old, old_steps))
+    after = cfg.lr * lr_multiplier(step, **schedule_arguments(cfg, max_steps))
+    if step < 1 or abs(after - before) <= 0.1 * max(before, after):
+        return None
+    kinds = f", optim.schedule {old.schedule} -> {cfg.schedule}" if old.schedule != cfg.schedule else ""
+    return (
+        f"warning: resumed at step {step} under another schedule (train.max_steps {old_steps} -> {max_steps}{kinds}): "
+        f"the learning rate moves from {before:.2e} to {after:.2e} at once; to extend a finished run, branch a "
+        "cooldown from a constant-rate run instead (train.branch_from with optim.schedule=const-cooldown)"
+    )
+
+
 def decay(progress: float, shape: str, min_ratio: float) -> float:
     """From 1 at progress 0 to min_ratio at progress 1: linearly, or along half a cosine."""
     fall = progress if shape == "linear" else 0.5 * (1 - math.cos(math.pi * progress))
