@@ -153,6 +153,7 @@ def train_run(spec: dict) -> dict | None:
         ).run(stop)
     finally:
         stop.restore()
+    accelerator.wait_for_everyone()  # ranks tear the process group down together (gloo aborts a rank that leaves early)
     accelerator.end_training()
     if not accelerator.is_main_process:
         return None
@@ -197,7 +198,7 @@ def launch(spec: dict, processes: int, timeout: float) -> dict:
     if done.returncode != 0 or not row_file.is_file():
         lines = [line for line in done.stderr.strip().splitlines() if line.strip("= ")] or ["no output"]
         last = next((line for line in reversed(lines) if "Error" in line), lines[-1])  # not torchrun's banner
-        print("\n".join(lines[-30:]), file=sys.stderr)
+        print("\n".join(lines[-80:]), file=sys.stderr)
         print(f"{spec['check']}: failed with exit code {done.returncode}: {last}", file=sys.stderr)
         return {**spec, "processes": processes, "status": f"failed ({done.returncode}): {last[:200]}"}
     return json.loads(row_file.read_text())
