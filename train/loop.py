@@ -44,6 +44,7 @@ class Progress:
     samples_seen: int = 0
     bad_steps: int = 0  # non-finite steps skipped so far
     consecutive_bad: int = 0
+    eval_pending: bool = False  # the evaluation of `step` was deferred by a pre-emption: it runs first on resume
 
 
 class DataStream:
@@ -185,7 +186,11 @@ class Trainer:
     terms: dict[str, float] = field(default_factory=dict)  # the objective's terms of the last step, this rank's
 
     def run(self, stop: StopFlag) -> int:
-        """Train to cfg.max_steps; returns the exit code (0 done, 75 pre-empted)."""
+        """Train to cfg.max_steps; returns the exit code (0 done, 75 pre-empted). An evaluation that a pre-emption
+        deferred (see `step`) runs first, at the step it was due."""
+        if self.progress.eval_pending and self.evaluate is not None:
+            self.run_eval()
+        self.progress.eval_pending = False
         if self.progress.step >= self.cfg.max_steps:
             self.message(
                 f"nothing to do: the run is at step {self.progress.step} of train.max_steps={self.cfg.max_steps}"
@@ -224,7 +229,10 @@ class Trainer:
     def step(self, stop: StopFlag) -> bool:
         """One optimizer step with logging, eval and checkpoints; returns whether all ranks must stop now.
 
-        The stop flag is read after the backward pass, so a signal during a step stops the run at that step."""
+        The stop flag is read after the backward pass, so a signal during a step stops the run at that step. An
+        evaluation due at that step is not run then: the pre-emption checkpoint (written by `run`) must fit in the
+        signal's grace time, and an evaluation may not. The checkpoint records it as pending and the resumed run
+        evaluates first, at this step, the weights it would have seen (evaluation leaves the training RNG alone)."""
         acc, p, cfg = self.accelerator, self.progress, self.cfg
         start = time.perf_counter()
         batches = [self.stream.next() for _ in range(cfg.accum_freq)]
@@ -249,7 +257,11 @@ class Trainer:
         self.count_bad(bad, loss, grad_norm)
         self.report(loss, lr, grad_norm, data_wait)
         if self.evaluate is not None and self.due(self.eval_every):
-            self.run_eval()
+            if stop_now:
+                p.eval_pending = True
+                self.message(f"step {p.step}: evaluation deferred by the stop signal: it runs when the run resumes")
+            else:
+                self.run_eval()
         if self.checkpoint_due() and not stop_now:
             self.save()
         if self.due(self.eval_every) or self.due(cfg.save_every):
@@ -353,6 +365,7 @@ class Trainer:
             "samples_seen": p.samples_seen,
             "epoch": self.stream.epoch,
             "bad_steps": p.bad_steps,
+            "eval_pending": p.eval_pending,
             "config": self.config_dict,
         }
         storage = RunStorage.of(self.cfg.run_dir, self.cfg.stage_dir)

@@ -227,6 +227,7 @@ def resume(cfg: Config, accelerator, storage: RunStorage, stream: DataStream, pr
         meta["samples_seen"],
         meta.get("bad_steps", 0),
     )
+    progress.eval_pending = bool(meta.get("eval_pending")) and not branching  # deferred by a pre-emption
     stream.load_state_dict(data_state)
     if accelerator.is_main_process:
         verb = "branched" if branching else "resumed"

@@ -95,11 +95,12 @@ STUBS = {
         for p in "${pids[@]}"; do wait "$p" || rc=$?; done
         exit $rc
         """,
-    # logs how it was started; runs until USR1 (then exits 1 like torchrun) or for STUB_SECONDS
+    # logs how it was started; runs until USR1 or TERM (then exits 1 like torchrun) or for STUB_SECONDS
     "torchrun": """
         echo "torchrun $* MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT" >>"$STUB_LOG"
         echo $$ >>"$STUB_LOG.pids"
         trap 'echo "torchrun $SLURM_NODEID got USR1" >>"$STUB_LOG"; exit 1' USR1
+        trap 'echo "torchrun $SLURM_NODEID got TERM" >>"$STUB_LOG"; exit 1' TERM
         for ((i = 0; i < ${STUB_SECONDS:-0} * 10; i++)); do sleep 0.1; done
         exit "${STUB_RC:-0}"
         """,

@@ -110,6 +110,18 @@ def test_four_node_environment(tmp_path, stub_bin):
     assert not any(c.startswith(("scancel", "scontrol requeue")) for c in calls(stub_bin))
 
 
+def start_batch(script: Path, env: dict, stub_bin: Path, tasks: int) -> subprocess.Popen:
+    """The batch script in the background, once each of its `tasks` stand-in torchruns has started (10 s at most)."""
+    batch = subprocess.Popen(
+        ["bash", str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    pids = stub_bin.parent / "calls.log.pids"
+    deadline = time.monotonic() + 10
+    while not (pids.exists() and len(pids.read_text().split()) == tasks) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return batch
+
+
 @pytest.mark.parametrize("array", [False, True], ids=["job", "array-task"])
 def test_usr1_is_forwarded_then_the_job_requeued(tmp_path, stub_bin, array):
     """USR1 to the batch shell -> scancel --signal=USR1 on the job's steps -> the job requeues itself. An array task
@@ -122,13 +134,7 @@ def test_usr1_is_forwarded_then_the_job_requeued(tmp_path, stub_bin, array):
         env.update(SLURM_ARRAY_TASK_ID="2", SLURM_ARRAY_JOB_ID="123457")
     else:
         script = write_script(tmp_path, stub_bin, [], gpu_job(nodes=2))
-    batch = subprocess.Popen(
-        ["bash", str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    pids = stub_bin.parent / "calls.log.pids"
-    deadline = time.monotonic() + 10
-    while not (pids.exists() and len(pids.read_text().split()) == 2) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    batch = start_batch(script, env, stub_bin, tasks=2)
     batch.send_signal(signal.SIGUSR1)
     output, _ = batch.communicate(timeout=15)
     assert batch.returncode == 0, output
@@ -137,6 +143,23 @@ def test_usr1_is_forwarded_then_the_job_requeued(tmp_path, stub_bin, array):
     assert sum("got USR1" in c for c in log) == 2
     assert log[-1] == f"scontrol requeue {job}"
     assert f"requeueing job {job}" in output
+
+
+def test_term_reaches_every_task_and_the_job_is_requeued(tmp_path, stub_bin):
+    """A pre-emption's SIGTERM goes from Slurm to the batch shell and to every task at once: the shell outlives it,
+    signals nobody again (a second signal would cut torchrun's grace time short) and requeues the job."""
+    script = write_script(tmp_path, stub_bin, [], gpu_job(nodes=2))
+    batch = start_batch(script, stub_env(stub_bin, SLURM_NNODES="2", STUB_SECONDS="20"), stub_bin, tasks=2)
+    batch.send_signal(signal.SIGTERM)
+    for pid in (stub_bin.parent / "calls.log.pids").read_text().split():
+        os.kill(int(pid), signal.SIGTERM)
+    output, _ = batch.communicate(timeout=15)
+    assert batch.returncode == 0, output
+    log = calls(stub_bin)
+    assert sum("got TERM" in c for c in log) == 2
+    assert not any(c.startswith("scancel") for c in log)
+    assert log[-1] == "scontrol requeue 123457"
+    assert "TERM: the training step checkpoints" in output and "requeueing job 123457" in output
 
 
 @pytest.mark.parametrize("exit_code", [0, 1])

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from models.layout import step_name
-from tests.train.common import TORCHRUN, checkpoints, cli, finish, run, tiny_config, train_records, weights
+from models.layout import read_meta, step_name
+from tests.train.common import TORCHRUN, checkpoints, cli, finish, metrics, run, tiny_config, train_records, weights
 from train.checkpoint import problem
 
 DETERMINISTIC = {"max_steps": 8, "save_every": 1, "keep_last": 8, "deterministic": True}
@@ -182,3 +182,49 @@ def test_resume_with_evaluation_and_augmentation_equals_uninterrupted(tmp_path, 
         assert run(path, f"train.run_dir={resumed}") == 0
         assert_same_run(resumed, tmp_path / "run")
         shutil.rmtree(resumed)
+
+
+def signal_at_step(monkeypatch, step: int, sig: int = signal.SIGTERM) -> None:
+    """Fault injection for one in-process run: `sig` to this process inside the loss of optimizer step `step`
+    (1-based, one micro-batch a step), once; the stop flag reads it after that step's backward pass."""
+    import train.main
+
+    real, sent = train.main.build_loss, []
+
+    def build(name: str, **kwargs):
+        loss_fn, calls = real(name, **kwargs), [0]
+
+        def signalling(*args):
+            calls[0] += 1
+            if calls[0] == step and not sent:
+                sent.append(step)
+                os.kill(os.getpid(), sig)
+            return loss_fn(*args)
+
+        return signalling
+
+    monkeypatch.setattr(train.main, "build_loss", build)
+
+
+def test_a_stop_on_an_evaluation_step_saves_first_and_evaluates_on_resume(tmp_path, synthetic, monkeypatch, capsys):
+    """SIGTERM during step 4, an evaluation step: the checkpoint of step 4 is written without evaluating (it must
+    fit in the grace time), marked as owing that evaluation; the resumed run evaluates step 4 first."""
+    signal_at_step(monkeypatch, 4)
+    evaluation = {"dataset": synthetic["eval"], "every": 2, "batch_size": 64}
+    path = tiny_config(tmp_path, synthetic, train={"max_steps": 6}, eval=evaluation)
+    assert run(path) == 75
+    err = capsys.readouterr().err
+    assert "step 4: evaluation deferred by the stop signal: it runs when the run resumes" in err
+    assert f"signal {int(signal.SIGTERM)} received: checkpoint at step 4, exiting with 75" in err
+    folder = checkpoints(tmp_path / "run")[-1]
+    assert folder.name == "step_00000004" and problem(folder) is None
+    assert read_meta(folder)["eval_pending"] is True
+    evaluated = [r["step"] for r in metrics(tmp_path / "run") if "zeroshot/top1" in r]
+    assert evaluated == [2]
+
+    assert run(path) == 0
+    records = metrics(tmp_path / "run")
+    assert [r["step"] for r in records if "zeroshot/top1" in r] == [2, 4, 6]
+    order = [("eval" if "zeroshot/top1" in r else "train", r["step"]) for r in records if "end" not in r]
+    assert order.index(("eval", 4)) < order.index(("train", 5))
+    assert read_meta(checkpoints(tmp_path / "run")[-1])["eval_pending"] is False
