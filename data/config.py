@@ -23,6 +23,9 @@ class DataConfig:
     max_caption_bytes: int = 65_536
     drop_last: bool = False  # epoch mode: drop the last partial step instead of a smaller one
     cache_mb: float = 0  # workers 0 only: keep whole shards and their decoded images in memory (data/cache.py)
+    # a run stops (one error line, counts by cause) once more than this fraction of the samples read were skipped as
+    # unreadable, counted over all ranks from 1000 samples read on (data/errors.py); null: no limit
+    max_skip_fraction: float | None = 0.1
 
     def validate(self, world_size: int) -> None:
         """Raise DataError (one line, naming the fix) for a config that cannot work."""

@@ -15,6 +15,11 @@ SKIP_CAUSES = (
 )
 
 
+# data.max_skip_fraction is checked only from this many samples read (good + skipped) on: a bad sample among the
+# first few would otherwise stop a run that is 99.9% readable
+SKIP_LIMIT_MIN_READ = 1000
+
+
 class DataError(ValueError):
     """A problem with the data configuration or the shards, found at start-up (one-line message)."""
 
@@ -29,3 +34,20 @@ class BadSample(Exception):
 
 def zero_counts() -> dict[str, int]:
     return {cause: 0 for cause in SKIP_CAUSES}
+
+
+def skip_limit_problem(skipped: dict[str, int], good: int, max_fraction: float | None) -> str | None:
+    """The one line saying that more than `max_fraction` of the samples read were skipped, or None.
+
+    skipped: counts by cause (a shard that cannot be read counts once); good: samples delivered. Checked once
+    SKIP_LIMIT_MIN_READ samples have been read; max_fraction None: never."""
+    bad = sum(skipped.values())
+    read = good + bad
+    if max_fraction is None or read < SKIP_LIMIT_MIN_READ or bad <= max_fraction * read:
+        return None
+    causes = ", ".join(f"{cause} {n}" for cause, n in sorted(skipped.items()) if n)
+    return (
+        f"data: {bad} of {read} samples read were skipped ({100 * bad / read:.1f}%, more than "
+        f"data.max_skip_fraction={max_fraction}): {causes}; repair or replace the shards, or raise "
+        "data.max_skip_fraction (null: no limit)"
+    )

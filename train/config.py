@@ -340,6 +340,7 @@ RANGES = {
     ("eval", "workers"): at_least(0),
     ("eval", "cache_mb"): at_least(0),
     ("data", "cache_mb"): at_least(0),
+    ("data", "max_skip_fraction"): (lambda v: 0 <= v <= 1, "in [0, 1]"),
     ("distill", "transfer_steps"): at_least(0),
     ("distill", "transfer_lr"): above(0),
     ("distill", "transfer_warmup_steps"): at_least(0),

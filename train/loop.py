@@ -21,6 +21,7 @@ from accelerate import Accelerator
 from accelerate.utils import DistributedType
 from torch import Tensor, nn
 
+from data.errors import skip_limit_problem
 from train.checkpoint import save_checkpoint
 from train.config import TrainConfig
 from train.dist import StopFlag, agree, mean_over_ranks, sum_over_ranks
@@ -184,6 +185,7 @@ class Trainer:
     throughput: Throughput | None = None  # started by run()
     objective: Callable | None = None  # objective(model, images, tokens) -> loss in place of the contrastive loss
     terms: dict[str, float] = field(default_factory=dict)  # the objective's terms of the last step, this rank's
+    max_skip_fraction: float | None = None  # data.max_skip_fraction, checked at every logging step
 
     def run(self, stop: StopFlag) -> int:
         """Train to cfg.max_steps; returns the exit code (0 done, 75 pre-empted). An evaluation that a pre-emption
@@ -289,7 +291,8 @@ class Trainer:
 
     def report(self, loss: float, lr: float, grad_norm: float, data_wait: float) -> None:
         """Progress bar every step (its speed figures from the last logging step); metrics.jsonl and wandb every
-        log_every steps and at the last step."""
+        log_every steps and at the last step, where the skipped samples of all ranks are held against
+        data.max_skip_fraction (every rank sees the same sums, so all stop together)."""
         p, acc = self.progress, self.accelerator
         logging_step = self.due(max(1, self.cfg.log_every)) or p.step == self.cfg.max_steps
         speed = self.throughput.measure(p.samples_seen) if logging_step else self.throughput.last
@@ -316,6 +319,9 @@ class Trainer:
                 **mean_over_ranks(acc, self.terms),  # each term of a composite objective (train/distill.py)
             }
         )
+        problem = skip_limit_problem(skipped, p.samples_seen, self.max_skip_fraction)
+        if problem:
+            raise TrainingError(f"stopped at step {p.step}: {problem}")
 
     def summarise(self, end: str) -> None:
         """The end-of-run line of skipped samples by cause (all ranks, whole run): on stderr and last in

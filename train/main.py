@@ -117,6 +117,7 @@ def fit(cfg: Config, stop: StopFlag) -> int:
         progress=progress,
         gmacs_per_sample=sizes["gmacs_per_sample"],
         objective=objective,
+        max_skip_fraction=cfg.data.max_skip_fraction,
     )
     code = trainer.run(stop)
     if accelerator.is_main_process:

@@ -23,6 +23,8 @@ from train.config import RANGES, ConfigError, build_config, load_config
         ("data", "shuffle_buffer", 0, ">= 1"),
         ("data", "train_num_samples", 0, ">= 1"),
         ("data", "seed", -3, "in [0, 2**32)"),
+        ("data", "max_skip_fraction", 1.5, "in [0, 1]"),
+        ("data", "max_skip_fraction", -0.1, "in [0, 1]"),
         ("model", "patch_dropout", 1.0, "in [0, 1)"),
         ("train", "max_steps", 0, ">= 1"),
         ("train", "accum_freq", 0, ">= 1"),
