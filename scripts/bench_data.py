@@ -6,102 +6,17 @@ Both loaders decode JPEGs, apply open_clip's train transform and tokenizer in `-
 DataLoader workers and yield batches; each reads one epoch of synthetic 224 px JPEG shards
 written to a temporary folder. Each round runs both loaders back to back (the first one alternates);
 the headline ratio is the median over rounds of ours / open_clip within a round.
-Writes docs/bench_data.csv and docs/bench_data.md.
+Writes docs/bench_data.csv and docs/bench_data.md (train/bench/loader.py).
 """
 
 import argparse
-import csv
-import statistics
 import tempfile
-import time
-from argparse import Namespace
-from functools import partial
 from pathlib import Path
 
 import open_clip
-import open_clip_train.data
-import torch
-from open_clip_train.data import get_wds_dataset
-from webdataset.tariterators import tar_file_expander
 
-from data import DataConfig, build_train_data
 from data.synthetic import make_synthetic
-from eval import pages
-
-
-def time_epoch(batches) -> tuple[int, float]:
-    """(samples, seconds) for one pass, worker start-up included."""
-    start, samples = time.perf_counter(), 0
-    for images, tokens in batches:
-        assert images.shape[0] == tokens.shape[0]
-        samples += images.shape[0]
-    return samples, time.perf_counter() - start
-
-
-def ours(spec: str, transform, tokenizer, args) -> tuple[int, float]:
-    cfg = DataConfig(train_shards=spec, batch_size=args.batch_size, workers=args.workers)
-    return time_epoch(build_train_data(cfg, transform, tokenizer).loader)
-
-
-def open_clips(spec: str, transform, tokenizer, args) -> tuple[int, float]:
-    # webdataset >= 0.2.96 ends every shard with an empty EOF dict that open_clip_train's
-    # group_by_keys_nothrow cannot read (KeyError 'fname', webdataset issue #384); the fix from that
-    # thread, eof_value=None, restores the behaviour open_clip was written for.
-    open_clip_train.data.tar_file_expander = partial(tar_file_expander, eof_value=None)
-    options = Namespace(
-        train_data=spec,
-        val_data=None,
-        dataset_resampled=False,
-        train_num_samples=None,
-        train_data_upsampling_factors=None,
-        seed=0,
-        batch_size=args.batch_size,
-        workers=args.workers,
-        world_size=1,
-    )
-    info = get_wds_dataset(options, transform, is_train=True, epoch=0, tokenizer=tokenizer)
-    return time_epoch(info.dataloader)
-
-
-def write_report(rows: list[dict], out: Path, args) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / "bench_data.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    argv = ["--samples", args.samples, "--image-size", args.image_size, "--batch-size", args.batch_size]
-    argv = [str(a) for a in [*argv, "--workers", args.workers, "--rounds", args.rounds]]
-    lines = [
-        pages.header("Data loader throughput", pages.command("scripts.bench_data", argv)),
-        f"Other jobs share the cores, so single rounds are noisy; torch {torch.__version__}.",
-        "Synthetic JPEG shards; open_clip train transform and ViT-B-16 tokenizer in the workers; one epoch "
-        "per round, worker start-up included; median over rounds.",
-        "",
-        "| loader | samples/s (median) | rounds (samples/s) |",
-        "| --- | --- | --- |",
-    ]
-    for name in ("ours", "open_clip"):
-        runs = [r["samples_per_s"] for r in rows if r["loader"] == name]
-        lines.append(f"| {name} | {statistics.median(runs):.0f} | {', '.join(f'{x:.0f}' for x in runs)} |")
-    ratio = median_rate(rows, "ours") / median_rate(rows, "open_clip")
-    lines += [
-        "",
-        f"Ratio ours / open_clip: **{paired_ratio(rows):.2f}** (median of the per-round ratios; "
-        f"ratio of the medians: {ratio:.2f})",
-        "",
-    ]
-    (out / "bench_data.md").write_text("\n".join(lines))
-
-
-def median_rate(rows: list[dict], name: str) -> float:
-    return statistics.median(r["samples_per_s"] for r in rows if r["loader"] == name)
-
-
-def paired_ratio(rows: list[dict]) -> float:
-    """Median over rounds of ours / open_clip within the round (both ran back to back)."""
-    rate = {(r["loader"], r["round"]): r["samples_per_s"] for r in rows}
-    rounds = sorted({r["round"] for r in rows})
-    return statistics.median(rate["ours", k] / rate["open_clip", k] for k in rounds)
+from train.bench import loader
 
 
 def main(argv: list[str] | None = None) -> float:
@@ -115,36 +30,15 @@ def main(argv: list[str] | None = None) -> float:
     args = parser.parse_args(argv)
     transform = open_clip.image_transform(args.image_size, is_train=True)
     tokenizer = open_clip.get_tokenizer("ViT-B-16")
-    rows = []
     with tempfile.TemporaryDirectory() as tmp:
+        shard_size = max(1, args.samples // 8)
         spec = make_synthetic(
-            tmp,
-            train_samples=args.samples,
-            eval_per_class=0,
-            image_size=args.image_size,
-            shard_size=max(1, args.samples // 8),
+            tmp, train_samples=args.samples, eval_per_class=0, image_size=args.image_size, shard_size=shard_size
         )
-        loaders = [("ours", ours), ("open_clip", open_clips)]
-        for round_ in range(args.rounds):
-            # Alternate which loader goes first, so that drifting load on the machine hits both alike.
-            for name, run in loaders if round_ % 2 == 0 else loaders[::-1]:
-                samples, seconds = run(spec, transform, tokenizer, args)
-                rows.append(
-                    {
-                        "loader": name,
-                        "round": round_,
-                        "samples": samples,
-                        "seconds": round(seconds, 3),
-                        "samples_per_s": round(samples / seconds, 1),
-                        "batch_size": args.batch_size,
-                        "workers": args.workers,
-                        "image_size": args.image_size,
-                    }
-                )
-                print(f"round {round_} {name:9s} {samples} samples in {seconds:.2f}s = {samples / seconds:.0f}/s")
-    ratio = paired_ratio(rows)
+        rows = loader.rounds(spec, transform, tokenizer, args)
+    ratio = loader.paired_ratio(rows)
     print(f"ours / open_clip = {ratio:.2f} (median of per-round ratios)")
-    write_report(rows, Path(args.out), args)
+    loader.write_report(rows, Path(args.out), args)
     return ratio
 
 

@@ -14,280 +14,24 @@ block (marked "block x L" in the table; the patch embedding, norms and head, und
 The FLOP-model bound of a ratio is the forward multiply-adds per token and layer, 12 C^2 (projections and MLP of
 ratio 4) plus the token mixing: 2 N C for softmax (QK^T and AV), 2 C D for a linear attention (phi(K)^T V and
 Q S, D the head width); backward scales both sides alike. One warm-up step (the memory run), then `--steps`
-timed rounds with the contenders taking turns; the fastest step is kept (scripts/bench_train.race). Writes
-<out>/bench_long.csv, .md and .png (step time against tokens, log-log, with the fitted slope of each line).
+timed rounds with the contenders taking turns; the fastest step is kept (train.bench.probes.race). Writes
+<out>/bench_long.csv, .md and .png (step time against tokens, log-log, with the fitted slope of each line;
+train/bench/long.py).
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
-import itertools
-import math
 import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
-from eval import machine, pages
-from models import ModelConfig, build_clip
-from models.blocks import Block
-from models.config import size_config
-from scripts import bench_device
-from scripts.bench_train import race
-from train.config import OptimConfig
-from train.loss import ClipLoss
-from train.optim import build_optimizer
+from eval import machine
+from train.bench import long, probes
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
-LINEAR = ("linear_affine", "linear_affine_nodenom", "linear_elu")
-
-
-def autocast(device: str, bf16: bool):
-    """bf16 autocast on the device (fp32 master weights, as training runs it), or nothing."""
-    return torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=bf16)
-
-
-def tower_step(model, tower: str, inputs, clip_loss=None, bf16: bool = False):
-    """One training step of a tower (or the whole CLIP when clip_loss is given) as a closure, on the model's
-    device, the forward under bf16 autocast when asked."""
-    optimizer, _ = build_optimizer(model, OptimConfig(), max_steps=1000)
-    model.train()
-    device = next(model.parameters()).device
-
-    def step() -> None:
-        optimizer.zero_grad(set_to_none=True)
-        with autocast(device, bf16):
-            if clip_loss is not None:
-                loss = clip_loss(*model(*inputs)[:3])
-            elif tower == "image":
-                loss = model.encode_image(inputs).float().square().mean()
-            else:
-                loss = model.encode_text(inputs).float().square().mean()
-        loss.backward()
-        optimizer.step()
-
-    return step
-
-
-def block_step(width: int, heads: int, attention: str, causal: bool, tokens: int, batch: int, ckpt: bool, args):
-    """One block's training step on [batch, tokens, width] (the extrapolation unit)."""
-    torch.manual_seed(0)
-    block = Block(width, heads, attention, causal=causal, options={}).to(args.device)
-    x = torch.randn(batch, tokens, width, device=args.device, requires_grad=True)
-    optimizer = torch.optim.AdamW(block.parameters(), lr=1e-4)
-
-    def step() -> None:
-        optimizer.zero_grad(set_to_none=True)
-        with autocast(args.device, args.bf16):
-            if ckpt:
-                y = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
-            else:
-                y = block(x)
-        y.float().square().mean().backward()
-        optimizer.step()
-
-    return step
-
-
-def flop_ratio(width: int, head: int, tokens: int, mlp_ratio: float = 4.0) -> float:
-    """The FLOP-model bound of linear / softmax step time (module docstring)."""
-    dense = (4 + 2 * mlp_ratio) * width * width
-    return (dense + 2 * width * head) / (dense + 2 * tokens * width)
-
-
-def tower_shape(size: str, tower: str) -> tuple[int, int, int]:
-    """(width, heads, layers) of a size's tower."""
-    cfg = size_config(size)
-    if tower == "image":
-        v = cfg["vision_cfg"]
-        return v["width"], v["width"] // v.get("head_width", 64), v["layers"]
-    t = cfg["text_cfg"]
-    return t["width"], t["heads"], t["layers"]
-
-
-def measure(args, tower: str, length: int, probe) -> list[dict]:
-    """Every attention (x checkpointing) at one length of one tower: rows of the CSV."""
-    width, heads, layers = tower_shape(args.size, tower)
-    patch = size_config(args.size)["vision_cfg"]["patch_size"]
-    tokens = (length // patch) ** 2 + 1 if tower == "image" else length
-    extrapolate = tokens > args.block_above
-    batch = 1 if tower == "image" else 2
-    steps = {}
-    for attention in args.attentions:
-        for ckpt in (False, True):
-            name = (attention, ckpt)
-            if extrapolate:
-                steps[name] = block_step(width, heads, attention, tower == "text", tokens, batch, ckpt, args)
-                continue
-            where = {"image_size" if tower == "image" else "context_length": length}
-            model = build_clip(
-                ModelConfig(name=args.size, grad_checkpointing=ckpt, **{f"{tower}_attention": attention}, **where)
-            ).to(args.device)
-            g = torch.Generator().manual_seed(0)
-            if tower == "image":
-                inputs = torch.randn(batch, 3, length, length, generator=g)
-            else:
-                inputs = torch.randint(1, model.vocab_size - 1, (batch, length), generator=g)
-                inputs[:, -1] = model.vocab_size - 1  # the end-of-text token, where the text is pooled
-            steps[name] = tower_step(model, tower, inputs.to(args.device), bf16=args.bf16)
-    results = race(steps, args.steps, probe)
-    rows = []
-    for (attention, ckpt), (seconds, peak) in results.items():
-        base = results[("softmax", ckpt)][0] if ("softmax", ckpt) in results else math.nan
-        scale = layers if extrapolate else 1
-        rows.append(
-            {
-                "part": tower,
-                "length": length,
-                "tokens": tokens,
-                "attention": attention,
-                "checkpointing": ckpt,
-                "seconds": seconds * scale,
-                "peak_mb": peak,
-                "ratio": seconds / base if attention != "softmax" else 1.0,
-                "flop_bound": flop_ratio(width, width // heads, tokens) if attention != "softmax" else 1.0,
-                "how": f"block x {layers}" if extrapolate else "measured",
-            }
-        )
-    return rows
-
-
-def clip_flop_ratio(size: str, pixels: int, context: int) -> float:
-    """The FLOP-model bound of the whole CLIP: both towers' multiply-adds per sample, linear over softmax (each
-    tower: layers x tokens x (12 C^2 + its token mixing), as flop_ratio)."""
-    totals = {"linear": 0.0, "softmax": 0.0}
-    patch = size_config(size)["vision_cfg"]["patch_size"]
-    for tower, tokens in (("image", (pixels // patch) ** 2 + 1), ("text", context)):
-        width, heads, layers = tower_shape(size, tower)
-        dense = 12 * width * width
-        totals["linear"] += layers * tokens * (dense + 2 * width * (width // heads))
-        totals["softmax"] += layers * tokens * (dense + 2 * tokens * width)
-    return totals["linear"] / totals["softmax"]
-
-
-def clip_rows(args, probe) -> list[dict]:
-    """The whole CLIP at --clip PIXELS,TOKENS, batch 2, ClipLoss; every attention in both towers, with and without
-    activation checkpointing."""
-    pixels, context = (int(x) for x in args.clip.split(","))
-    g = torch.Generator().manual_seed(0)
-    images = torch.randn(2, 3, pixels, pixels, generator=g)
-    steps = {}
-    for attention, ckpt in itertools.product(args.attentions, (False, True)):
-        model = build_clip(
-            ModelConfig(
-                name=args.size,
-                image_attention=attention,
-                text_attention=attention,
-                image_size=pixels,
-                context_length=context,
-                grad_checkpointing=ckpt,
-            )
-        ).to(args.device)
-        tokens = torch.randint(1, model.vocab_size - 1, (2, context), generator=g)
-        tokens[:, -1] = model.vocab_size - 1
-        inputs = (images.to(args.device), tokens.to(args.device))
-        steps[(attention, ckpt)] = tower_step(model, "clip", inputs, ClipLoss(), bf16=args.bf16)
-    results = race(steps, args.steps, probe)
-    patch = size_config(args.size)["vision_cfg"]["patch_size"]
-    bound = clip_flop_ratio(args.size, pixels, context)
-    return [
-        {
-            "part": "clip",
-            "length": f"{pixels} px + {context}",
-            "tokens": (pixels // patch) ** 2 + 1 + context,
-            "attention": attention,
-            "checkpointing": ckpt,
-            "seconds": s,
-            "peak_mb": peak,
-            "ratio": s / results[("softmax", ckpt)][0],
-            "flop_bound": bound if attention != "softmax" else 1.0,
-            "how": "measured",
-        }
-        for (attention, ckpt), (s, peak) in results.items()
-    ]
-
-
-def slopes(rows: list[dict]) -> dict[tuple[str, str], float]:
-    """Least-squares slope of log step time against log tokens per (part, attention), without checkpointing,
-    over the longest three lengths (where the attention's own cost shows)."""
-    out = {}
-    for part in ("image", "text"):
-        for attention in {r["attention"] for r in rows}:
-            pts = sorted((r["tokens"], r["seconds"]) for r in rows if (r["part"], r["attention"]) == (part, attention))
-            pts = [p for p in pts if not math.isnan(p[1])][-3:]
-            if len(pts) >= 2:
-                x, y = np.log([p[0] for p in pts]), np.log([p[1] for p in pts])
-                out[(part, attention)] = float(np.polyfit(x, y, 1)[0])
-    return out
-
-
-def plot(rows: list[dict], fitted: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-    for ax, part in zip(axes, ("image", "text")):
-        for attention in dict.fromkeys(r["attention"] for r in rows):
-            pts = sorted((r["tokens"], r["seconds"]) for r in rows if (r["part"], r["attention"]) == (part, attention))
-            pts = [p for p in pts if not math.isnan(p[1])]
-            if pts:
-                label = f"{attention} (slope {fitted.get((part, attention), math.nan):.2f})"
-                ax.loglog([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
-        ax.set_title(f"{part} tower: training step (no checkpointing)")
-        ax.set_xlabel("tokens")
-        ax.set_ylabel("seconds per step")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-def write(rows: list[dict], args, probe, total: float) -> None:
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / "bench_long.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    plain = [r for r in rows if not r["checkpointing"] and r["part"] != "clip"]
-    fitted = slopes(plain)
-    plot(plain, fitted, out / "bench_long.png")
-    precision = (
-        "bf16 autocast"
-        if args.bf16
-        else "fp32" + (f" ({skipped}; --bf16 ignored)" if (skipped := getattr(args, "skipped", "")) else "")
-    )
-    title = "Long sequences: training-step time of the whole model against length"
-    lines = [
-        pages.header(title, pages.command("scripts.bench_long", args.argv), probe.device),
-        f"{args.size}, {precision}; fastest of {args.steps} rounds; "
-        f"total {total / 60:.1f} min. Ratio: the attention's step time over softmax's (SDPA) at the same length "
-        "and checkpointing; bound: the FLOP model's ratio (scripts/bench_long.py). Peak MB on a CPU: the process's "
-        "resident-set high-water mark above what it held before the step; the allocator keeps freed memory, so a "
-        "step after a bigger one reads about 0 (no new peak); on a GPU: the CUDA allocator's peak above what was "
-        "allocated before the step.",
-        "",
-        "| tower | length | tokens | attention | checkpointing | s / step | peak MB | ratio | FLOP bound | how |",
-        "| --- | --- | ---: | --- | --- | ---: | ---: | ---: | ---: | --- |",
-    ]
-    for r in rows:
-        peak = "" if r["peak_mb"] is None or math.isnan(r["peak_mb"]) else f"{r['peak_mb']:.0f}"
-        bound = "" if math.isnan(r["flop_bound"]) or r["attention"] == "softmax" else f"{r['flop_bound']:.2f}"
-        ratio = "" if r["attention"] == "softmax" else f"{r['ratio']:.2f}"
-        lines.append(
-            f"| {r['part']} | {r['length']} | {r['tokens']} | {r['attention']} | {'yes' if r['checkpointing'] else ''}"
-            f" | {r['seconds']:.3g} | {peak} | {ratio} | {bound} | {r['how']} |"
-        )
-    lines += ["", "Slopes of log step time against log tokens (the longest three lengths, no checkpointing):", ""]
-    lines += [f"- {part} tower, {attention}: {s:.2f}" for (part, attention), s in sorted(fitted.items())]
-    lines += ["", "![step time against tokens](bench_long.png)", ""]
-    (out / "bench_long.md").write_text("\n".join(lines))
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -296,7 +40,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--image-sizes", default="224,448,1024,2048")
     p.add_argument("--text-lengths", default="77,248,1024,4096")
     p.add_argument("--clip", default="1024,248", help="PIXELS,TOKENS of the whole-CLIP step ('' to skip)")
-    p.add_argument("--attentions", default="softmax," + ",".join(LINEAR))
+    p.add_argument("--attentions", default="softmax," + ",".join(long.LINEAR))
     p.add_argument("--block-above", type=int, default=4200, help="tokens past which one block is timed x layers")
     p.add_argument("--steps", type=int, default=2, help="timed rounds")
     p.add_argument("--threads", type=int, default=2, help="CPU intra-op threads")
@@ -314,18 +58,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> Path:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    probe, start, rows = bench_device.probe(args.device), time.perf_counter(), []
+    probe, start, rows = probes.probe(args.device), time.perf_counter(), []
     args.skipped = machine.emulated(args.device).get("bfloat16", "") if args.bf16 else ""
     if args.skipped:  # bf16 autocast on a CPU that emulates bf16 would take hours: fp32 instead, said once
         print(f"{args.skipped}; --bf16 ignored, fp32 timed", flush=True)
         args.bf16 = False
     for tower, lengths in (("image", args.image_sizes), ("text", args.text_lengths)):
         for length in (int(x) for x in lengths.split(",") if x):
-            rows += measure(args, tower, length, probe)
+            rows += long.measure(args, tower, length, probe)
             print(f"{tower} {length}: done at {time.perf_counter() - start:.0f} s", flush=True)
     if args.clip:
-        rows += clip_rows(args, probe)
-    write(rows, args, probe, time.perf_counter() - start)
+        rows += long.clip_rows(args, probe)
+    long.write(rows, args, probe, time.perf_counter() - start)
     return Path(args.out) / "bench_long.md"
 
 

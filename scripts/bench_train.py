@@ -11,16 +11,15 @@ changes) at each resolution: on the CPU every registered one in fp32, batch 2 to
 minutes; on a GPU softmax and the three linear ones in bf16. One intra-op thread by default on the CPU: on a
 shared CPU, idle threads' spin-waits make multi-threaded timings erratic. One warm-up step, then `--steps`
 timed rounds in which the contenders take turns (order reversed every other round); the fastest step is
-kept, since load from other jobs only adds time. Timer and memory probe per device (scripts/bench_device.py):
+kept, since load from other jobs only adds time. Timer and memory probe per device (train/bench/probes.py):
 on a GPU CUDA events and torch.cuda.max_memory_allocated (peak above what the model held before the step); a
-contender that runs out of memory is reported as such. Writes <out>/bench_train[_cuda].csv, .md and .png.
+contender that runs out of memory is reported as such. Writes <out>/bench_train[_cuda].csv, .md and .png
+(train/bench/training.py).
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
-import json
 import sys
 import tempfile
 import time
@@ -28,223 +27,11 @@ from pathlib import Path
 
 import torch
 
-try:
-    import open_clip
-except ImportError as err:  # models/ builds on open_clip's configs and tokenizer, so nothing runs without it
-    raise SystemExit(
-        f"error: open_clip is needed ({err}); pip install open_clip_torch, or carry its wheel (scripts/gpu_check.sh)"
-    ) from None
-
-from eval import machine, pages
-from models import ModelConfig, build_clip
+from eval import pages
 from models.attention import ATTENTIONS
-from scripts import bench_device
-from train.config import OptimConfig
-from train.loss import ClipLoss
-from train.optim import build_optimizer
+from train.bench import probes, training
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
-
-
-def register_resolution(size: str, pixels: int, folder: Path) -> str:
-    """An open_clip model config `size` at `pixels` px (same weights shapes except the position embedding)."""
-    if pixels == open_clip.get_model_config(size)["vision_cfg"]["image_size"]:
-        return size
-    cfg = open_clip.get_model_config(size)
-    cfg["vision_cfg"]["image_size"] = pixels
-    name = f"{size}-{pixels}px"
-    (folder / f"{name}.json").write_text(json.dumps(cfg))
-    open_clip.add_model_config(folder / f"{name}.json")
-    return name
-
-
-def batch(size: str, pixels: int, batch_size: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(0)
-    captions = [f"a photo of object number {i}" for i in range(batch_size)]
-    images = torch.randn(batch_size, 3, pixels, pixels, generator=g)
-    return images.to(device), open_clip.get_tokenizer(size)(captions).to(device)
-
-
-def make_step(model, loss_fn, images, tokens, precision: str):
-    """A closure doing one full training step; AdamW with our parameter groups for every contender."""
-    model.to(images.device).train()
-    optimizer, _ = build_optimizer(model, OptimConfig(), max_steps=1000)
-
-    def step() -> None:
-        optimizer.zero_grad(set_to_none=True)
-        with torch.autocast(images.device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
-            image_features, text_features, scale = model(images, tokens)[:3]
-            loss = loss_fn(image_features.float(), text_features.float(), scale)
-        loss.backward()
-        optimizer.step()
-
-    return step
-
-
-def race(steps: dict, rounds: int, probe) -> dict[str, tuple[float, float | None]]:
-    """(fastest seconds per step, peak extra MB) of each contender over `rounds` after one warm-up step each (the
-    memory run), or (nan, nan) for one that ran out of memory (left out of the later rounds).
-
-    The contenders take turns within a round, in reversed order every other round; the minimum is kept
-    because on a shared machine other jobs only ever add time (as `timeit` advises)."""
-    peaks = {name: guarded(lambda step=step: probe.peak_mb(step), probe) for name, step in steps.items()}
-    order, times = [name for name in steps if peaks[name] is not OOM], {name: [] for name in steps}
-    for r in range(rounds):
-        for name in order if r % 2 == 0 else order[::-1]:
-            times[name].append(guarded(lambda name=name: probe.time(steps[name]), probe))
-    nan = float("nan")
-    return {name: (nan, nan) if peaks[name] is OOM or OOM in t else (min(t), peaks[name]) for name, t in times.items()}
-
-
-OOM = "out of memory"
-
-
-def guarded(measure, probe):
-    """measure(), or OOM when it runs out of memory (the memory is freed); other errors propagate."""
-    try:
-        return measure()
-    except Exception as err:  # only out-of-memory is reported; anything else is re-raised
-        if not bench_device.is_oom(err):
-            raise
-    probe.free()
-    return OOM
-
-
-def row(part: str, model: str, pixels: int, precision: str, attention: str, result: tuple, peer: tuple) -> dict:
-    """One CSV row: seconds and peak MB of ours, of the peer (open_clip, or softmax attention), and their ratio."""
-    (seconds, peak), (peer_s, _) = result, peer
-    out = dict(part=part, model=model, pixels=pixels, precision=precision, attention=attention, ours_s=seconds)
-    out.update(peak_mb=peak, ratio=seconds / peer_s, status="" if seconds == seconds else OOM)
-    return out | ({"open_clip_s": peer_s} if part == "vs_open_clip" else {})
-
-
-def precisions(probe) -> list[str]:
-    """fp32 and bf16; bf16 skipped, with one line, on a CPU that emulates it (eval/machine.py)."""
-    skipped = machine.emulated(probe.device).get("bfloat16")
-    if skipped:
-        print(skipped, flush=True)
-    return ["fp32"] if skipped else ["fp32", "bf16"]
-
-
-def ours_vs_open_clip(sizes: list[str], batch_size: int, rounds: int, probe) -> list[dict]:
-    rows = []
-    for size in sizes:
-        pixels = open_clip.get_model_config(size)["vision_cfg"]["image_size"]  # 224 for the ViT-*-16
-        images, tokens = batch(size, pixels, batch_size, probe.device)
-        for precision in precisions(probe):
-            torch.manual_seed(0)
-            ours = build_clip(ModelConfig(name=size))
-            theirs = open_clip.create_model(size)
-            steps = {
-                "ours": make_step(ours, ClipLoss(), images, tokens, precision),
-                "open_clip": make_step(theirs, open_clip.loss.ClipLoss(), images, tokens, precision),
-            }
-            result = race(steps, rounds, probe)
-            rows.append(row("vs_open_clip", size, pixels, precision, "softmax", result["ours"], result["open_clip"]))
-            times = f"ours {result['ours'][0]:.3f} s, open_clip {result['open_clip'][0]:.3f} s"
-            print(f"{size} {precision}: {times}, ratio {rows[-1]['ratio']:.2f}", flush=True)
-            del ours, theirs, steps
-            probe.free()
-    return rows
-
-
-def attentions(size: str, names: list[str], resolutions: list[int], batch_size: int, rounds: int, probe, folder: Path):
-    """Rows of part 2: each image attention at each resolution, in fp32 on the CPU and bf16 on a GPU."""
-    rows, precision = [], "fp32" if probe.device == "cpu" else "bf16"
-    for pixels in resolutions:
-        name = register_resolution(size, pixels, folder)
-        images, tokens = batch(size, pixels, batch_size, probe.device)
-        steps = {}
-        for attention in names:
-            torch.manual_seed(0)
-            model = build_clip(ModelConfig(name=name, image_attention=attention, text_attention="softmax"))
-            steps[attention] = make_step(model, ClipLoss(), images, tokens, precision)
-        result = race(steps, rounds, probe)
-        for attention, measured in result.items():
-            rows.append(row("attention", size, pixels, precision, attention, measured, result["softmax"]))
-            print(f"{size} {pixels}px {attention}: {measured[0]:.3f} s ({rows[-1]['ratio']:.2f}x softmax)", flush=True)
-        del steps
-        probe.free()
-    return rows
-
-
-def seconds(value: float) -> str:
-    return OOM if value != value else f"{value:.3f}"
-
-
-def write_outputs(rows: list[dict], args, probe, total: float) -> None:
-    out, stem = Path(args.out), "bench_train" if probe.device == "cpu" else "bench_train_cuda"
-    out.mkdir(parents=True, exist_ok=True)
-    fields = ["part", "model", "pixels", "precision", "attention", "ours_s", "open_clip_s", "ratio", "peak_mb"]
-    with open(out / f"{stem}.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, [*fields, "status"])
-        writer.writeheader()
-        writer.writerows(rows)
-    first = [r for r in rows if r["part"] == "vs_open_clip"]
-    second = [r for r in rows if r["part"] == "attention"]
-    lines = [
-        pages.header("Training step: ours against open_clip, and each attention", args.command, probe.device),
-        f"Batch {args.batch_size}, torch {torch.__version__}, open_clip {open_clip.__version__}; fastest of "
-        f"{args.steps} steps after one warm-up; a step = forward, contrastive loss, backward, AdamW step; peak = "
-        f"memory above what was held before the step. Total run {total / 60:.1f} min.",
-        *([f"{machine.emulated(probe.device)['bfloat16']}."] if "bf16" not in {r["precision"] for r in first} else []),
-        "",
-        "## Softmax CLIP, ours vs open_clip (224 px for the ViT-*-16)",
-        "",
-        "| model | precision | ours s/step | open_clip s/step | ours / open_clip | ours peak MB |",
-        "| --- | --- | ---: | ---: | ---: | ---: |",
-    ]
-    lines += [
-        f"| {r['model']} | {r['precision']} | {seconds(r['ours_s'])} | {seconds(r['open_clip_s'])} | {r['ratio']:.2f} "
-        f"| {r['peak_mb'] or float('nan'):.0f} |"
-        for r in first
-    ]
-    precision = second[0]["precision"] if second else ""
-    lines += [
-        "",
-        f"## Image attention variants ({args.attention_size}, batch {args.attention_batch_size}, "
-        f"text tower softmax, {precision})",
-        "",
-        "| pixels | attention | s/step | / softmax | peak MB |",
-        "| ---: | --- | ---: | ---: | ---: |",
-    ]
-    lines += [
-        f"| {r['pixels']} | {r['attention']} | {seconds(r['ours_s'])} | {r['ratio']:.2f} | "
-        f"{r['peak_mb'] or float('nan'):.0f} |"
-        for r in second
-    ]
-    lines += ["", f"![seconds per step]({stem}.png)", ""]
-    (out / f"{stem}.md").write_text("\n".join(lines))
-    plot(first, second, out / f"{stem}.png")
-
-
-def plot(first: list[dict], second: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
-    labels = [f"{r['model']}\n{r['precision']}" for r in first]
-    x = range(len(first))
-    left.bar([i - 0.2 for i in x], [r["ours_s"] for r in first], 0.4, label="ours")
-    left.bar([i + 0.2 for i in x], [r["open_clip_s"] for r in first], 0.4, label="open_clip")
-    left.set_xticks(list(x), labels)
-    left.set_ylabel("seconds per training step")
-    left.set_title("softmax CLIP, 224 px")
-    left.legend()
-    names = sorted({r["attention"] for r in second})
-    pixels = sorted({r["pixels"] for r in second})
-    width = 0.8 / max(1, len(pixels))
-    for j, px in enumerate(pixels):
-        values = {r["attention"]: r["ours_s"] for r in second if r["pixels"] == px}
-        right.bar([i + j * width for i in range(len(names))], [values[n] for n in names], width, label=f"{px} px")
-    right.set_xticks([i + width * (len(pixels) - 1) / 2 for i in range(len(names))], names, rotation=30, ha="right")
-    right.set_ylabel("seconds per training step")
-    right.set_title(f"image attention variants, {second[0]['precision'] if second else ''}")
-    right.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
 
 
 GPU_DEFAULTS = dict(batch_size=64, attention_batch_size=16, resolutions="224,448,896", steps=5)
@@ -276,16 +63,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    probe = bench_device.probe(args.device)
+    probe = probes.probe(args.device)
     if args.device == "cpu":
         torch.set_num_threads(args.threads)
     start = time.perf_counter()
-    rows = ours_vs_open_clip(args.sizes.split(","), args.batch_size, args.steps, probe) if args.sizes else []
+    rows = training.ours_vs_open_clip(args.sizes.split(","), args.batch_size, args.steps, probe) if args.sizes else []
     with tempfile.TemporaryDirectory() as folder:
         resolutions = [int(p) for p in args.resolutions.split(",")]
         part = (args.attention_size, args.attention_names, resolutions, args.attention_batch_size, args.steps)
-        rows += attentions(*part, probe, Path(folder))
-    write_outputs(rows, args, probe, time.perf_counter() - start)
+        rows += training.attentions(*part, probe, Path(folder))
+    training.write_outputs(rows, args, probe, time.perf_counter() - start)
     print(f"wrote {args.out}/bench_train*.md, .csv and .png in {(time.perf_counter() - start) / 60:.1f} min")
 
 

@@ -1,44 +1,20 @@
-"""accelerate's FSDP path on a gloo CPU mesh, for the tests and the CPU rehearsal of scripts/gpu_train_check.py.
+"""`python -m train` on a gloo CPU mesh through accelerate's FSDP path, for the tests and the CPU rehearsal of
+scripts/gpu_train_check.py.
 
     python -m torch.distributed.run --standalone --nproc_per_node 2 -m scripts.fsdp_on_cpu CONFIG.yaml [key=value ...]
 
-is `python -m train` (under torchrun) with this hook installed first. accelerate treats FSDP as GPU-only: on the
-CPU an `Accelerator(fsdp_plugin=...)` comes out MULTI_CPU, and train.dist.make_accelerator refuses
-train.distributed=fsdp. `install()` replaces the Accelerator that train.dist builds, in this process only, with one
-whose FSDP plugin accelerate keeps and whose distributed type is FSDP in both of accelerate's process-wide states
-(AcceleratorState() copies PartialState's), so the same code path (train.dist.shard_model, accelerate's FSDP2
-prepare, sharded save_state/load_state, no_sync) runs on the CPU. Production code never installs it.
+is `python -m train` (under torchrun) with train.bench.fsdp_on_cpu's hook installed first (why: its docstring).
+Production code never installs it.
 """
 
 from __future__ import annotations
 
 import sys
 
-from accelerate import Accelerator
-from accelerate.state import AcceleratorState, PartialState
-from accelerate.utils import DistributedType
-
-import train.dist
-
-
-def accelerator_on_cpu(*args, **kwargs) -> Accelerator:
-    """accelerate's Accelerator; with an FSDP plugin on the CPU, switched to FSDP after it is built."""
-    accelerator = Accelerator(*args, **kwargs)
-    plugin = kwargs.get("fsdp_plugin")
-    if plugin is not None and accelerator.device.type == "cpu":
-        PartialState._shared_state["distributed_type"] = DistributedType.FSDP
-        AcceleratorState._shared_state["distributed_type"] = DistributedType.FSDP
-        AcceleratorState._shared_state["fsdp_plugin"] = plugin
-    return accelerator
-
-
-def install() -> None:
-    """From now on, train.dist.make_accelerator in this process builds its Accelerator through the hook."""
-    train.dist.Accelerator = accelerator_on_cpu
-
+from train.bench import fsdp_on_cpu
 
 if __name__ == "__main__":
-    install()
+    fsdp_on_cpu.install()
     from train.main import cli
 
     sys.exit(cli(sys.argv[1:]))

@@ -5,152 +5,27 @@ worker's work per batch by stage, one evaluation, and the fixed cost of a traini
 
 In this process on one torch thread, as the study runs each run (`threads_per_job: 1`); the data stages are timed
 on the same shards the study trains from, with data.workers=0 (in a run they happen in its one data worker, in
-parallel with the model's step, on the other core). Writes <out>/profile_step.md and .csv.
+parallel with the model's step, on the other core). Writes <out>/profile_step.md and .csv (train/bench/profiling.py).
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
-import os
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 from data import make_synthetic
-from data.stream import decode, tar_samples
-from eval import pages
-from train import main as train_main
-from train.config import load_config
-from train.dist import make_accelerator
-from train.loop import DataStream, clip_gradients, compute_gradients
-from train.loss import build_loss
-from train.optim import build_optimizer
-
-REPO = Path(__file__).resolve().parents[1]
-GROUPS = {  # op group -> aten op name prefixes (self time)
-    "matrix products (linear layers)": ("aten::mm", "aten::addmm", "aten::bmm"),
-    "attention kernels": ("aten::_scaled_dot_product", "Causal", "NoDenom", "Normalised", "Linear"),
-    "token embedding gradient (49,408 rows)": ("aten::embedding_dense_backward", "aten::fill_"),
-    "AdamW (fused) and gradient norm": ("aten::_fused_adamw_", "aten::linalg_vector_norm", "aten::_foreach"),
-    "GELU, LayerNorm, adds and copies": ("aten::gelu", "aten::native_layer_norm", "aten::add", "aten::copy_"),
-}
-
-
-def config(size: str, attention: str, shards: str, folder: Path):
-    return load_config(
-        [
-            "configs/demo.yaml",
-            f"model.name={size}",
-            f"model.image_attention={attention}",
-            f"model.text_attention={attention}",
-            f"data.train_shards={shards}",
-            "data.workers=0",
-            "eval.dataset=null",
-            "eval.val_shards=null",
-            f"train.run_dir={folder}",
-        ]
-    )
-
-
-def model_step(cfg, batches: int = 30) -> tuple[float, dict[str, float]]:
-    """(ms per optimizer step of the model alone, {group: ms per step}) on pre-loaded batches."""
-    acc = make_accelerator(cfg.train)
-    data = train_main.build_data(cfg.data, cfg.model, cfg.train.augment, acc)
-    model = train_main.build_model(cfg.model, cfg.train.loss, False)
-    optimizer, schedule = build_optimizer(model, cfg.optim, cfg.train.max_steps)
-    model, optimizer, schedule = acc.prepare(model, optimizer, schedule)
-    stream, loss_fn = DataStream(data, acc.device), build_loss(cfg.train.loss)
-    loaded = [stream.next() for _ in range(batches)]
-
-    def step(batch):
-        optimizer.zero_grad(set_to_none=True)
-        compute_gradients(acc, model, loss_fn, [batch])
-        clip_gradients(acc, model, None)
-        optimizer.step()
-        schedule.step()
-
-    for batch in loaded[:5]:
-        step(batch)
-    start = time.perf_counter()
-    for batch in loaded[5:]:
-        step(batch)
-    per_step = (time.perf_counter() - start) / (batches - 5) * 1e3
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        for batch in loaded[5:15]:
-            step(batch)
-    groups = dict.fromkeys(GROUPS, 0.0)
-    total = 0.0
-    for event in prof.key_averages():
-        total += event.self_cpu_time_total
-        for group, prefixes in GROUPS.items():
-            if event.key.startswith(prefixes):
-                groups[group] += event.self_cpu_time_total
-                break
-    groups["everything else (autograd, Python, small ops)"] = total - sum(groups.values())
-    return per_step, {g: per_step * us / total for g, us in groups.items()}
-
-
-def data_stages(cfg, shards_folder: Path, samples: int = 640) -> dict[str, float]:
-    """{stage: ms per batch of 64}: reading the tar, decoding the JPEG, the train transform, tokenizing."""
-    acc = make_accelerator(cfg.train)
-    data = train_main.build_data(cfg.data, cfg.model, cfg.train.augment, acc)
-    tar = sorted((shards_folder / "train").glob("*.tar"))[0]
-    start = time.perf_counter()
-    raw = [s for _, s in zip(range(samples), tar_samples(str(tar)), strict=False)]
-    read = time.perf_counter() - start
-    start = time.perf_counter()
-    decoded = [decode(s, 10**8) for s in raw]
-    decoding = time.perf_counter() - start
-    torch.manual_seed(0)
-    start = time.perf_counter()
-    for image, _ in decoded:
-        data.image_transform(image)
-    transform = time.perf_counter() - start
-    captions = [c for _, c in decoded]
-    start = time.perf_counter()
-    for j in range(0, len(captions), 64):
-        data.tokenizer(captions[j : j + 64])
-    tokenize = time.perf_counter() - start
-    per_batch = 64 / len(raw) * 1e3
-    return {
-        "reading the tar": read * per_batch,
-        "decoding the JPEG": decoding * per_batch,
-        "random crop and resize (to uint8)": transform * per_batch,
-        "tokenizing (cached)": tokenize * per_batch,
-    }
-
-
-def process_costs(shards: str, folder: Path, eval_folder: Path) -> dict[str, float]:
-    """{what: seconds of wall time} of the imports and of a 1-step run without and with its final evaluation."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    out = {}
-    start = time.perf_counter()
-    subprocess.run([sys.executable, "-c", "import train.main"], cwd=REPO, env=env, check=True)
-    out["importing train.main (open_clip, torch, transformers)"] = time.perf_counter() - start
-    evals = {
-        "without": ["eval.dataset=null", "eval.val_shards=null"],
-        "with": [f"eval.dataset={eval_folder / 'eval'}", f"eval.val_shards={eval_folder / 'val' / '00000.tar'}"],
-    }
-    for name, overrides in evals.items():
-        argv = [sys.executable, "-m", "train", "configs/demo.yaml", f"data.train_shards={shards}", "train.max_steps=1"]
-        argv += [*overrides, f"train.run_dir={folder / name}", "train.progress=false"]
-        start = time.perf_counter()
-        subprocess.run(argv, cwd=REPO, env=env, check=True, capture_output=True)
-        out[f"a 1-step run {name} its evaluation"] = time.perf_counter() - start
-    return out
+from train.bench import profiling
 
 
 def main(argv: list[str] | None = None) -> Path:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--size", default="demo-w64")
     parser.add_argument("--attentions", nargs="+", default=["softmax", "linear_affine_nodenom"])
-    parser.add_argument("--out", default=str(REPO / "docs"))
+    parser.add_argument("--out", default=str(profiling.REPO / "docs"))
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     started, rows = time.perf_counter(), []
@@ -158,35 +33,18 @@ def main(argv: list[str] | None = None) -> Path:
         tmp = Path(tmp)
         shards = make_synthetic(tmp / "data", train_samples=2000, val_samples=512, eval_per_class=30, image_size=32)
         for attention in args.attentions:
-            cfg = config(args.size, attention, shards, tmp / "run")
-            per_step, groups = model_step(cfg)
+            per_step, groups = profiling.model_step(profiling.config(args.size, attention, shards, tmp / "run"))
             rows.append({"part": f"model step, {attention}", "what": "total", "ms": per_step})
             rows += [{"part": f"model step, {attention}", "what": g, "ms": ms} for g, ms in groups.items()]
-        cfg = config(args.size, args.attentions[0], shards, tmp / "run")
-        stages = data_stages(cfg, tmp / "data")
+        stages = profiling.data_stages(
+            profiling.config(args.size, args.attentions[0], shards, tmp / "run"), tmp / "data"
+        )
         rows += [{"part": "data worker, per batch", "what": s, "ms": ms} for s, ms in stages.items()]
-        costs = process_costs(shards, tmp / "runs", tmp / "data")
+        costs = profiling.process_costs(shards, tmp / "runs", tmp / "data")
         rows += [{"part": "per training process", "what": w, "ms": s * 1e3} for w, s in costs.items()]
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / "profile_step.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, ["part", "what", "ms"])
-        writer.writeheader()
-        writer.writerows(rows)
-    lines = [
-        pages.header("Where the main job's training step spends its time", pages.command("scripts.profile_step", [])),
-        f"{args.size}, batch 64, 32 px, one torch thread; {(time.perf_counter() - started) / 60:.1f} min. Model step: "
-        "forward, contrastive loss, backward, "
-        "gradient norm, AdamW on loaded batches (op groups by self time under torch.profiler, scaled to the "
-        "unprofiled step). Data: the stages of the data worker, in this process. Per process: wall seconds.",
-        "",
-        "| part | what | ms |",
-        "| --- | --- | ---: |",
-    ]
-    lines += [f"| {r['part']} | {r['what']} | {r['ms']:.1f} |" for r in rows]
-    (out / "profile_step.md").write_text("\n".join(lines) + "\n")
-    print(f"wrote {out / 'profile_step.md'}")
-    return out
+    path = profiling.write(rows, Path(args.out), args.size, (time.perf_counter() - started) / 60)
+    print(f"wrote {path}")
+    return Path(args.out)
 
 
 if __name__ == "__main__":

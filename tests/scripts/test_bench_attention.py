@@ -1,4 +1,4 @@
-"""scripts/bench_attention.py: the quick run writes its three files, the CUDA option's defaults and its error without a
+"""scripts/attention.py and train/bench/attention.py: the quick run writes its three files, the CUDA option's defaults and its error without a
 GPU, out-of-memory points reported (a fake OOM), extrapolation, and the aims check reading a frame right."""
 
 import pandas as pd
@@ -7,9 +7,10 @@ import torch
 from torch.nn.attention import SDPBackend
 
 from eval import machine
-from scripts import bench_attention, bench_device
-from scripts.bench_attention import bench_line, main, parse_args
-from scripts.bench_attention_report import aims, markdown
+from scripts.bench_attention import main
+from train.bench import attention, probes
+from train.bench.attention import bench_line, parse_args
+from train.bench.attention_page import aims, markdown
 
 
 def test_quick_run_writes_csv_plot_and_table(tmp_path):
@@ -48,9 +49,9 @@ def test_cuda_option_defaults_and_error_without_a_gpu(monkeypatch):
     args = parse_args(["--device", "cuda"])
     assert (args.batch, args.heads, args.head_dim) == (4, 8, 64) and args.sizes[-1] == 4000000
     assert args.passes == ["fwd+bwd", "fwd"] and args.out == "docs/bench_attention_cuda"
-    assert [d for d, _ in bench_attention.dtypes_for("linear_elu", args)] == [torch.bfloat16, torch.float32]
-    assert bench_attention.peer_backends(torch.bfloat16) == [SDPBackend.FLASH_ATTENTION]
-    assert bench_attention.peer_backends(torch.float32) == [SDPBackend.EFFICIENT_ATTENTION]  # flash has no fp32
+    assert [d for d, _ in attention.dtypes_for("linear_elu", args)] == [torch.bfloat16, torch.float32]
+    assert attention.peer_backends(torch.bfloat16) == [SDPBackend.FLASH_ATTENTION]
+    assert attention.peer_backends(torch.float32) == [SDPBackend.EFFICIENT_ATTENTION]  # flash has no fp32
     assert parse_args(["--device", "cuda", "--batch", "2", "--heads", "3"]).batch == 2
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(SystemExit, match="torch sees no CUDA GPU here; run on a GPU machine or --device cpu"):
@@ -67,7 +68,7 @@ def fake_run(monkeypatch, seconds_at, oom_from=None):
         row.update(time_ms=1e3 * seconds_at(n), status="", impl="")
         return seconds_at(n)
 
-    monkeypatch.setattr(bench_attention, "measure", measure)
+    monkeypatch.setattr(attention, "measure", measure)
     args = parse_args(["--max-seconds", "1"])
     return bench_line("softmax", False, torch.float32, "fwd+bwd", [100, 200, 400, 800], None, args)
 
@@ -91,16 +92,16 @@ def test_a_real_out_of_memory_error_is_caught(monkeypatch):
     def make_step(*args, **kwargs):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 64.00 GiB")
 
-    monkeypatch.setattr(bench_attention, "make_step", make_step)
+    monkeypatch.setattr(attention, "make_step", make_step)
     row, args = {}, parse_args([])
     assert (
-        bench_attention.measure(row, "softmax", False, 77, torch.float32, "fwd", bench_device.probe("cpu"), args)
+        attention.measure(row, "softmax", False, 77, torch.float32, "fwd", probes.probe("cpu"), args)
         is None
     )
     assert row["status"] == "out of memory"
-    monkeypatch.setattr(bench_attention, "make_step", lambda *a, **k: 1 / 0)
+    monkeypatch.setattr(attention, "make_step", lambda *a, **k: 1 / 0)
     with pytest.raises(ZeroDivisionError):
-        bench_attention.measure({}, "softmax", False, 77, torch.float32, "fwd", bench_device.probe("cpu"), args)
+        attention.measure({}, "softmax", False, 77, torch.float32, "fwd", probes.probe("cpu"), args)
 
 
 def frame_with(nodenom_ratio_197, gemm_fraction, dtype="float32", big=65536, status=""):

@@ -1,4 +1,4 @@
-"""scripts.bench_long on a tiny model: every tower, length and attention timed, long ones extrapolated from one
+"""scripts.bench_long (train/bench/long.py) on a tiny model: every tower, length and attention timed, long ones extrapolated from one
 block, the whole CLIP at one setting, and the CSV, table and plot written (figures are not asserted: timing)."""
 
 import csv
@@ -7,6 +7,7 @@ import pytest
 
 from eval import machine
 from scripts import bench_long
+from train.bench import long
 
 
 def test_bench_long_writes_every_row_and_marks_extrapolated_ones(tmp_path):
@@ -25,7 +26,7 @@ def test_bench_long_writes_every_row_and_marks_extrapolated_ones(tmp_path):
         assert (r["how"] == "measured") == (int(r["tokens"]) <= 40 or r["part"] == "clip"), r
     clip = {(r["attention"], r["checkpointing"]): r for r in rows if r["part"] == "clip"}
     assert {a for a, _ in clip} == {"softmax", "linear_affine_nodenom", "linear_elu"} and len(clip) == 3 * 2
-    assert float(clip[("linear_elu", "True")]["flop_bound"]) == bench_long.clip_flop_ratio("tiny-s", 32, 16)
+    assert float(clip[("linear_elu", "True")]["flop_bound"]) == long.clip_flop_ratio("tiny-s", 32, 16)
     text = md.read_text()
     assert "| image | 64 |" in text and "block x" in text and "Slopes of log step time" in text
     assert (tmp_path / "bench_long.png").stat().st_size > 0
@@ -34,13 +35,13 @@ def test_bench_long_writes_every_row_and_marks_extrapolated_ones(tmp_path):
 def test_the_whole_clips_bound_lies_between_its_towers():
     """ViT-S-16 at 1024 px (4,097 image tokens) with 248 text tokens: the image tower's bound pulls it down, the
     text tower's (nearer 1 at 248 tokens) up; both towers have width 384 and 12 layers."""
-    image, text = bench_long.flop_ratio(384, 64, 4097), bench_long.flop_ratio(384, 64, 248)
-    assert image < bench_long.clip_flop_ratio("ViT-S-16", 1024, 248) < text
+    image, text = long.flop_ratio(384, 64, 4097), long.flop_ratio(384, 64, 248)
+    assert image < long.clip_flop_ratio("ViT-S-16", 1024, 248) < text
 
 
 def test_flop_bound_falls_with_length_and_softmax_is_required():
-    assert bench_long.flop_ratio(384, 64, 197) > bench_long.flop_ratio(384, 64, 4097) > 0
-    assert bench_long.flop_ratio(384, 64, 64) == pytest.approx(1.0)
+    assert long.flop_ratio(384, 64, 197) > long.flop_ratio(384, 64, 4097) > 0
+    assert long.flop_ratio(384, 64, 64) == pytest.approx(1.0)
     with pytest.raises(SystemExit):
         bench_long.parse_args(["--attentions", "linear_elu"])
 

@@ -1,4 +1,4 @@
-"""scripts/bench_train.py: a tiny run writes its three files; the CUDA option's defaults and its error without a GPU;
+"""scripts/bench_train.py and train/bench/training.py: a tiny run writes its three files; the CUDA option's defaults and its error without a GPU;
 a contender that runs out of memory (a fake OOM) is reported, not raised."""
 
 import csv
@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from eval import machine
-from scripts import bench_device, bench_train
+from scripts import bench_train
+from train.bench import probes, training
 
 
 def test_tiny_run_writes_csv_table_and_plot(tmp_path):
@@ -40,10 +41,10 @@ def test_a_contender_out_of_memory_is_reported():
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
 
     calls = []
-    result = bench_train.race({"softmax": lambda: calls.append(1), "big": oom}, 2, bench_device.probe("cpu"))
+    result = probes.race({"softmax": lambda: calls.append(1), "big": oom}, 2, probes.probe("cpu"))
     assert len(calls) == 3 and result["softmax"][0] > 0  # warm-up + 2 rounds; the other kept running
     assert math.isnan(result["big"][0])
-    row = bench_train.row("attention", "ViT-S-16", 896, "bf16", "big", result["big"], result["softmax"])
+    row = training.row("attention", "ViT-S-16", 896, "bf16", "big", result["big"], result["softmax"])
     assert row["status"] == "out of memory"
     with pytest.raises(ZeroDivisionError):
-        bench_train.race({"broken": lambda: 1 / 0}, 1, bench_device.probe("cpu"))
+        probes.race({"broken": lambda: 1 / 0}, 1, probes.probe("cpu"))

@@ -1,18 +1,14 @@
-"""The report of scripts/bench_attention.py: ratios to the softmax peer, the aims checked on the run's own numbers,
-the Markdown tables, the plot, and the CPU-only extras (fresh-page cost, chunk loop). Device-independent."""
+"""The page of the attention benchmark (train/bench/attention.py, scripts/bench_attention.py): ratios to the softmax
+peer, the aims checked on the run's own numbers, the Markdown tables and the plot. Device-independent."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pandas as pd
 import torch
 
 from eval import pages
-from models.attention.ops import cpu_build
-from models.attention.ops.chunked import causal_linear
-from models.attention.ops.common import fresh
 
 LINEAR = ["linear_affine_nodenom", "linear_affine", "linear_elu"]
 NODENOM = "linear_affine_nodenom"
@@ -30,55 +26,6 @@ AIMS = {
         *((op, "causal", "bfloat16", 77, "time / softmax", "<= 1", lambda r: r <= 1) for op in LINEAR),
     ],
 }
-
-
-def cpu_extras(args) -> dict:
-    """Which kernels ran, the cost of fresh pages, and the chunkwise form against a Python loop over chunks."""
-    chunk_n = 1024 if args.quick else 16384
-    cumsum_ms, loop_ms = chunk_loop_ms(chunk_n, args)
-    kernel = (
-        "the fused C kernels (models/attention/ops/<op>/*_cpu.c non-causal, ops/causal_cpu.c causal up to 256 "
-        "tokens; the CSV's impl column says which ran)"
-        if cpu_build.library()
-        else "PyTorch ops (ops/<op>/torch.py; no C kernel was built)"
-    )
-    info = dict(kernel=kernel, fresh_ms_per_100mb=fresh_page_ms(repeats=3 if args.quick else 9), chunk_n=chunk_n)
-    return info | dict(chunk_cumsum_ms=cumsum_ms, chunk_loop_ms=loop_ms)
-
-
-def timed(fn) -> float:
-    t = time.perf_counter()
-    fn()
-    return time.perf_counter() - t
-
-
-def fresh_page_ms(n_bytes: int = 100 * 2**20, repeats: int = 9) -> float:
-    """ms to allocate and first write a new tensor of n_bytes, minus the same write into an old one: page faults."""
-    like, shape = torch.empty(1), (n_bytes // 4,)
-    old = torch.empty(shape).fill_(0)
-    pairs = [(timed(lambda: fresh(like, *shape).fill_(1)), timed(lambda: old.fill_(1))) for _ in range(repeats)]
-    return 1e3 * sorted(new - reused for new, reused in pairs)[len(pairs) // 2]  # the median: single runs are noisy
-
-
-def chunk_loop_ms(n: int, args, chunk: int = 64) -> tuple[float, float]:
-    """Forward + backward of causal_linear with its cumsum over chunk states vs a Python loop carrying the state."""
-    G, D = args.batch * args.heads, args.head_dim
-    qf, kf, v = (torch.randn(G, n, D, requires_grad=True) for _ in range(3))
-
-    def looped():
-        state, outs = qf.new_zeros(G, D, D), []
-        keep = torch.ones(chunk, chunk, dtype=torch.bool).tril()
-        for q_c, k_c, v_c in zip(qf.split(chunk, 1), kf.split(chunk, 1), v.split(chunk, 1)):
-            scores = (q_c @ k_c.transpose(1, 2)).masked_fill(~keep[: q_c.shape[1], : q_c.shape[1]], 0)
-            outs.append(scores @ v_c + q_c @ state)
-            state = state + k_c.transpose(1, 2) @ v_c
-        return torch.cat(outs, 1)
-
-    grad, out = torch.randn_like(v), []
-    for fn in (lambda: causal_linear(qf, kf, v, chunk_size=chunk), looped):
-        fn().backward(grad)
-        out.append(1e3 * min(timed(lambda fn=fn: fn().backward(grad)) for _ in range(3)))
-    return out[0], out[1]
 
 
 def add_ratios(frame: pd.DataFrame, info: dict) -> pd.DataFrame:
@@ -263,8 +210,8 @@ def plot(frame: pd.DataFrame, path: Path, title: str, dtype: str) -> None:
     fig.savefig(path, dpi=120)
 
 
-def write(frame: pd.DataFrame, info: dict, args) -> None:
-    """<out>.csv, <out>.png and <out>.md."""
+def write(frame: pd.DataFrame, info: dict, args) -> Path:
+    """<out>.csv, <out>.png and <out>.md; returns the .md."""
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     frame.to_csv(out.with_suffix(".csv"), index=False, float_format="%.6g")
@@ -272,3 +219,4 @@ def write(frame: pd.DataFrame, info: dict, args) -> None:
     plot(frame, out.with_suffix(".png"), title, "bfloat16" if args.device == "cuda" else "float32")
     out.with_suffix(".md").write_text(markdown(frame, info, args))
     print(f"wrote {out}.csv, {out}.png, {out}.md")
+    return out.with_suffix(".md")

@@ -1,11 +1,13 @@
 """What the benchmarks need to know about the device they time: a timer, a peak-memory probe, out-of-memory
-recognition, and the machine's reference rates (fp32 GEMM on a CPU, copy bandwidth on a GPU).
+recognition, the machine's reference rates (fp32 GEMM on a CPU, copy bandwidth on a GPU), and a race of
+contenders taking turns.
 
-    probe = bench_device.probe("cuda")        # or "cpu"; a clear one-line error when there is no such device
+    probe = probes.probe("cuda")              # or "cpu"; a clear one-line error when there is no such device
     seconds = probe.time(step)                # CUDA events around step() on a GPU, perf_counter on the CPU
     extra_mb = probe.peak_mb(step)            # torch.cuda.max_memory_allocated, or the process's VmHWM on Linux
+    probes.race({"ours": step, "peer": other}, rounds=3, probe=probe)   # {name: (fastest s, peak MB)}
 
-Everything else in the benchmark scripts is device-independent and tested on the CPU.
+Everything else in the benchmarks is device-independent and tested on the CPU.
 """
 
 from __future__ import annotations
@@ -124,3 +126,32 @@ def copy_gbs(probe, n_bytes: int = 2**30) -> float:
     dst.copy_(src)
     best = min(probe.time(lambda: dst.copy_(src)) for _ in range(5))
     return 2 * n_bytes / best / 1e9
+
+
+OOM = "out of memory"
+
+
+def race(steps: dict, rounds: int, probe) -> dict[str, tuple[float, float | None]]:
+    """(fastest seconds per step, peak extra MB) of each contender over `rounds` after one warm-up step each (the
+    memory run), or (nan, nan) for one that ran out of memory (left out of the later rounds).
+
+    The contenders take turns within a round, in reversed order every other round; the minimum is kept
+    because on a shared machine other jobs only ever add time (as `timeit` advises)."""
+    peaks = {name: guarded(lambda step=step: probe.peak_mb(step), probe) for name, step in steps.items()}
+    order, times = [name for name in steps if peaks[name] is not OOM], {name: [] for name in steps}
+    for r in range(rounds):
+        for name in order if r % 2 == 0 else order[::-1]:
+            times[name].append(guarded(lambda name=name: probe.time(steps[name]), probe))
+    nan = float("nan")
+    return {name: (nan, nan) if peaks[name] is OOM or OOM in t else (min(t), peaks[name]) for name, t in times.items()}
+
+
+def guarded(measure, probe):
+    """measure(), or OOM when it runs out of memory (the memory is freed); other errors propagate."""
+    try:
+        return measure()
+    except Exception as err:  # only out-of-memory is reported; anything else is re-raised
+        if not is_oom(err):
+            raise
+    probe.free()
+    return OOM

@@ -1,0 +1,77 @@
+"""What verifying checkpoints costs: the measurements and the page of scripts/bench_checkpoint.py (what it times and
+how: its docstring).
+
+    rounds = [checkpoint.one_round(root, 62_300_000, step) for step in (1, 2, 3)]   # seconds of each phase
+    checkpoint.write_page(checkpoint.summary(rounds, 62_300_000), out)            # <out>/bench_checkpoint.csv, .md
+"""
+
+import csv
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from eval import pages
+from models import layout
+
+
+def write_files(tmp: Path, params: int) -> int:
+    """The files of one checkpoint of `params` parameters (random contents, 4M-element tensors); returns bytes."""
+    chunk, count = 4_000_000, max(1, round(params / 4_000_000))
+    weights = {f"w{i}": torch.rand(chunk) for i in range(count)}
+    (tmp / layout.STATE).mkdir(parents=True)
+    save_file(weights, str(tmp / layout.MODEL))
+    save_file(weights, str(tmp / layout.STATE / layout.MODEL))
+    # distinct tensors: torch.save stores a storage once however often it is referenced
+    moments = {i: {"exp_avg": w.clone(), "exp_avg_sq": w.clone()} for i, w in enumerate(weights.values())}
+    torch.save({"state": moments, "param_groups": []}, tmp / layout.STATE / "optimizer.bin")
+    torch.save({"last_epoch": 1}, tmp / layout.STATE / "scheduler.bin")
+    torch.save({"torch_manual_seed": torch.get_rng_state()}, tmp / layout.STATE / "random_states_0.pkl")
+    meta = {"step": 1, "samples_seen": 1, "config": {"model": {"name": "bench"}}}
+    (tmp / layout.META).write_text(json.dumps(meta))
+    (tmp / "data_state_0.json").write_text("{}")
+    return sum(p.stat().st_size for p in tmp.rglob("*") if p.is_file())
+
+
+def one_round(root: Path, params: int, step: int) -> dict:
+    tmp = layout.tmp_folder(root, step)
+    start = time.perf_counter()
+    size = write_files(tmp, params)
+    written = time.perf_counter()
+    folder = layout.finish(tmp)
+    finished = time.perf_counter()
+    assert layout.check(folder).problem is None
+    checked = time.perf_counter()
+    layout.prune(root, 1, keep=folder)
+    return {"bytes": size, "write_s": written - start, "finish_s": finished - written, "check_s": checked - finished}
+
+
+def summary(rounds: list[dict], params: int) -> dict:
+    """The medians over rounds, the hashing rate (MB/s) and finish / write."""
+    row = {key: statistics.median(r[key] for r in rounds) for key in rounds[0]}
+    row["params"], row["hash_mb_per_s"] = params, row["bytes"] / 1e6 / row["check_s"]
+    row["finish_over_write"] = row["finish_s"] / row["write_s"]
+    return row
+
+
+def write_page(row: dict, out: Path) -> None:
+    line = (
+        f"{row['params'] / 1e6:.1f}M parameters, {row['bytes'] / 1e9:.2f} GB of checkpoint files: write "
+        f"{row['write_s']:.1f} s, finish (hash into the manifest, fsync, rename) {row['finish_s']:.1f} s "
+        f"({row['finish_over_write']:.2f}x the write), check before resume {row['check_s']:.1f} s "
+        f"({row['hash_mb_per_s']:.0f} MB/s)"
+    )
+    print(line)
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "bench_checkpoint.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(row))
+        writer.writeheader()
+        writer.writerow(row)
+    (out / "bench_checkpoint.md").write_text(
+        pages.header("Checkpoint verification cost", f"python -m scripts.bench_checkpoint --params {row['params']:.4g}")
+        + "Median of the rounds (other jobs share the cores and the disk).\n\n"
+        f"{line}.\n"
+    )
