@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import os
 import platform
+import resource
 import time
 
 import torch
@@ -115,3 +116,9 @@ def describe(device: str = "cpu") -> str:
         return f"{p.name} ({p.total_memory / 2**30:.0f} GiB, {p.multi_processor_count} SMs), CUDA {torch.version.cuda}"
     cores = os.cpu_count()
     return f"{cpu_model()}, {cores} cores, {torch.get_num_threads()} torch threads; {dtype_support(device)}"
+
+
+def cpu_seconds() -> float:
+    """User + system CPU time of this process and its finished children so far."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 from datetime import UTC, datetime
@@ -31,9 +30,9 @@ from pathlib import Path
 from data import make_synthetic
 from eval import pages
 from models.config import size_config
-from scripts.demo_study import REPO, Job, overrides, run_jobs, spec_of
+from train.long_clip import RATES, evaluate, jobs_of
+from train.study_local import run_jobs
 
-RATES = {"softmax": 2e-3, "linear_affine_nodenom": 1e-3}  # the main job's sweep at demo-w32 (docs/study.md)
 ARMS = ("base", "kept", "stretched", "scratch")
 NAMES = {
     "base": "base (short captions)",
@@ -63,62 +62,6 @@ def make_data(out: Path, args) -> dict[str, Path]:
     make_synthetic(short, train_samples=args.train_samples, **common)
     make_synthetic(long, train_samples=args.train_samples, captions="long", **common)
     return {"short": short, "long": long}
-
-
-def jobs_of(out: Path, data: dict[str, Path], args) -> list[Job]:
-    """The four runs of each attention; the fine-tunings wait for their base."""
-    context = size_config(args.size)["text_cfg"]["context_length"]
-    jobs = []
-    for attention in args.attentions:
-        lr = RATES.get(attention, 2e-3)
-        arms = {
-            "base": ("short", {"train.max_steps": args.base_steps, "optim.lr": lr}),
-            "kept": ("long", {"train.max_steps": args.tune_steps, "optim.lr": lr / 4}),
-            "stretched": ("long", {"train.max_steps": args.tune_steps, "optim.lr": lr / 4}),
-            "scratch": ("long", {"train.max_steps": args.base_steps + args.tune_steps, "optim.lr": lr}),
-        }
-        base = None
-        for arm, (split, own) in arms.items():
-            run_dir = out / "runs" / f"{attention}-{arm}"
-            settings = {
-                "model.name": args.size,
-                "model.text_attention": attention,
-                "model.context_length": args.context if arm in ("stretched", "scratch") else context,
-                "data.train_shards": spec_of(data[split] / "train"),
-                "data.workers": 0,
-                "data.cache_mb": 512,
-                "eval.dataset": None,
-                "eval.val_shards": None,
-                "eval.every": 0,
-                "train.run_dir": str(run_dir),
-                "train.resume": "none",
-                "train.progress": False,
-                **own,
-            }
-            if arm in ("kept", "stretched"):
-                settings |= {"model.pretrained": str(base.run_dir), "optim.warmup_steps": 25}
-            if arm == "stretched":
-                settings["model.text_pos_keep"] = args.keep
-            argv = [sys.executable, "-m", "train", "configs/demo.yaml", *overrides(settings)]
-            job = Job(
-                args.size, f"{attention} {arm}", run_dir, argv, after=base if arm in ("kept", "stretched") else None
-            )
-            base = job if arm == "base" else base
-            jobs.append(job)
-    return jobs
-
-
-def evaluate(run_dir: Path, data: dict[str, Path]) -> dict[str, float]:
-    """Long-caption text-to-image R@1 and short-caption zero-shot top-1 of a finished run."""
-    retrieval, zeroshot = run_dir / "retrieval.json", run_dir / "zeroshot.json"
-    command = [sys.executable, "-m", "eval.retrieval", str(run_dir), "--dataset", str(data["long"] / "retrieval")]
-    subprocess.run([*command, "--workers", "0", "--out", str(retrieval)], cwd=REPO, check=True, capture_output=True)
-    command = [sys.executable, "-m", "eval.zeroshot", str(run_dir), "--dataset", str(data["short"] / "eval")]
-    subprocess.run([*command, "--out", str(zeroshot)], cwd=REPO, check=True, capture_output=True)
-    return {
-        "long_t2i_r1": json.loads(retrieval.read_text())["text_to_image_R@1"],
-        "short_top1": json.loads(zeroshot.read_text())["top1"],
-    }
 
 
 def main(argv=None) -> Path:

@@ -24,7 +24,8 @@ from pathlib import Path
 from data import make_synthetic
 from eval import pages
 from models.config import size_config
-from scripts.demo_study import REPO, Job, overrides, run_jobs, spec_of
+from train.study import REPO, Job, overrides, spec_of
+from train.study_local import run_jobs
 
 KINDS = ("learnable", "rope")
 

@@ -25,7 +25,7 @@ from tqdm import tqdm
 from models import layout
 from train.config import ConfigError
 
-LOG_FILE = "out.log"  # RUN/out.log, open_clip's name (RUN/train.log is what scripts/demo_study.py captures)
+LOG_FILE = "out.log"  # RUN/out.log, open_clip's name (RUN/train.log is what train/study_local.py captures)
 PACKAGES = ("train", "models", "data", "eval")  # whose INFO lines a run shows; other libraries' from WARNING on
 FILE_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 log = logging.getLogger(__name__)

@@ -6,6 +6,7 @@ the evaluation suite (train/submit_suite.py).
     python -m train.submit sweep CONFIG --sizes tiny-s,tiny-m --attentions softmax,linear_elu --samples 1000,2000 \\
         --time 30                                           # one job array (train/sweep.py)
     python -m train.submit sweep CONFIG --sizes tiny-s --cooldowns-at 1000,2000 --time 30    # cooldown branches
+    python -m train.submit study configs/study/demo.yaml --out runs/demo-slurm --time 30   # train/study_slurm.py
     python -m train.submit eval RUN_OR_CHECKPOINT... --dataset DIR --time 20
     python -m train.submit suite RUN_OR_CHECKPOINT... --suite configs/eval_suite.yaml --gpus-per-node 8 --time 60
 
@@ -42,6 +43,7 @@ from train.slurm import (
     timestamp,
     with_loader_cpus,
 )
+from train.study_slurm import main_study
 from train.submit_suite import main_suite
 from train.sweep import main_sweep
 
@@ -132,7 +134,7 @@ def main_eval(argv: list[str]) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
-    commands = {"sweep": main_sweep, "eval": main_eval, "suite": main_suite}
+    commands = {"sweep": main_sweep, "study": main_study, "eval": main_eval, "suite": main_suite}
     command = commands.get(argv[0]) if argv else None
     try:
         command(argv[1:]) if command else main_train(argv)

@@ -1,5 +1,6 @@
-"""scripts/attention.py and train/bench/attention.py: the quick run writes its three files, the CUDA option's defaults and its error without a
-GPU, out-of-memory points reported (a fake OOM), extrapolation, and the aims check reading a frame right."""
+"""scripts/bench_attention.py and train/bench/attention.py: the quick run writes its three files, the CUDA option's
+defaults and its error without a GPU, out-of-memory points reported (a fake OOM), extrapolation, and the aims check
+reading a frame right."""
 
 import pandas as pd
 import pytest
@@ -94,10 +95,7 @@ def test_a_real_out_of_memory_error_is_caught(monkeypatch):
 
     monkeypatch.setattr(attention, "make_step", make_step)
     row, args = {}, parse_args([])
-    assert (
-        attention.measure(row, "softmax", False, 77, torch.float32, "fwd", probes.probe("cpu"), args)
-        is None
-    )
+    assert attention.measure(row, "softmax", False, 77, torch.float32, "fwd", probes.probe("cpu"), args) is None
     assert row["status"] == "out of memory"
     monkeypatch.setattr(attention, "make_step", lambda *a, **k: 1 / 0)
     with pytest.raises(ZeroDivisionError):

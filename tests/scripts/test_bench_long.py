@@ -1,5 +1,6 @@
-"""scripts.bench_long (train/bench/long.py) on a tiny model: every tower, length and attention timed, long ones extrapolated from one
-block, the whole CLIP at one setting, and the CSV, table and plot written (figures are not asserted: timing)."""
+"""scripts.bench_long (train/bench/long.py) on a tiny model: every tower, length and attention timed, long ones
+extrapolated from one block, the whole CLIP at one setting, and the CSV, table and plot written (figures are not
+asserted: timing)."""
 
 import csv
 

@@ -1,5 +1,5 @@
-"""scripts/bench_train.py and train/bench/training.py: a tiny run writes its three files; the CUDA option's defaults and its error without a GPU;
-a contender that runs out of memory (a fake OOM) is reported, not raised."""
+"""scripts/bench_train.py and train/bench/training.py: a tiny run writes its three files; the CUDA option's defaults
+and its error without a GPU; a contender that runs out of memory (a fake OOM) is reported, not raised."""
 
 import csv
 import math

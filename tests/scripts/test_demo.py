@@ -10,8 +10,8 @@ import yaml
 from eval import machine
 from models.config import size_config
 from scripts import demo
-from scripts.demo_study import Job, StudyError, jobs_of, load_study, overrides
-from scripts.demo_sweep import reuse_chosen, sweep_jobs
+from train.lr_sweep import reuse_chosen, sweep_jobs
+from train.study import Job, StudyError, jobs_of, load_study, overrides
 
 QUICK = ["--quick", "--sizes", "demo-w32", "demo-w48", "--attentions", "softmax", "linear_affine_nodenom"]
 

@@ -3,6 +3,7 @@
 from pathlib import Path
 
 from scripts import long_clip
+from train.long_clip import jobs_of
 
 
 def settings(job) -> dict[str, str]:
@@ -15,7 +16,7 @@ def test_runs_compare_stretching_with_kept_positions_and_scratch(tmp_path):
     for folder in data.values():
         (folder / "train").mkdir(parents=True)
         (folder / "train" / "00000.tar").touch()
-    jobs = {job.attention: job for job in long_clip.jobs_of(tmp_path, data, args)}
+    jobs = {job.attention: job for job in jobs_of(tmp_path, data, args)}
     assert list(jobs) == [f"{a} {arm}" for a in ("softmax", "linear_affine_nodenom") for arm in long_clip.ARMS]
     for attention in ("softmax", "linear_affine_nodenom"):
         base, kept, stretched, scratch = (jobs[f"{attention} {arm}"] for arm in long_clip.ARMS)

@@ -168,3 +168,11 @@ def shards(tmp_path_factory) -> str:
         timeout=120,
     )
     return f"{out}/train/{{00000..00001}}.tar"
+
+
+@pytest.fixture
+def fake_sbatch(stub_bin, monkeypatch):
+    """sbatch and friends are the stand-ins of stub_bin; returns the file their calls are logged to."""
+    monkeypatch.setenv("PATH", f"{stub_bin}:{os.environ['PATH']}")
+    monkeypatch.setenv("STUB_LOG", str(stub_bin.parent / "calls.log"))
+    return stub_bin.parent / "calls.log"

@@ -5,7 +5,6 @@ sbatch is a stand-in here (tests/slurm/conftest.py); test_cluster.py submits to 
 import csv
 import json
 import math
-import os
 import shlex
 
 import pytest
@@ -19,13 +18,6 @@ def config(tmp_path):
     path = tmp_path / "tiny.yaml"
     path.write_text("model:\n  name: tiny-s\ndata:\n  batch_size: 32\ntrain:\n  max_steps: 5\n")
     return path
-
-
-@pytest.fixture
-def fake_sbatch(stub_bin, monkeypatch):
-    monkeypatch.setenv("PATH", f"{stub_bin}:{os.environ['PATH']}")
-    monkeypatch.setenv("STUB_LOG", str(stub_bin.parent / "calls.log"))
-    return stub_bin.parent / "calls.log"
 
 
 def test_dry_run_prints_the_script_and_submits_nothing(config, tmp_path, monkeypatch, capsys, fake_sbatch):

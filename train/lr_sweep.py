@@ -24,7 +24,7 @@ import math
 from pathlib import Path
 
 from eval.scaling import load_points
-from scripts.demo_study import Job, Study, StudyError, jobs_of
+from train.study import Job, Study, StudyError, finished, jobs_of
 
 
 def scales_of(study: Study, attention: str) -> list[float]:
@@ -58,7 +58,9 @@ def reuse_chosen(rows: list[dict], pairs: list[tuple[float, Job]], jobs: list[Jo
     that run's folder and times instead of training again, and its budget branches start from there."""
     chosen = {r["attention"]: r["scale"] for r in rows if r["chosen"]}
     done = {
-        job.attention: job for scale, job in pairs if chosen.get(job.attention) == scale and job.process is not None
+        job.attention: job
+        for scale, job in pairs
+        if chosen.get(job.attention) == scale and (job.process is not None or finished(job.run_dir))
     }
     to_run, branches = [], {id(b) for job in jobs for b in job.budgets}
     for job in jobs:
@@ -102,39 +104,14 @@ def choose(study: Study, pairs: list[tuple[float, Job]]) -> list[dict]:
     return rows
 
 
-def scales_text(study: Study) -> str:
-    scales = study.lr_sweep["scales"]
-    if not isinstance(scales, dict):
-        return str(scales)
-    return "; ".join(f"{a}: {scales_of(study, a)}" for a in study.attentions)
-
-
-def sweep_table(rows: list[dict], study: Study) -> str:
-    """The report's section on the sweep ('' without one)."""
-    if not rows:
-        return ""
-    sweep = study.lr_sweep
-    lines = [
-        "## Learning rate per attention\n",
-        f"Each attention trained at {sweep['size']} with {scales_text(study)} x its learning rate; the lowest final "
-        f"{'validation loss' if sweep.get('metric', 'val_loss') == 'val_loss' else 'zero-shot error'} chose the "
-        f"multiple every size of that attention then used (scripts/demo_sweep.py).\n",
-        "| attention | multiple | learning rate | final val loss | zero-shot top-1 | chosen |",
-        "|---|---|---|---|---|---|",
-    ]
-    lines += [
-        f"| {r['attention']} | {r['scale']:g}x | {r['lr']:.3g} | {r['val_loss']:.3f} | {100 * r['top1']:.1f}% | "
-        f"{'**yes**' if r['chosen'] else ''} |"
-        for r in rows
-    ]
-    edge = [
-        f"{r['attention']} ({r['scale']:g}x)"
-        for r in rows
-        if r["chosen"] and r["scale"] in (min(scales_of(study, r["attention"])), max(scales_of(study, r["attention"])))
-    ]
-    if edge:
-        lines.append(
-            f"\nChosen at the edge of the sweep: {', '.join(edge)}; a rate beyond it may be better still (widen "
-            "lr_sweep.scales to find out)."
-        )
-    return "\n".join(lines) + "\n"
+def grid(study: Study, out: Path, paths: dict[str, str], seed: int) -> tuple[list[Job], list[Job], list[dict]]:
+    """A study's grid once its sweep (if it has one) has run: (every job, the jobs the sweep has not trained, the
+    sweep's rows). The sweep's runs are read from their folders, so this holds in any process (a re-analysis, the
+    Slurm runner's second submission)."""
+    if not study.lr_sweep:
+        jobs = jobs_of(study, out, paths, seed)
+        return jobs, jobs, []
+    pairs = sweep_jobs(study, out, paths, seed)
+    rows = choose(study, pairs)
+    jobs = jobs_of(study, out, paths, seed)
+    return jobs, reuse_chosen(rows, pairs, jobs), rows

@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from scripts.demo_claims import NODENOM, NORMALISED
-from scripts.study_seeds import load_seed, main, multiplier_spread, spread
+from eval.claims import NODENOM, NORMALISED
+from eval.seeds import load_seed, multiplier_spread, spread
+from scripts.study_seeds import main
 
 SAMPLES = [1000, 2000, 4000]
 

@@ -1,10 +1,11 @@
-"""scripts/linearise.py: the two stages per student from the study's best softmax run, and the steps-to-target."""
+"""train/linearise.py: the two stages per student from the study's best softmax run, and the steps-to-target."""
 
 import json
 
 import yaml
 
-from scripts import linearise
+from train import linearise
+from train.linearise import Settings
 
 
 def fake_study(tmp_path):
@@ -26,7 +27,7 @@ def fake_study(tmp_path):
 
 def test_students_start_from_the_best_softmax_run_and_count_both_stages(tmp_path):
     study = fake_study(tmp_path / "study")
-    args = linearise.parse_args([str(study), "--transfer-steps", "20", "--distill-steps", "50"])
+    args = Settings(study, transfer_steps=20, distill_steps=50)
     teacher, scratch = linearise.study_runs(study)
     assert teacher["size"] == "demo-w64" and list(scratch) == ["linear_affine_nodenom"]
     transfer, distill = linearise.jobs_of(study, tmp_path / "out", teacher, scratch, args)
@@ -58,7 +59,7 @@ def test_students_start_from_the_best_softmax_run_and_count_both_stages(tmp_path
 
 def test_a_student_the_study_did_not_train_takes_the_teachers_rate_and_has_no_scratch_curve(tmp_path):
     study = fake_study(tmp_path / "study")
-    args = linearise.parse_args([str(study), "--transfer-steps", "20", "--students", "hedgehog"])
+    args = Settings(study, transfer_steps=20, students=["hedgehog"])
     teacher, scratch = linearise.study_runs(study, args.students)
     assert scratch == {"hedgehog": None}
     transfer, distill = linearise.jobs_of(study, tmp_path / "out", teacher, scratch, args)

@@ -1,10 +1,10 @@
-"""scripts.demo_claims: the paper's four claims judged by the report's stated rules, on made-up runs."""
+"""eval.claims: the paper's four claims judged by the report's stated rules, on made-up runs."""
 
 import math
 
+from eval.claims import NODENOM, NORMALISED, claims, flattened, step_ratios
 from eval.multiplier import Multiplier
-from scripts.demo_claims import NODENOM, NORMALISED, claims, flattened, step_ratios
-from scripts.demo_report import multiplier_table, times
+from eval.study_report import multiplier_table, times
 
 SAMPLES = [1000, 2000, 4000, 8000]
 

@@ -1,27 +1,26 @@
-"""The study of the main job as data, and its training runs: several `python -m train` processes at a time.
+"""The study as data: the grid of training runs (sizes x attentions x resolutions x budgets, per seed) that one
+study config describes (configs/study/*.yaml), and each run's `python -m train` command.
 
 configs/study/demo.yaml holds the grid (sizes x attentions), the embedded data set's size, per-size settings,
 how many runs share the machine, and the fits; `quick:` overrides it for `--quick`. Each run is
-`python -m train RUN_CONFIG size-overrides run-overrides paths` in its own process with `threads_per_job`
-threads: tiny models use a core far better alone than split over two threads, so two one-thread runs at
-a time finish the grid sooner than one two-thread run at a time.
+`python -m train RUN_CONFIG size-overrides run-overrides paths`; train/study_local.py runs them on this machine
+(`jobs` at a time with `threads_per_job` threads: tiny models use a core far better alone than split over two
+threads, so two one-thread runs at a time finish the grid sooner than one two-thread run at a time).
 """
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import yaml
 
+from data import make_synthetic
+from models import layout
 from models.config import ModelConfig, resolved_size
 from models.layout import step_name
-from scripts.forked_run import fork_train
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -50,9 +49,9 @@ class Study:
     # several budgets from one run (Hägele et al. 2024): {fractions: [f, ...] of each run's train.max_steps,
     # cooldown: the fraction of every budget that cools down}; {} = one cosine run per size and attention
     budgets: dict = field(default_factory=dict)
-    # a learning-rate sweep at one size, its best multiple used at every size (scripts/demo_sweep.py); {} = none
+    # a learning-rate sweep at one size, its best multiple used at every size (train/lr_sweep.py); {} = none
     lr_sweep: dict = field(default_factory=dict)
-    # the linearisation arm (scripts/linearise.py) on the best softmax run: {transfer_steps, distill_steps,
+    # the linearisation arm (train/linearise.py) on the best softmax run: {transfer_steps, distill_steps,
     # eval_every, warmup_steps} (its options); {} = none
     linearise: dict = field(default_factory=dict)
     # image resolutions (px) as an axis beside the sizes: every size at each, named SIZE@RESpx (model.image_size;
@@ -64,6 +63,25 @@ def spec_of(folder: Path) -> str:
     """The brace pattern of a folder's shards 00000.tar ... (train.config's data.train_shards)."""
     count = len(list(folder.glob("*.tar")))
     return str(folder / f"{{00000..{count - 1:05d}}}.tar") if count > 1 else str(folder / "00000.tar")
+
+
+def finished(run_dir: Path) -> bool:
+    """The run has its checkpoint at its last step (train.max_steps of its saved config)."""
+    if not (run_dir / layout.CONFIG).is_file():
+        return False
+    last = yaml.safe_load((run_dir / layout.CONFIG).read_text())["train"]["max_steps"]
+    return any(folder.name == layout.step_name(last) for folder in layout.step_folders(run_dir))
+
+
+def data_paths(folder: Path) -> dict[str, str]:
+    """A study's data set in `folder`: {"train", "val" (shard specs), "eval" (ImageFolder)}."""
+    return {k: spec_of(folder / k) for k in ("train", "val")} | {"eval": str(folder / "eval")}
+
+
+def make_data(folder: Path, study: Study, seed: int) -> dict[str, str]:
+    """The embedded data set of the study (data.make_synthetic with its `data:` settings) in `folder`."""
+    make_synthetic(folder, seed=seed, **study.data)
+    return data_paths(folder)
 
 
 def merge(base: dict, changes: dict) -> dict:
@@ -221,7 +239,7 @@ class Job:
     cpu_seconds: float = 0.0
     after: Job | None = None  # a cooldown branch starts once the run it branches from has finished
     budgets: list[Job] = field(default_factory=list)  # a run's cooldown branches (shorter budgets)
-    reused: bool = False  # trained by the learning-rate sweep (scripts/demo_sweep.reuse_chosen), not again
+    reused: bool = False  # trained by the learning-rate sweep (train/lr_sweep.reuse_chosen), not again
 
 
 def jobs_of(study: Study, out: Path, paths: dict[str, str], seed: int) -> list[Job]:
@@ -279,73 +297,3 @@ def with_budgets(study: Study, job: Job, settings: dict) -> list[Job]:
         }
         job.budgets.append(Job(job.size, job.attention, run_dir, train_argv(study, branch), after=job))
     return [job, *job.budgets]
-
-
-def start(job: Job, threads: int, launch: str = "exec") -> None:
-    """Start the job's `python -m train ...`: a fresh interpreter (exec), or a fork of this process (fork:
-    scripts/forked_run.py, without the imports' seconds)."""
-    job.run_dir.mkdir(parents=True, exist_ok=True)
-    threads_env = {name: str(threads) for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
-    env = {**os.environ, **threads_env, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    if launch == "fork" and job.argv[1:3] == ["-m", "train"]:
-        job.process = fork_train(job.argv[3:], REPO, env, job.run_dir / "train.log", threads)
-    else:
-        log = open(job.run_dir / "train.log", "w")  # noqa: SIM115 (closed when the child has it)
-        job.process = subprocess.Popen(job.argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-        log.close()
-    job.started = time.perf_counter()
-
-
-def reap(running: list[Job]) -> Job | None:
-    """A finished job (with its own CPU time, children included, from wait4), or None if all still run."""
-    for job in running:
-        pid, status, usage = os.wait4(job.process.pid, os.WNOHANG)
-        if pid:
-            job.process.returncode = os.waitstatus_to_exitcode(status)
-            job.wall_seconds = time.perf_counter() - job.started
-            job.cpu_seconds = usage.ru_utime + usage.ru_stime
-            return job
-    return None
-
-
-def ready_to_start(job: Job) -> bool:
-    """A run, or a branch whose run has finished well (or was trained by the sweep)."""
-    after = job.after
-    return after is None or after.reused or (after.process is not None and after.process.returncode == 0)
-
-
-def run_jobs(jobs: list[Job], parallel: int, threads: int, report=print, launch: str = "exec") -> list[float]:
-    """Run every job, `parallel` at a time; stop all on the first failure. Returns the 1-minute load averages
-    sampled while they ran (how busy the machine was)."""
-    waiting, running, loads, done = list(jobs), [], [], 0
-    # A terminated study stops its runs too (the finally below), instead of leaving them running.
-    previous = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
-    try:
-        while waiting or running:
-            ready = [j for j in waiting if ready_to_start(j)]
-            while ready and len(running) < parallel:
-                running.append(ready.pop(0))
-                waiting.remove(running[-1])
-                start(running[-1], threads, launch)
-            finished = reap(running)
-            if finished is None:
-                loads.append(os.getloadavg()[0])
-                time.sleep(1.0)
-                continue
-            running.remove(finished)
-            done += 1
-            if finished.process.returncode != 0:
-                raise SystemExit(
-                    f"training {finished.size} with {finished.attention} stopped with exit code "
-                    f"{finished.process.returncode}; see {finished.run_dir / 'train.log'}"
-                )
-            report(
-                f"run {done}/{len(jobs)} done: {finished.size} {finished.attention} in "
-                f"{finished.wall_seconds:.0f} s ({finished.cpu_seconds:.0f} CPU s)"
-            )
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        for job in running:
-            job.process.terminate()
-            job.process.wait()
-    return loads

@@ -12,9 +12,8 @@ from pathlib import Path
 import numpy as np
 
 from eval import machine, pages
+from eval.claims import FLAT, claims, claims_table, flattened
 from eval.multiplier import multiplier
-from scripts.demo_claims import FLAT, claims, claims_table, flattened
-from scripts.demo_sweep import sweep_table
 
 NODENOM = "linear_affine_nodenom"
 
@@ -125,7 +124,7 @@ def exponent_sentence(fits: dict, name: str, attention: str, what: str) -> str:
 
 def support(runs: list[dict], fits: dict) -> list[str]:
     """One paragraph per linear attention: exponents, error level and compute multiplier (the paper's claims are
-    judged in scripts/demo_claims.py)."""
+    judged in eval/claims.py)."""
     groups = by_attention(runs)
     if "softmax" not in groups:
         return ["No softmax runs: nothing to compare with."]
@@ -260,25 +259,37 @@ def study_flag(args) -> str:
     return "" if name == "demo.yaml" else f" --study configs/study/{name}"
 
 
+def clock_sentence(clock: dict, study) -> str:
+    """How long the study took, on what, under which load; a study trained by Slurm job arrays was not timed here."""
+    if clock.get("elsewhere"):
+        return (
+            "Its runs were trained as Slurm job arrays (python -m train.submit study): no times were measured, so "
+            "the claims that read time stay undetermined.\n"
+        )
+    loads = clock["load"]
+    return (
+        f"{study.jobs} runs at a time. The study took {clock['wall'] / 60:.1f} minutes wall and "
+        f"{clock['cpu'] / 60:.1f} CPU-minutes on {machine.describe()}; the 1-minute load average was "
+        f"{np.mean(loads):.1f} on average (max {max(loads):.1f}) while it ran (the study's own {study.jobs} runs and "
+        f"their data-loader workers count; a load well above {study.jobs * study.threads_per_job + study.jobs} means "
+        "other jobs shared the cores).\n"
+    )
+
+
 def report_md(runs, fits, specs, bench, study, args, clock, format_table, num_classes: int, sweep=()) -> str:
     """The whole report.md."""
-    loads = clock["load"]
     targets = study.fits.get("targets", [0.5, 0.3])
     n_images = num_classes * study.data.get("eval_per_class", 1)
     what_ran = f"python -m scripts.demo{' --quick' if args.quick else ''}{study_flag(args)} --seed {args.seed}"
     head = pages.header("Softmax vs linear attention on the embedded synthetic data", what_ran) + (
         f"\n{len(runs)} runs ({len(study.sizes)} sizes x "
-        f"{len(study.attentions)} attentions, the same attention in both towers), {study.jobs} at a time. "
-        f"The study took {clock['wall'] / 60:.1f} minutes wall and {clock['cpu'] / 60:.1f} CPU-minutes on "
-        f"{machine.describe()}; the 1-minute load average was {np.mean(loads):.1f} on average (max {max(loads):.1f}) "
-        f"while it ran (the study's own {study.jobs} runs and their data-loader workers count; a load well above "
-        f"{study.jobs * study.threads_per_job + study.jobs} means other jobs shared the cores).\n"
+        f"{len(study.attentions)} attentions, the same attention in both towers). " + clock_sentence(clock, study)
     )
     parts = [
         head,
         "## What the study must show\n",
         check_table(criteria(runs, fits, num_classes)),
-        sweep_table(list(sweep), study),
+        sweep_table(list(sweep), study.lr_sweep),
         "## Runs\n",
         best_table(runs),
         runs_table(runs),
@@ -343,3 +354,46 @@ def linearise_section(text: str) -> str:
     the report's folder."""
     title, _, body = text.partition("\n")
     return f"\n#{title}\n{body.replace('](linearise.png)', '](linearise/linearise.png)')}"
+
+
+def scales_of(rows: list[dict], attention: str) -> list[float]:
+    """The multiples of the learning rate the sweep tried for one attention (its rows)."""
+    return sorted({r["scale"] for r in rows if r["attention"] == attention})
+
+
+def scales_text(rows: list[dict]) -> str:
+    attentions = list(dict.fromkeys(r["attention"] for r in rows))
+    every = {tuple(scales_of(rows, a)) for a in attentions}
+    if len(every) == 1:
+        return str(list(every.pop()))
+    return "; ".join(f"{a}: {scales_of(rows, a)}" for a in attentions)
+
+
+def sweep_table(rows: list[dict], sweep: dict) -> str:
+    """The report's section on the learning-rate sweep (train/lr_sweep.py; `sweep` its settings, '' without one)."""
+    if not rows:
+        return ""
+    lines = [
+        "## Learning rate per attention\n",
+        f"Each attention trained at {sweep['size']} with {scales_text(rows)} x its learning rate; the lowest final "
+        f"{'validation loss' if sweep.get('metric', 'val_loss') == 'val_loss' else 'zero-shot error'} chose the "
+        f"multiple every size of that attention then used (train/lr_sweep.py).\n",
+        "| attention | multiple | learning rate | final val loss | zero-shot top-1 | chosen |",
+        "|---|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {r['attention']} | {r['scale']:g}x | {r['lr']:.3g} | {r['val_loss']:.3f} | {100 * r['top1']:.1f}% | "
+        f"{'**yes**' if r['chosen'] else ''} |"
+        for r in rows
+    ]
+    edge = [
+        f"{r['attention']} ({r['scale']:g}x)"
+        for r in rows
+        if r["chosen"] and r["scale"] in (min(scales_of(rows, r["attention"])), max(scales_of(rows, r["attention"])))
+    ]
+    if edge:
+        lines.append(
+            f"\nChosen at the edge of the sweep: {', '.join(edge)}; a rate beyond it may be better still (widen "
+            "lr_sweep.scales to find out)."
+        )
+    return "\n".join(lines) + "\n"

@@ -1,9 +1,9 @@
-"""scripts/forked_run.py: a study's run as a fork of the study's process behaves as `python -m train` would."""
+"""train/forked.py: a study's run as a fork of the study's process behaves as `python -m train` would."""
 
 import os
 
-from scripts.demo_study import REPO
-from scripts.forked_run import fork_train
+from train.forked import fork_train
+from train.study import REPO
 
 
 def test_a_forked_run_logs_and_exits_as_python_m_train(tmp_path):

@@ -1,0 +1,299 @@
+"""The study over several seeds: intervals over seeds, not only over the zero-shot noise of one run.
+
+    .venv/bin/python -m scripts.demo --seed 1 --out runs/demo-seed1      (one folder per seed; the main job is seed 0)
+    .venv/bin/python -m scripts.study_seeds runs/demo runs/demo-seed1 runs/demo-seed2 --out docs/study_seeds.md
+
+One study's bootstrap intervals (eval/multiplier.py, eval/scaling_fit.py) cover the noise of its zero-shot set and
+of the fit, not that of training: another seed draws another data set, other initial weights and another batch
+order, and at two seeds the samples multipliers moved by more than their intervals (docs/study.md). This module
+reads the finished study folders (runs.json, fits.json, lr_sweep.json, report.md) and gives each number as its
+value per seed, its mean over seeds and a 95% Student-t interval over seeds (multipliers on a log scale, so the
+mean is a geometric mean). With n seeds the interval has n - 1 degrees of freedom: three seeds give a wide one,
+which is the honest width. The paper's claims are judged again on these intervals (RULES).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from scipy import stats
+
+from eval import pages
+from eval.claims import (
+    GAP,
+    MUCH_SLOWER,
+    NODENOM,
+    NORMALISED,
+    WIDTH,
+    claim_a,
+    cpu_per_sample,
+    step_ratios,
+)
+from eval.multiplier import first_reach
+
+RULES = (
+    "(a) the verdict every seed gives by the single-study rule (docs/study.md), undetermined when the seeds "
+    f"disagree; the top-1 gap's interval is shown beside it (comparable: within {100 * GAP:.0f} points). "
+    f"(b) supported when the lower bound of the seed interval of linear_affine's samples multiplier (at the largest "
+    f"size, the hardest target softmax reaches at every seed) is >= {MUCH_SLOWER:g}x, not supported when its upper "
+    f"bound is below {MUCH_SLOWER:g}x. (c) supported when the seed interval of the difference of the compute-frontier "
+    f"exponents (Eq. 7 - softmax) contains 0 and is at most {WIDTH} wide, not supported when it excludes 0. "
+    "(d) supported when Eq. 7's samples multiplier interval lies above 1 and its upper bound times the step-time "
+    "ratio at the longest length measured is below 1; not supported when the upper bound is <= 1 or the lower bound "
+    "times that ratio is above 1. Else undetermined. A seed whose run never reaches the target counts at its lower "
+    "bound (its samples seen over softmax's samples to the target) and makes the upper bound infinite; one already "
+    "at the target at its first evaluation counts at its upper bound and makes the lower bound 0."
+)
+
+
+class SeedError(ValueError):
+    """A folder that is not a finished study; one line naming it and the fix."""
+
+
+@dataclass
+class Seed:
+    """One finished study folder."""
+
+    seed: str
+    folder: Path
+    runs: list[dict]
+    fits: dict
+    sweep: list[dict]
+
+
+@dataclass
+class Spread:
+    """Values over seeds: mean and 95% t interval (log scale when `log`). marks: per value, '>' for a lower bound
+    (never reached), '<' for an upper bound (there at the first evaluation), '' for a measured value."""
+
+    values: list[float]
+    mean: float
+    lo: float
+    hi: float
+    marks: list[str]
+
+    def text(self, fmt: str = "{:.2f}", unit: str = "") -> str:
+        if not self.values:
+            return "n/a"
+        if ">" in self.marks and "<" in self.marks:
+            return "n/a (bounds on both sides)"
+        bound = ">" if ">" in self.marks else "<" if "<" in self.marks else ""
+        hi = "inf" if not math.isfinite(self.hi) else fmt.format(self.hi) + unit
+        interval = f" [{fmt.format(self.lo)}{unit}, {hi}]" if math.isfinite(self.lo) else ""
+        return f"{bound}{fmt.format(self.mean)}{unit}{interval}"
+
+
+def spread(values: list[float], log: bool = False, marks: list[str] | None = None) -> Spread:
+    """The mean of `values` and its 95% Student-t interval over seeds (no interval from one seed). A lower bound
+    among them ('>') makes the upper end infinite, an upper bound ('<') the lower end 0."""
+    marks = marks or [""] * len(values)
+    x = np.log(values) if log else np.asarray(values, dtype=float)
+    back = np.exp if log else (lambda v: v)
+    if len(x) == 0:
+        return Spread([], math.nan, math.nan, math.nan, marks)
+    mean = float(np.mean(x))
+    if len(x) < 2:
+        return Spread(list(values), float(back(mean)), math.nan, math.nan, marks)
+    half = float(stats.t.ppf(0.975, len(x) - 1) * np.std(x, ddof=1) / math.sqrt(len(x)))
+    lo = 0.0 if "<" in marks else float(back(mean - half))
+    hi = math.inf if ">" in marks else float(back(mean + half))
+    return Spread(list(values), float(back(mean)), lo, hi, marks)
+
+
+def load_seed(folder: Path) -> Seed:
+    folder = Path(folder)
+    missing = [n for n in ("runs.json", "fits.json") if not (folder / n).is_file()]
+    if missing:
+        raise SeedError(f"{folder} has no {missing[0]}: give folders of finished `python -m scripts.demo` runs")
+    report = folder / "report.md"
+    found = re.search(r"--seed (\d+)", report.read_text()) if report.is_file() else None
+    sweep = json.loads((folder / "lr_sweep.json").read_text()) if (folder / "lr_sweep.json").is_file() else []
+    return Seed(
+        found.group(1) if found else folder.name,
+        folder,
+        json.loads((folder / "runs.json").read_text()),
+        json.loads((folder / "fits.json").read_text()),
+        sweep,
+    )
+
+
+def run_of(seed: Seed, attention: str, size: str) -> dict | None:
+    return next((r for r in seed.runs if r["attention"] == attention and r["size"] == size), None)
+
+
+def sizes_of(seeds: list[Seed], attention: str) -> list[str]:
+    """The sizes `attention` and softmax were trained at in every seed, smallest first."""
+    ordered = sorted(seeds[0].runs, key=lambda r: r["params_without_token_embedding"])
+    sizes = dict.fromkeys(r["size"] for r in ordered if r["attention"] == attention)
+    return [s for s in sizes if all(run_of(x, attention, s) and run_of(x, "softmax", s) for x in seeds)]
+
+
+def reach(run: dict, target: float) -> float:
+    return first_reach([s for s, _ in run["curve"]], [1 - t for _, t in run["curve"]], target)
+
+
+def multiplier_spread(seeds: list[Seed], attention: str, size: str, target: float) -> Spread | None:
+    """The samples multiplier over softmax at `size` to `target` per seed; None when, at some seed, softmax never
+    reaches the target or is there at its first evaluation (no multiplier: eval/multiplier.py)."""
+    values, marks = [], []
+    for seed in seeds:
+        run, ref = run_of(seed, attention, size), run_of(seed, "softmax", size)
+        mine, theirs = reach(run, target), reach(ref, target)
+        if not math.isfinite(theirs) or 1 - ref["curve"][0][1] <= target:
+            return None
+        marks.append(">" if not math.isfinite(mine) else "<" if 1 - run["curve"][0][1] <= target else "")
+        values.append((mine if math.isfinite(mine) else run["samples_seen"]) / theirs)
+    return spread(values, log=True, marks=marks)
+
+
+def exponent_spread(seeds: list[Seed], attention: str, fit: str = "error_frontier") -> Spread:
+    return spread([s.fits[fit]["groups"][attention]["alpha"] for s in seeds if attention in s.fits[fit]["groups"]])
+
+
+def diff_spread(seeds: list[Seed], attention: str, fit: str = "error_frontier") -> Spread:
+    values = []
+    for s in seeds:
+        c = next((c for c in s.fits.get(fit, {}).get("comparisons", []) if c["a"] == attention), None)
+        if c is not None:
+            values.append(c["alpha_diff"])
+    return spread(values)
+
+
+def hardest_shared_target(seeds: list[Seed], size: str, targets: list[float]) -> float | None:
+    """The lowest target error softmax at `size` reaches at every seed (after its first evaluation)."""
+    ok = [t for t in targets if multiplier_spread(seeds, "softmax", size, t) is not None]
+    return min(ok, default=None)
+
+
+def claim_rows(seeds: list[Seed], targets: list[float], n_images: int | None = None) -> list[tuple[str, str, str]]:
+    """[(claim, verdict, numbers)] judged on the intervals over seeds (RULES); n_images: the zero-shot set's size."""
+    rows = []
+    sizes = sizes_of(seeds, NODENOM)
+    if not sizes:
+        return [("all", "undetermined", "no Eq. 7 and softmax runs of the same size at every seed")]
+    size = sizes[-1]
+    verdicts = [claim_a(run_of(s, NODENOM, size), run_of(s, "softmax", size), n_images)[0] for s in seeds]
+    gap = spread([run_of(s, "softmax", size)["top1"] - run_of(s, NODENOM, size)["top1"] for s in seeds])
+    agreed = verdicts[0] if len(set(verdicts)) == 1 else "undetermined"
+    numbers = f"{size}: seeds say {', '.join(verdicts)}; softmax - Eq. 7 top-1 {gap.text('{:+.1%}')}"
+    rows.append(("(a) Eq. 7 converges to a loss and accuracy comparable to softmax", agreed, numbers))
+    rows.append(("(b) the normalised form converges much more slowly or fails", *claim_b_seeds(seeds, targets)))
+    diff = diff_spread(seeds, NODENOM)
+    numbers = (
+        f"Eq. 7 - softmax exponent {diff.text('{:+.3f}')}; softmax "
+        f"{exponent_spread(seeds, 'softmax').text('{:+.3f}')}, Eq. 7 {exponent_spread(seeds, NODENOM).text('{:+.3f}')} "
+        "(the paper: about -0.36 vs -0.33)"
+    )
+    if not math.isfinite(diff.lo):
+        verdict = "undetermined"
+    elif diff.lo <= 0 <= diff.hi:
+        verdict = "supported" if diff.hi - diff.lo <= WIDTH else "undetermined"
+    else:
+        verdict = "not supported"
+    rows.append(("(c) the scaling exponents are similar", verdict, numbers))
+    rows.append(("(d) LA needs more epochs but less total time", *claim_d_seeds(seeds, size, targets)))
+    return rows
+
+
+def claim_b_seeds(seeds: list[Seed], targets: list[float]) -> tuple[str, str]:
+    sizes = sizes_of(seeds, NORMALISED)
+    target = hardest_shared_target(seeds, sizes[-1], targets) if sizes else None
+    if target is None:
+        return "undetermined", "no target that softmax reaches at every seed"
+    k = multiplier_spread(seeds, NORMALISED, sizes[-1], target)
+    numbers = f"{sizes[-1]}, target {100 * target:.0f}% error: {k.text(unit='x')} softmax's samples"
+    if math.isfinite(k.lo) and k.lo >= MUCH_SLOWER:
+        return "supported", numbers
+    return ("not supported" if k.hi < MUCH_SLOWER else "undetermined"), numbers
+
+
+def claim_d_seeds(seeds: list[Seed], size: str, targets: list[float]) -> tuple[str, str]:
+    target = hardest_shared_target(seeds, size, targets)
+    if target is None:
+        return "undetermined", "no target that softmax reaches at every seed"
+    k = multiplier_spread(seeds, NODENOM, size, target)
+    study = np.mean(
+        [cpu_per_sample(run_of(s, NODENOM, size)) / cpu_per_sample(run_of(s, "softmax", size)) for s in seeds]
+    )
+    ratios = {n: r for n, r in step_ratios(NODENOM, float(study)).items() if math.isfinite(r)}
+    times = ", ".join(f"{n} tokens {k.mean * r:.2f}x" for n, r in sorted(ratios.items()))
+    numbers = f"{size}, target {100 * target:.0f}% error: {k.text(unit='x')} the samples; time to it: {times}"
+    longest = ratios[max(ratios)]
+    if not math.isfinite(k.lo):
+        return "undetermined", numbers
+    if k.hi <= 1 or k.lo * longest > 1:
+        return "not supported", numbers
+    return ("supported" if k.lo > 1 and k.hi * longest < 1 else "undetermined"), numbers
+
+
+def per_seed(values: list[float], fmt: str, marks: list[str] | None = None) -> str:
+    return " / ".join(m + fmt.format(v) for v, m in zip(values, marks or [""] * len(values)))
+
+
+def tables(seeds: list[Seed], targets: list[float]) -> list[str]:
+    """The Markdown tables: best top-1, exponents, multipliers, learning rates chosen."""
+    names = " / ".join(s.seed for s in seeds)
+    attentions = list(dict.fromkeys(r["attention"] for r in seeds[0].runs))
+    best = [f"| attention | best zero-shot top-1, seeds {names} | mean [95% CI over seeds] |", "|---|---|---|"]
+    for a in attentions:
+        top = spread([max(r["top1"] for r in s.runs if r["attention"] == a) for s in seeds])
+        best.append(f"| {a} | {per_seed(top.values, '{:.1%}')} | {top.text('{:.1%}')} |")
+    alpha = [f"| attention | compute-frontier exponent, seeds {names} | mean [95% CI] | minus softmax's |"]
+    alpha.append("|---|---|---|---|")
+    for a in attentions:
+        e = exponent_spread(seeds, a)
+        diff = diff_spread(seeds, a).text("{:+.3f}") if a != "softmax" else ""
+        alpha.append(f"| {a} | {per_seed(e.values, '{:+.3f}')} | {e.text('{:+.3f}')} | {diff} |")
+    mult = [f"| attention | size | target error | samples multiplier, seeds {names} | geometric mean [95% CI] |"]
+    mult.append("|---|---|---|---|---|")
+    for a in attentions[1:] if attentions[0] == "softmax" else attentions:
+        for size in sizes_of(seeds, a):
+            for t in targets:
+                k = multiplier_spread(seeds, a, size, t)
+                if k is not None:
+                    mult.append(
+                        f"| {a} | {size} | {100 * t:.0f}% | {per_seed(k.values, '{:.2f}x', k.marks)} | "
+                        f"{k.text(unit='x')} |"
+                    )
+    lrs = [f"| attention | learning-rate multiple chosen by the sweep, seeds {names} |", "|---|---|"]
+    for a in attentions:
+        chosen = [
+            next((f"{r['scale']:g}x" for r in s.sweep if r["attention"] == a and r["chosen"]), "-") for s in seeds
+        ]
+        lrs.append(f"| {a} | {' / '.join(chosen)} |")
+    if not any(s.sweep for s in seeds):
+        lrs = ["No seed ran a learning-rate sweep: each used the study config's rates (`per_attention` lr_scale)."]
+    return ["\n".join(t) + "\n" for t in (best, alpha, mult, lrs)]
+
+
+def report(seeds: list[Seed], targets: list[float], command: str, n_images: int | None = None) -> str:
+    best, alpha, mult, lrs = tables(seeds, targets)
+    claims = ["| claim | verdict | numbers |", "|---|---|---|"]
+    claims += [f"| {c} | **{v}** | {n} |" for c, v, n in claim_rows(seeds, targets, n_images)]
+    folders = ", ".join(f"seed {s.seed}: `{s.folder}`" for s in seeds)
+    return "\n".join(
+        [
+            pages.header("The study over seeds", command),
+            f"From {len(seeds)} study folders "
+            f"({folders}). Each number: its value per seed, then the mean over seeds with a 95% Student-t interval "
+            f"over seeds ({len(seeds) - 1} degrees of freedom; multipliers on a log scale). '>' marks a mean with a "
+            "seed whose run never reached the target (counted at its lower bound), '<' one with a seed whose run "
+            "was there at its first evaluation (counted at its upper bound). Targets softmax of that size "
+            "misses at a seed, or reaches by its first evaluation, give no multiplier (eval/multiplier.py).\n",
+            "## The paper's claims, on intervals over seeds\n",
+            "\n".join(claims) + "\n\nRules: " + RULES + "\n",
+            "## Best zero-shot top-1\n",
+            best,
+            "## Compute-frontier exponents (zero-shot error against training compute)\n",
+            alpha,
+            "## Samples to a target error, over softmax of the same size\n",
+            mult,
+            "## Learning rates\n",
+            lrs,
+        ]
+    )

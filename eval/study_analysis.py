@@ -1,0 +1,219 @@
+"""The main job's analysis of a finished study: power-law fits per attention, the learning-curve and summary
+figures, the report's rows per run, and report.md with its JSON beside it (runs.json, fits.json, lr_sweep.json,
+clock.json). Everything comes from the runs' metrics.jsonl (eval.scaling reads them); the study's jobs
+(train/study.py) are read for their run folders, sizes, attentions and budget branches only.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from eval import study_plots, study_report
+from eval.scaling import ScalingInputError, ScalingWarning, fit, format_table, load_points, plot
+from models import layout
+
+ATTENTION, SIZE = study_plots.ATTENTION, study_plots.SIZE
+COMPUTE_LABEL = "compute (GMACs x samples seen)"
+VAL_LABEL = "validation loss (contrastive, batch 64)"
+# name -> (x, y, points, x label, y label, what it is)
+FITS = {
+    "error_frontier": (
+        "compute",
+        "error",
+        "all",
+        COMPUTE_LABEL,
+        "zero-shot top-1 error",
+        "compute frontier of zero-shot error (every evaluation of every run)",
+    ),
+    "val_loss_frontier": (
+        "compute",
+        "val_loss",
+        "all",
+        COMPUTE_LABEL,
+        "validation loss (contrastive)",
+        "compute frontier of the validation loss (every evaluation of every run)",
+    ),
+    "error_params": (
+        "params_without_token_embedding",
+        "error",
+        "last",
+        "parameters without the token embedding",
+        "zero-shot top-1 error",
+        "zero-shot error against parameters at the end of training",
+    ),
+}
+
+
+def points(jobs, y: str, which: str) -> pd.DataFrame:
+    return load_points([job.run_dir for job in jobs], y=y, points=which)
+
+
+def error_floor(classes: int, study) -> float:
+    """The zero-shot error a log-log fit or slope reads for an evaluation without a single mistake: half an image
+    of the evaluation set (a continuity correction; 0 has no logarithm, and with n images an error below 1/n
+    cannot be told from 0)."""
+    return 0.5 / (classes * study.data.get("eval_per_class", 1))
+
+
+def run_rows(jobs, floor: float = 0.0) -> list[dict]:
+    """One row per (size, attention) for the report: size, cost, the final evaluation and the learning curve.
+
+    With budgets (cooldown branches, configs/study/*.yaml `budgets:`), `budgets` lists [samples, top1, val_loss] at
+    the end of each budget, and `curve` is those cooled-down ends: the error a model trained for that many samples
+    reaches, which the multipliers and the flattening check read (the run's own evaluations at constant learning
+    rate stay in `run_curve`)."""
+    curves = points(jobs, "error", "all").set_index("@source")
+    val = points(jobs, "val_loss", "all").set_index("@source")
+    rows = []
+    for job in [j for j in jobs if j.after is None]:
+        curve = curves.loc[[str(job.run_dir)]].sort_values("samples_seen")
+        losses = val.loc[[str(job.run_dir)]].sort_values("samples_seen")
+        final = curve.iloc[-1]
+        tail = curve.iloc[len(curve) // 2 :]
+        rows.append(
+            {
+                "size": job.size,
+                "attention": job.attention,
+                "run_dir": str(job.run_dir),
+                "wall_seconds": job.wall_seconds,
+                "cpu_seconds": job.cpu_seconds,
+                "samples_per_s": throughput(job.run_dir),
+                "params_without_token_embedding": int(final["params_without_token_embedding"]),
+                "gmacs_per_sample": float(final["gmacs_per_sample"]),
+                "samples_seen": int(final["samples_seen"]),
+                "top1": float(final["zeroshot/top1"]),
+                "top5": float(final["zeroshot/top5"]),
+                "val_loss": float(losses["val_loss"].iloc[-1]),
+                "tail_slope": study_plots.log_slope(tail["samples_seen"], np.maximum(1 - tail["zeroshot/top1"], floor)),
+                "curve": [[int(s), float(t)] for s, t in zip(curve["samples_seen"], curve["zeroshot/top1"])],
+                "val_curve": [[int(s), float(v)] for s, v in zip(losses["samples_seen"], losses["val_loss"])],
+            }
+        )
+        if job.budgets:
+            ends = [
+                (curves.loc[[str(b.run_dir)]].sort_values("samples_seen").iloc[-1], val.loc[[str(b.run_dir)]])
+                for b in [*job.budgets, job]
+            ]
+            rows[-1]["budgets"] = [
+                [
+                    int(c["samples_seen"]),
+                    float(c["zeroshot/top1"]),
+                    float(v.sort_values("samples_seen")["val_loss"].iloc[-1]),
+                ]
+                for c, v in ends
+            ]
+            rows[-1]["run_curve"], rows[-1]["curve"] = rows[-1]["curve"], [[s, t] for s, t, _ in rows[-1]["budgets"]]
+            tail = rows[-1]["curve"][len(rows[-1]["curve"]) // 2 :]
+            rows[-1]["tail_slope"] = study_plots.log_slope([s for s, _ in tail], [max(1 - t, floor) for _, t in tail])
+    return rows
+
+
+def throughput(run_dir: Path) -> float:
+    """The run's median training samples per second over its logged steps (runs share the cores alike)."""
+    lines = (run_dir / layout.METRICS).read_text().splitlines()
+    rates = [r["samples_per_s"] for r in map(json.loads, lines) if "samples_per_s" in r]
+    return float(np.median(rates)) if rates else float("nan")
+
+
+def scaling_fits(jobs, out: Path, study, floor: float = 0.0) -> dict[str, dict]:
+    """Every fit of FITS, per attention with softmax as the reference; its JSON and PNG beside the report. Zero-shot
+    errors of 0 are read as `floor` (error_floor)."""
+    options = study.fits
+    results = {}
+    for name, (x, y, which, xlabel, ylabel, _) in FITS.items():
+        # a frontier sees every evaluation of every run and branch; "last" means each full-budget run's end
+        frame = points(jobs if which == "all" else [j for j in jobs if j.after is None], y, which)
+        if y == "error":  # the fit reads error = 1 - top1
+            frame["zeroshot/top1"] = frame["zeroshot/top1"].clip(upper=1 - floor)
+        bins = options.get("frontier_bins") if which == "all" else None
+        form = options.get("forms", {}).get(name, "power")
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", ScalingWarning)
+                report = fit(
+                    frame,
+                    x,
+                    y,
+                    group=ATTENTION,
+                    form=form,
+                    frontier_bins=bins,
+                    n_boot=options.get("n_boot", 1000),
+                    reference=reference(frame),
+                )
+        except ScalingInputError as e:
+            results[name] = {"error": str(e)}
+            continue
+        colours = {a: study_plots.colour(study.attentions, a) for a in study.attentions}
+        plot(report, frame, out / f"{name}.png", xlabel, ylabel, colours)
+        (out / f"{name}.json").write_text(json.dumps(report, indent=2))
+        results[name] = report
+    return results
+
+
+def reference(frame: pd.DataFrame) -> str | None:
+    return "softmax" if "softmax" in set(frame[ATTENTION]) else None
+
+
+def figures(out: Path, study, jobs) -> tuple[list[dict], dict, int]:
+    """Fits and figures from the finished runs: (the report's rows per run, the fits, the number of classes)."""
+    classes = len((out / "data" / "eval" / "classnames.txt").read_text().splitlines())
+    floor = error_floor(classes, study)
+    runs, fits = run_rows(jobs, floor), scaling_fits(jobs, out, study, floor)
+    mains = [j for j in jobs if j.after is None]  # the full-budget runs, not their cooldown branches
+    label = {str(j.run_dir): j.size for j in mains}  # the study's size names (SIZE@RESpx with resolutions)
+    curves = points(mains, "error", "all").assign(error=lambda d: 1 - d["zeroshot/top1"])
+    losses = points(mains, "val_loss", "all")
+    curves[SIZE], losses[SIZE] = curves["@source"].map(label), losses["@source"].map(label)
+    panels = [(curves, "error", "zero-shot top-1 error"), (losses, "val_loss", VAL_LABEL)]
+    study_plots.learning_curves(panels, study.attentions, list(study.sizes), out / "learning_curves.png")
+    finals = points(mains, "error", "last").assign(top1=lambda d: d["zeroshot/top1"])
+    fitted = {name: f for name, f in fits.items() if "groups" in f}
+    study_plots.summary_figure(fitted, finals, study.attentions, out / "summary.png")
+    return runs, fits, classes
+
+
+def write_report(out: Path, study, runs, fits, classes: int, bench: str, clock: dict, args, sweep=()) -> None:
+    """report.md and the JSON it is written from."""
+    (out / "clock.json").write_text(json.dumps(clock))
+    (out / "runs.json").write_text(json.dumps(runs, indent=2))
+    (out / "fits.json").write_text(json.dumps({n: study_report.fit_digest(f) for n, f in fits.items()}, indent=2))
+    (out / "lr_sweep.json").write_text(json.dumps(list(sweep), indent=2))
+    text = study_report.report_md(runs, fits, FITS, bench, study, args, clock, format_table, classes, list(sweep))
+    (out / "report.md").write_text(text)
+
+
+def saved_times(out: Path, jobs) -> dict:
+    """A finished study's wall and CPU seconds per run (runs.json) back on its jobs, and its clock (clock.json; from
+    the report's first lines for folders older than it). A study trained elsewhere (Slurm job arrays: train.submit
+    study) has neither: its times are unknown (0 per run, NaN on the clock, which the report says)."""
+    if not (out / "runs.json").is_file():
+        return {"wall": math.nan, "cpu": math.nan, "load": [], "final": True, "elsewhere": True}
+    times = {r["run_dir"]: r for r in json.loads((out / "runs.json").read_text())}
+    for job in jobs:
+        if str(job.run_dir) in times:
+            job.wall_seconds = times[str(job.run_dir)]["wall_seconds"]
+            job.cpu_seconds = times[str(job.run_dir)]["cpu_seconds"]
+    if (out / "clock.json").is_file():
+        return json.loads((out / "clock.json").read_text())
+    found = re.search(
+        r"took ([\d.]+) minutes wall and ([\d.]+) CPU-minutes .* was ([\d.]+) on average \(max ([\d.]+)\)",
+        (out / "report.md").read_text(),
+    )
+    wall, cpu, mean, top = (float(x) for x in found.groups())
+    return {"wall": 60 * wall, "cpu": 60 * cpu, "load": [top, 2 * mean - top], "final": True}
+
+
+def append_linearise(out: Path) -> None:
+    """The linearisation arm's page (train/linearise.py, OUT/linearise/linearise.md) as the report's last section,
+    where the study has one."""
+    page = out / "linearise" / "linearise.md"
+    if page.is_file():
+        with open(out / "report.md", "a") as f:
+            f.write(study_report.linearise_section(page.read_text()))

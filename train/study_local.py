@@ -1,0 +1,85 @@
+"""The study's local runner: its runs as `python -m train` processes on this machine, `jobs` at a time, each with
+`threads_per_job` threads, started as forks of this process (train/forked.py) or fresh interpreters; the first
+failure stops them all. The Slurm runner of the same grid is train/sweep.py.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from train.forked import fork_train
+from train.study import REPO, Job
+
+
+def start(job: Job, threads: int, launch: str = "exec") -> None:
+    """Start the job's `python -m train ...`: a fresh interpreter (exec), or a fork of this process (fork:
+    train/forked.py, without the imports' seconds)."""
+    job.run_dir.mkdir(parents=True, exist_ok=True)
+    threads_env = {name: str(threads) for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    env = {**os.environ, **threads_env, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    if launch == "fork" and job.argv[1:3] == ["-m", "train"]:
+        job.process = fork_train(job.argv[3:], REPO, env, job.run_dir / "train.log", threads)
+    else:
+        log = open(job.run_dir / "train.log", "w")  # noqa: SIM115 (closed when the child has it)
+        job.process = subprocess.Popen(job.argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+    job.started = time.perf_counter()
+
+
+def reap(running: list[Job]) -> Job | None:
+    """A finished job (with its own CPU time, children included, from wait4), or None if all still run."""
+    for job in running:
+        pid, status, usage = os.wait4(job.process.pid, os.WNOHANG)
+        if pid:
+            job.process.returncode = os.waitstatus_to_exitcode(status)
+            job.wall_seconds = time.perf_counter() - job.started
+            job.cpu_seconds = usage.ru_utime + usage.ru_stime
+            return job
+    return None
+
+
+def ready_to_start(job: Job) -> bool:
+    """A run, or a branch whose run has finished well (or was trained by the sweep)."""
+    after = job.after
+    return after is None or after.reused or (after.process is not None and after.process.returncode == 0)
+
+
+def run_jobs(jobs: list[Job], parallel: int, threads: int, report=print, launch: str = "exec") -> list[float]:
+    """Run every job, `parallel` at a time; stop all on the first failure. Returns the 1-minute load averages
+    sampled while they ran (how busy the machine was)."""
+    waiting, running, loads, done = list(jobs), [], [], 0
+    # A terminated study stops its runs too (the finally below), instead of leaving them running.
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    try:
+        while waiting or running:
+            ready = [j for j in waiting if ready_to_start(j)]
+            while ready and len(running) < parallel:
+                running.append(ready.pop(0))
+                waiting.remove(running[-1])
+                start(running[-1], threads, launch)
+            finished = reap(running)
+            if finished is None:
+                loads.append(os.getloadavg()[0])
+                time.sleep(1.0)
+                continue
+            running.remove(finished)
+            done += 1
+            if finished.process.returncode != 0:
+                raise SystemExit(
+                    f"training {finished.size} with {finished.attention} stopped with exit code "
+                    f"{finished.process.returncode}; see {finished.run_dir / 'train.log'}"
+                )
+            report(
+                f"run {done}/{len(jobs)} done: {finished.size} {finished.attention} in "
+                f"{finished.wall_seconds:.0f} s ({finished.cpu_seconds:.0f} CPU s)"
+            )
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        for job in running:
+            job.process.terminate()
+            job.process.wait()
+    return loads
