@@ -91,6 +91,12 @@ class TrainConfig:
     keep_steps: list[int] = field(default_factory=list)  # checkpoints written at these steps and never pruned
     max_bad_steps: int = 10  # consecutive non-finite steps before the run stops
     stage_dir: str | None = None  # local folder for a remote run_dir (s3://...); null: one under the temp dir
+    # how long a collective of the training steps waits for the other ranks before this rank stops the run with one
+    # line naming the timeout (a hung or stopped rank would otherwise hold every GPU of the job); start-up,
+    # checkpoint writes and evaluations keep train/dist.py's 60 minutes (rank 0 may load, write or upload while the
+    # others wait). For comparison: torchtitan 100 s after the first step (300 s before), Composer 300 s
+    dist_timeout_s: float = 600
+    max_restarts: int = 0  # slurm/train.sbatch requeues a job that failed (exit not 0 or 75) up to this many times
     wandb: Literal["online", "offline", "disabled"] = "disabled"
     wandb_project: str = "clip-attention"
     wandb_name: str | None = None
@@ -335,6 +341,8 @@ RANGES = {
     ("train", "save_every"): at_least(0),
     ("train", "seed"): (lambda v: 0 <= v < 2**32, "in [0, 2**32)"),
     ("train", "keep_steps"): (lambda v: all(s >= 0 for s in v), "a list of steps >= 0"),
+    ("train", "dist_timeout_s"): above(0),
+    ("train", "max_restarts"): at_least(0),
     ("eval", "every"): at_least(0),
     ("eval", "batch_size"): above(0),
     ("eval", "workers"): at_least(0),

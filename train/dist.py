@@ -3,7 +3,9 @@
 `Accelerator()` reads the world from the environment, so `torchrun`, `accelerate launch` and Slurm's
 `srun` (one task per node running torchrun) all work unchanged; on machines without a GPU the backend
 is gloo. Pre-emption (SIGTERM, or SIGUSR1 from Slurm's `--signal`) only raises a flag; the loop finishes
-its step, and all ranks stop at the same step because the flag is all-reduced every step.
+its step, and all ranks stop at the same step because the flag is all-reduced every step. A rank that hangs or
+dies: the collectives of the training steps wait train.dist_timeout_s at most (start-up, checkpoint writes and
+evaluations PATIENT_TIMEOUT_S), then the run stops with one line (`collective_failure`).
 
 FSDP (`train.distributed=fsdp`): `shard_model` applies torch's `fully_shard` (FSDP2) itself, one unit per
 transformer block and the root for the rest, before `accelerator.prepare`, which keeps a sharded model
@@ -17,6 +19,7 @@ from __future__ import annotations
 import os
 import random
 import signal
+from contextlib import contextmanager
 from datetime import timedelta
 
 import numpy as np
@@ -35,6 +38,9 @@ from train.config import ConfigError, TrainConfig
 PRECISION = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 PREEMPT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+# collectives of the start-up, checkpoint writes and evaluations: the other ranks wait at a barrier while rank 0 loads,
+# writes, uploads or evaluates; the training steps wait train.dist_timeout_s at most (set_collective_timeout)
+PATIENT_TIMEOUT_S = 3600.0
 
 
 def world_size_from_env() -> int:
@@ -61,9 +67,8 @@ def make_accelerator(cfg: TrainConfig) -> Accelerator:
         torch.use_deterministic_algorithms(True, warn_only=True)
     seed_everything(cfg.seed)
     fsdp = fsdp_plugin(cfg) if cfg.distributed == "fsdp" else None
-    # other ranks wait at a barrier while rank 0 evaluates or writes a checkpoint: allow more than NCCL's 10 min
     handlers = [
-        InitProcessGroupKwargs(timeout=timedelta(minutes=60)),
+        InitProcessGroupKwargs(timeout=timedelta(seconds=PATIENT_TIMEOUT_S)),
         DistributedDataParallelKwargs(find_unused_parameters=False),
     ]
     accelerator = Accelerator(
@@ -160,6 +165,45 @@ class StopFlag:
     @property
     def requested(self) -> bool:
         return self.signal is not None
+
+
+def set_collective_timeout(accelerator: Accelerator, seconds: float) -> None:
+    """How long every later collective of the default process group waits for the other ranks: gloo raises a
+    RuntimeError (turned into one line by `collective_failure`), NCCL's watchdog aborts the process."""
+    if accelerator.num_processes > 1:
+        torch.distributed.set_timeout(timedelta(seconds=seconds))
+
+
+@contextmanager
+def patient_collectives(accelerator: Accelerator, then_s: float):
+    """Collectives inside wait up to PATIENT_TIMEOUT_S (a checkpoint write, an evaluation), then `then_s` again."""
+    set_collective_timeout(accelerator, PATIENT_TIMEOUT_S)
+    try:
+        yield
+    finally:
+        set_collective_timeout(accelerator, then_s)
+
+
+def collective_failure(error: RuntimeError, timeout_s: float) -> str | None:
+    """One line for a collective that timed out or lost its peer (gloo's errors; NCCL's watchdog aborts instead),
+    naming this rank, the other rank when there are two, and the fix; None for any other error."""
+    text = str(error)
+    timed_out = "Timed out" in text or "timed out" in text
+    if not (timed_out or "Connection closed by peer" in text or "Connection reset by peer" in text):
+        return None
+    initialized = torch.distributed.is_available() and torch.distributed.is_initialized()
+    rank, world = (torch.distributed.get_rank(), torch.distributed.get_world_size()) if initialized else (0, 1)
+    other = f"rank {1 - rank}" if world == 2 else "another rank"
+    if timed_out:
+        return (
+            f"rank {rank}: a collective waited more than train.dist_timeout_s={timeout_s:g} s for {other}, which "
+            "stopped answering (hung, stopped, or its node lost); the job stops instead of holding its GPUs. See "
+            "that rank's log; raise train.dist_timeout_s if a training step can legitimately take that long"
+        )
+    return (
+        f"rank {rank}: {other} closed its connection during a collective (it crashed or was killed: see its log); "
+        "the job stops; with train.max_restarts the Slurm job is requeued and resumes from the last checkpoint"
+    )
 
 
 def agree(

@@ -24,7 +24,14 @@ from torch import Tensor, nn
 from data.errors import skip_limit_problem
 from train.checkpoint import save_checkpoint
 from train.config import TrainConfig
-from train.dist import StopFlag, agree, mean_over_ranks, sum_over_ranks
+from train.dist import (
+    StopFlag,
+    agree,
+    mean_over_ranks,
+    patient_collectives,
+    set_collective_timeout,
+    sum_over_ranks,
+)
 from train.log import RunLog
 from train.metrics import Throughput
 from train.optim import clamp_logit_scale
@@ -189,7 +196,9 @@ class Trainer:
 
     def run(self, stop: StopFlag) -> int:
         """Train to cfg.max_steps; returns the exit code (0 done, 75 pre-empted). An evaluation that a pre-emption
-        deferred (see `step`) runs first, at the step it was due."""
+        deferred (see `step`) runs first, at the step it was due. From here on a collective waits train.dist_timeout_s
+        at most, except inside checkpoint writes and evaluations."""
+        set_collective_timeout(self.accelerator, self.cfg.dist_timeout_s)
         if self.progress.eval_pending and self.evaluate is not None:
             self.run_eval()
         self.progress.eval_pending = False
@@ -354,7 +363,8 @@ class Trainer:
         )
 
     def run_eval(self) -> None:
-        results = self.evaluate()
+        with patient_collectives(self.accelerator, self.cfg.dist_timeout_s):
+            results = self.evaluate()
         if results:
             self.log.log({"step": self.progress.step, "samples_seen": self.progress.samples_seen, **results})
             self.message(
@@ -375,15 +385,16 @@ class Trainer:
             "config": self.config_dict,
         }
         storage = RunStorage.of(self.cfg.run_dir, self.cfg.stage_dir)
-        return save_checkpoint(
-            self.accelerator,
-            self.model,
-            storage,
-            meta,
-            self.stream.state_dict(),
-            self.cfg.keep_last,
-            self.cfg.keep_steps,
-        )
+        with patient_collectives(self.accelerator, self.cfg.dist_timeout_s):
+            return save_checkpoint(
+                self.accelerator,
+                self.model,
+                storage,
+                meta,
+                self.stream.state_dict(),
+                self.cfg.keep_last,
+                self.cfg.keep_steps,
+            )
 
     def message(self, text: str) -> None:
         """A line for the user on rank 0 (through the progress bar when there is one)."""

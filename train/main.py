@@ -37,7 +37,14 @@ from train import distill, stages
 from train.branch import starting_point
 from train.checkpoint import load_checkpoint
 from train.config import Config, ConfigError, dump, load_config, name_run_dir, to_dict
-from train.dist import StopFlag, make_accelerator, rank_from_env, shard_model, world_size_from_env
+from train.dist import (
+    StopFlag,
+    collective_failure,
+    make_accelerator,
+    rank_from_env,
+    shard_model,
+    world_size_from_env,
+)
 from train.log import LOG_FILE, RunLog, check_wandb, console_logging, file_logging, git_commit, trim_metrics
 from train.loop import DataStream, Progress, Trainer, TrainingError, plain_param
 from train.loss import build_loss
@@ -119,7 +126,13 @@ def fit(cfg: Config, stop: StopFlag) -> int:
         objective=objective,
         max_skip_fraction=cfg.data.max_skip_fraction,
     )
-    code = trainer.run(stop)
+    try:
+        code = trainer.run(stop)
+    except RuntimeError as e:  # a rank that hung or died: one line, not a gloo traceback
+        line = collective_failure(e, cfg.train.dist_timeout_s)
+        if line is None:
+            raise
+        raise TrainingError(line) from None
     if accelerator.is_main_process:
         storage.upload_run_files()  # the lines logged after the last checkpoint (final eval, skip summary)
     accelerator.end_training()

@@ -77,13 +77,20 @@ def slurm_cluster(tmp_path_factory):
 
 
 STUBS = {
-    # `show hostnames` and `show node` answer as a cluster whose nodes are gpu-001..; other calls are logged
+    # `show hostnames` and `show node` answer as a cluster whose nodes are gpu-001..; `update ... Comment=C` keeps C
+    # in $STUB_LOG.comment (it outlives a requeue, as Slurm's does) and `show job` shows it; every call is logged
     "scontrol": """
         echo "scontrol $*" >>"$STUB_LOG"
         case "$1 $2" in
           "show hostnames") for i in $(seq "$SLURM_NNODES"); do printf 'gpu-%03d\\n' "$i"; done ;;
           "show node") echo "NodeName=$3 Arch=x86_64 NodeAddr=$3.ib NodeHostName=$3 State=ALLOCATED" ;;
+          "show job") echo "JobId=$3 JobName=clip"
+                      echo "   Comment=$(cat "$STUB_LOG.comment" 2>/dev/null || echo '(null)')" ;;
         esac
+        for a in "$@"; do
+          [ "$1" = update ] && [[ "$a" == Comment=* ]] && echo "${a#Comment=}" >"$STUB_LOG.comment"
+        done
+        exit 0
         """,
     # every node's task, concurrently, as srun does; options are dropped
     "srun": """

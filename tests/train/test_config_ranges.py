@@ -32,6 +32,8 @@ from train.config import RANGES, ConfigError, build_config, load_config
         ("train", "max_bad_steps", 0, ">= 1"),
         ("train", "save_every", -1, ">= 0"),
         ("train", "seed", 2**32, "in [0, 2**32)"),
+        ("train", "dist_timeout_s", 0.0, "> 0"),
+        ("train", "max_restarts", -1, ">= 0"),
         ("eval", "every", -2, ">= 0"),
         ("eval", "batch_size", 0, "> 0"),
         ("eval", "workers", -1, ">= 0"),

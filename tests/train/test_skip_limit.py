@@ -9,6 +9,8 @@ from data.errors import SKIP_LIMIT_MIN_READ, skip_limit_problem
 from tests.data.shardmaker import jpeg, write_tar
 from tests.train.common import cli, finish, metrics, run, tiny_config
 
+pytestmark = pytest.mark.trains
+
 
 def shards_with_bad_images(folder, samples: int, bad_every: int | None, good_every: int | None = None) -> str:
     """Two shards of `samples` in all; an image is bytes that do not decode for every `bad_every`-th sample, or for
