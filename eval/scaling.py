@@ -6,7 +6,9 @@ difference of exponents between groups. Forms: ``power`` (least squares in log-l
 ``saturating`` (y = beta x^alpha + c, c >= 0) and, with ``--frontier-bins K``, the compute-frontier
 fit of Cherti et al. 2023. What is read from each input kind: see eval/scaling_io.py. A group with only as many
 distinct x as the form has parameters gives no interval: every verdict on it is "undetermined" (with the reason),
-and so is a prediction's interval there or where every bootstrap fit predicts the same value.
+and so is a prediction's interval there or where every bootstrap fit predicts the same value. Every group carries
+its R^2 on log y over the points fitted (its frontier, where it has one) and the x range of those points; a fit
+below R2_MIN (0.95) does not describe its points, which the table says (poor_fit).
 
     python -m eval.scaling runs/ --x compute --y error --group model.image_attention --frontier-bins 8 \
         --out runs/scaling
@@ -29,13 +31,35 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from eval.scaling_fit import FITS, bootstrap, fit_procedure, floor_at_bound, interval, predict, too_few_x, zero_width
+from eval.scaling_fit import (
+    FITS,
+    R2_MIN,
+    bootstrap,
+    fit_procedure,
+    floor_at_bound,
+    interval,
+    predict,
+    r2_log,
+    too_few_x,
+    zero_width,
+)
 from eval.scaling_io import POINTS, ScalingInputError, ScalingWarning, evaluate, load_points
 from eval.scaling_plot import render_png
 
-__all__ = ["ScalingInputError", "ScalingWarning", "fit", "format_table", "group_points", "load_points", "main", "plot"]
+__all__ = [
+    "ScalingInputError",
+    "ScalingWarning",
+    "fit",
+    "format_table",
+    "group_points",
+    "load_points",
+    "main",
+    "plot",
+    "poor_fit",
+]
 
 BAND_POINTS = 60
+POOR_FIT = "the fit does not describe its points"
 ZERO_WIDTH = "every bootstrap fit predicts the same value: a zero-width interval"
 FLOOR_AT_BOUND = {
     "lower": "the floor is at its bound: the data do not show a floor",
@@ -108,6 +132,8 @@ def _fit_group(name, x, y, opts, rng, grid) -> tuple[dict, np.ndarray]:
         "beta": float(params[1]),
         "beta_ci": interval(draws[:, 1]),
         "formula": _formula(*params, form),
+        "r2": _finite_or_none(r2_log(params, x_used, y_used)),
+        "x_range": [float(x_used.min()), float(x_used.max())],
         "bootstrap_redraws": int(redraws),
     }
     if form == "saturating":
@@ -119,6 +145,10 @@ def _fit_group(name, x, y, opts, rng, grid) -> tuple[dict, np.ndarray]:
     band = np.percentile(predict(draws, grid), [2.5, 97.5], axis=0)
     result["band"] = {"x": grid.tolist(), "lo": band[0].tolist(), "hi": band[1].tolist()}
     return result, draws[:, 0]
+
+
+def _finite_or_none(value: float) -> float | None:
+    return value if np.isfinite(value) else None  # JSON has no NaN (report.json is written with allow_nan=False)
 
 
 def _extrapolations(params, draws, at_x, no_interval: str | None) -> list[dict]:
@@ -232,9 +262,23 @@ def _ci(value: float, ci: list[float], no_interval: str | None = None) -> str:
     return f"{value:.4g} [no interval]" if no_interval else f"{value:.4g} [{ci[0]:.4g}, {ci[1]:.4g}]"
 
 
+def poor_fit(g: dict) -> str | None:
+    """Why a group's fit does not describe its points (its R^2 on log y below R2_MIN, or undefined), else None."""
+    r2 = g.get("r2", R2_MIN)  # absent: a report written before R^2 was recorded
+    if r2 is None:
+        return "R^2 undefined: every y the same"
+    return None if r2 >= R2_MIN else f"R^2 {r2:.3f} on log y, below {R2_MIN}"
+
+
+def _r2_text(g: dict) -> str:
+    return "n/a" if g.get("r2") is None else f"{g['r2']:.3f}"
+
+
 def _notes(name: str, g: dict) -> list[str]:
-    """A group's lines under the table: why it has no interval, a floor at its bound, its predictions."""
+    """A group's lines under the table: why it has no interval, a poor fit, a floor at its bound, its predictions."""
     lines = [g["no_interval"]] if g.get("no_interval") else []
+    if poor_fit(g):
+        lines.append(f"{name}: {poor_fit(g)}: {POOR_FIT}")
     if g.get("c_at_bound"):
         lines.append(f"{name}: c = {g['c']:.3g}: {FLOOR_AT_BOUND[g['c_at_bound']]}")
     for e in g["extrapolation"]:
@@ -247,17 +291,17 @@ def _notes(name: str, g: dict) -> list[str]:
 def format_table(report: dict) -> str:
     """The report as terminal text: one row per group, then per group its notes and predictions, then comparisons."""
     saturating = report["form"] == "saturating"
-    header = ["group", "n", "alpha [95% CI]", "beta [95% CI]"] + (["c [95% CI]"] if saturating else [])
+    header = ["group", "n", "alpha [95% CI]", "beta [95% CI]"] + (["c [95% CI]"] if saturating else []) + ["R^2"]
     rows = []
     for name, g in report["groups"].items():
         none = g.get("no_interval")
         row = [name, str(g["n_points"]), _ci(g["alpha"], g["alpha_ci"], none), _ci(g["beta"], g["beta_ci"], none)]
-        rows.append(row + ([_ci(g["c"], g["c_ci"], none)] if saturating else []))
+        rows.append(row + ([_ci(g["c"], g["c_ci"], none)] if saturating else []) + [_r2_text(g)])
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     frontier = f", frontier of {report['frontier_bins']} bins" if report["frontier_bins"] else ""
     lines = [
         f"{report['y']} vs {report['x']}: {report['form']} fit{frontier}, "
-        f"{report['n_boot']} bootstrap resamples (seed {report['seed']})"
+        f"{report['n_boot']} bootstrap resamples (seed {report['seed']}); R^2 on log y over the points fitted"
     ]
     lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in [header, *rows]]
     for name, g in report["groups"].items():

@@ -23,6 +23,9 @@ ZERO_WIDTH_RTOL = 1e-9
 # The bootstrap redraws degenerate resamples (too few distinct x); past this many draws per wanted
 # resample the group is too small to bootstrap at all.
 MAX_DRAWS_PER_RESAMPLE = 20
+# A fit whose R^2 on log y (over the points it was fitted on) is below this does not describe its points: a claim
+# read from its exponent is undetermined.
+R2_MIN = 0.95
 
 
 class TooFewPoints(ScalingInputError):
@@ -73,6 +76,19 @@ def predict(params: np.ndarray, x: np.ndarray) -> np.ndarray:
     params = np.asarray(params, dtype=float)
     alpha, beta, c = (params[..., i, None] for i in range(3))
     return beta * np.asarray(x, dtype=float) ** alpha + c
+
+
+def log_residuals(params, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """ln y - ln fit(x) [N] of params (3,) = (alpha, beta, c) on the points x [N], y [N]."""
+    return np.log(y) - np.log(predict(params, x))
+
+
+def r2_log(params, x: np.ndarray, y: np.ndarray) -> float:
+    """R^2 of the fit on log y over the points x [N], y [N] it was fitted on: 1 - SS(ln y - ln fit) / SS(ln y -
+    mean ln y); nan when every y is the same (nothing to explain)."""
+    total = float(np.sum((np.log(y) - np.log(y).mean()) ** 2))
+    residual = float(np.sum(log_residuals(params, x, y) ** 2))
+    return 1.0 - residual / total if total > 0 else float("nan")
 
 
 def frontier(x: np.ndarray, y: np.ndarray, bins: int) -> tuple[np.ndarray, np.ndarray]:

@@ -1,4 +1,5 @@
-"""The log-log figure of a scaling report: points, fitted lines, bootstrap bands, formulas in the legend."""
+"""The log-log figure of a scaling report: points, fitted lines, bootstrap bands, formulas and R^2 in the legend,
+and under each panel the log residuals of the points fitted."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib import ticker
 
-from eval.scaling_fit import predict
+from eval.scaling_fit import log_residuals, predict
 
 
 def _formula(params) -> str:
@@ -75,26 +76,35 @@ def build_figure(
     colours: dict | None = None,
 ):
     """The matplotlib Figure of a report: one log-log panel, or with extrapolations two: the data range alone
-    (left, so that the points stay readable) and the view out to the extrapolated x (right).
+    (left, so that the points stay readable) and the view out to the extrapolated x (right); under each, its
+    residual panel (ln y - ln fit of the points fitted, against x).
 
     One colour per group (tab10 in group order, or `colours` {group: colour}); points (frontier points filled,
     others hollow when a frontier was fitted), the fit over the shared x range, its 95% band (2.5/97.5 percentiles
     of the bootstrap fits' predictions per x; none for a group without an interval) and extrapolated predictions
-    with their intervals. The y range is that of the points and predictions in view (a band may leave it). Axis
-    labels: the expressions fitted with their units (axis_label) unless given. `points`: {group: (x, y)},
-    eval.scaling.group_points of the data fitted.
+    with their intervals; the legend gives each fit's R^2 on log y. The y range is that of the points and
+    predictions in view (a band may leave it). Axis labels: the expressions fitted with their units (axis_label)
+    unless given. `points`: {group: (x, y)}, eval.scaling.group_points of the data fitted.
     """
     extrapolating = bool(report["extrapolate"])
-    fig, axes = plt.subplots(1, 1 + extrapolating, figsize=(13 if extrapolating else 7, 5), dpi=120, squeeze=False)
-    axes = list(axes[0])
+    fig, grid = plt.subplots(
+        2,
+        1 + extrapolating,
+        figsize=(13 if extrapolating else 7, 6.5),
+        dpi=120,
+        squeeze=False,
+        sharex="col",
+        gridspec_kw={"height_ratios": [3, 1], "hspace": 0.08},
+    )
+    axes = list(grid[0])
     frontier = f", frontier of {report['frontier_bins']} bins" if report["frontier_bins"] else ""
     title = f"{report['form']} fit{frontier}; bands: 95% bootstrap ({report['n_boot']} resamples)"
     x_data = np.concatenate([x for x, _ in points.values()])
-    for ax in axes:
+    for ax, below in zip(axes, grid[1]):
         shown = []
         for i, (name, g) in enumerate(report["groups"].items()):
-            colour = (colours or {}).get(name, plt.get_cmap("tab10")(i % 10))
-            shown += _draw_group(ax, name, g, *points[name], colour)
+            shown += _draw_group(ax, name, g, *points[name], _colour(colours, name, i))
+            _draw_residuals(below, g, *points[name], _colour(colours, name, i))
         ax.set_xscale("log")
         ax.set_yscale("log")
         if ax is axes[0] and extrapolating:
@@ -105,18 +115,37 @@ def build_figure(
         else:
             shown = [v for v, _ in shown]
         ax.set_ylim(min(shown) / 1.25, max(shown) * 1.25)
-        ax.set_xlabel(xlabel or axis_label(report["x"]))
         ax.set_ylabel(ylabel or axis_label(report["y"]))
         ax.grid(True, which="both", alpha=0.3)
         plain_ticks(ax)
-    if extrapolating:
+        below.set_xlabel(xlabel or axis_label(report["x"]))
+    _titles(fig, axes, report, title)
+    axes[-1].legend(fontsize=8)
+    return fig
+
+
+def _colour(colours: dict | None, name: str, i: int):
+    return (colours or {}).get(name, plt.get_cmap("tab10")(i % 10))
+
+
+def _titles(fig, axes, report: dict, title: str) -> None:
+    if report["extrapolate"]:
         fig.suptitle(title, fontsize=9)
         axes[0].set_title("the data range", fontsize=9)
         axes[1].set_title(f"extrapolated to x = {max(report['extrapolate']):.3g}", fontsize=9)
     else:
         axes[0].set_title(title, fontsize=9)
-    axes[-1].legend(fontsize=8)
-    return fig
+
+
+def _draw_residuals(ax, g: dict, x: np.ndarray, y: np.ndarray, colour) -> None:
+    """The log residuals ln y - ln fit of the points the group was fitted on (its frontier, where it has one)."""
+    if "frontier" in g:
+        x, y = np.array(g["frontier"]).T
+    params = [g["alpha"], g["beta"], g.get("c", 0.0)]
+    ax.scatter(x, log_residuals(params, x, y), s=18, color=colour, alpha=0.8)
+    ax.axhline(0, color="0.4", lw=0.8)
+    ax.set_ylabel("ln y - ln fit", fontsize=8)
+    ax.grid(True, which="both", alpha=0.3)
 
 
 def render_png(
@@ -146,7 +175,9 @@ def _draw_group(ax, name: str, g: dict, x: np.ndarray, y: np.ndarray, colour) ->
     grid = np.array(band["x"])
     params = [g["alpha"], g["beta"], g.get("c", 0.0)]
     none = " (no interval)" if g.get("no_interval") else ""
-    ax.plot(grid, predict(params, grid), color=colour, label=f"{name}: {_formula(params)} (n={g['n_points']}){none}")
+    r2 = "" if g.get("r2") is None else f", $R^2$={g['r2']:.3f}"
+    label = f"{name}: {_formula(params)} (n={g['n_points']}{r2}){none}"
+    ax.plot(grid, predict(params, grid), color=colour, label=label)
     if not none:
         ax.fill_between(grid, band["lo"], band["hi"], color=colour, alpha=0.2, linewidth=0)
     for e in g["extrapolation"]:

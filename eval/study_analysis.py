@@ -48,6 +48,15 @@ FITS = {
         "zero-shot top-1 error",
         "zero-shot error against parameters at the end of training",
     ),
+    # claim (c) as the paper states it (eval/claims.py: PARAMS_FIT): loss against non-embedding parameters
+    "val_loss_params": (
+        "params_without_token_embedding",
+        "val_loss",
+        "last",
+        "parameters without the token embedding",
+        "validation loss (contrastive)",
+        "validation loss against parameters at the end of each full-budget run (claim (c))",
+    ),
 }
 
 

@@ -14,18 +14,19 @@ import numpy as np
 from eval import machine, pages
 from eval.claims import FLAT, claims, claims_table, flattened
 from eval.multiplier import multiplier
+from eval.scaling import poor_fit
+from eval.scaling_fit import R2_MIN
 
 NODENOM = "linear_affine_nodenom"
+# what fits.json keeps of each group of a fit (the seed statistics and claim (c) read n_distinct_x, x_range, r2)
+DIGEST = ("alpha", "alpha_ci", "beta", "beta_ci", "n_points", "n_distinct_x", "x_range", "r2", "no_interval", "formula")
 
 
 def fit_digest(report: dict) -> dict:
     """The numbers of a fit a reader needs: per group alpha, its interval, beta, points; the comparisons."""
     if "groups" not in report:
         return report
-    groups = {
-        name: {k: g[k] for k in ("alpha", "alpha_ci", "beta", "beta_ci", "n_points", "formula")}
-        for name, g in report["groups"].items()
-    }
+    groups = {name: {k: g[k] for k in DIGEST if k in g} for name, g in report["groups"].items()}
     comparisons = [
         {k: c.get(k) for k in ("a", "b", "alpha_diff", "alpha_diff_ci", "verdict", "reason")}
         for c in report["comparisons"]
@@ -144,6 +145,7 @@ def support(runs: list[dict], fits: dict) -> list[str]:
             else f"no run of it reaches {100 * level:.1f}% error (softmax's median final error)"
         )
         parts = [
+            exponent_sentence(fits, "val_loss_params", attention, "validation loss against parameters"),
             exponent_sentence(fits, "error_frontier", attention, "compute-frontier (zero-shot error)"),
             exponent_sentence(fits, "val_loss_frontier", attention, "validation-loss frontier"),
             "its final error is " + ", ".join(f"{x:.2f}x" for x in ratios) + " softmax's, size by size",
@@ -319,14 +321,25 @@ def report_md(runs, fits, specs, bench, study, args, clock, format_table, num_cl
         f"half an image, {0.5 / n_images:.5f}: a logarithm needs a positive error, and below 1/{n_images} the set "
         "cannot tell errors apart.\n",
     ]
+    parts.append(
+        f"Each fit below prints its R^2 on log y over the points it was fitted on; one below {R2_MIN} does not "
+        "describe its points (marked), and a claim read from it is undetermined. Under each figure: the log "
+        "residuals (ln y - ln fit) of the points fitted, against x.\n"
+    )
     for name, (_, _, _, _, _, title) in specs.items():
-        report = fits[name]
-        table = format_table(report) if "groups" in report else f"not fitted: {report['error']}"
-        parts += [f"## Fit: {title}\n", f"```\n{table}\n```\n"]
-        if "groups" in report:
-            parts.append(f"![{name}]({name}.png)\n")
+        parts += fit_section(name, title, fits[name], format_table)
     parts += ["## Attention layers (forward + backward, B=1, H=6, D=64, fp32, this machine)\n", bench]
     return "\n".join(parts)
+
+
+def fit_section(name: str, title: str, report: dict, format_table) -> list[str]:
+    """One fit's section: its table (with R^2 on log y per group), a mark on a fit that does not describe its
+    points, and its figure (with residuals)."""
+    if "groups" not in report:
+        return [f"## Fit: {title}\n", f"```\nnot fitted: {report['error']}\n```\n"]
+    poor = [f"{group} ({poor_fit(g)})" for group, g in report["groups"].items() if poor_fit(g)]
+    mark = [f"**Does not describe its points**: {'; '.join(poor)}.\n"] if poor else []
+    return [f"## Fit: {title}\n", *mark, f"```\n{format_table(report)}\n```\n", f"![{name}]({name}.png)\n"]
 
 
 def budget_section(runs: list[dict], study) -> list[str]:

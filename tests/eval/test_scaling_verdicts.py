@@ -5,6 +5,7 @@ import json
 
 import numpy as np
 import pandas as pd
+import pytest
 from PIL import Image
 
 from eval.scaling import fit, format_table, main, points_of
@@ -106,13 +107,34 @@ def test_extrapolated_figure_has_a_data_panel_and_units(tmp_path, capsys):
     df = pd.concat([budgets(-0.36, "softmax", xs), budgets(-0.25, "linear", xs, seed=1)], ignore_index=True)
     report = fit(df, "compute", "loss", group="attention", n_boot=50, extrapolate=[1e12])
     fig = build_figure(report, points_of(report, df))
-    data, extrapolated = fig.axes
+    data, extrapolated, data_residuals, _ = fig.axes  # each panel with its residual panel under it
     assert data.get_xlim()[1] < 1e10 < 1e12 < extrapolated.get_xlim()[1]
-    assert data.get_xlabel() == "compute (forward GMACs: GMACs per image-text pair x samples seen)"
+    assert data_residuals.get_xlabel() == "compute (forward GMACs: GMACs per image-text pair x samples seen)"
     assert data.get_ylabel() == "training loss (contrastive cross-entropy, nats)"
-    assert len(build_figure(fit(df, "compute", "loss", group="attention", n_boot=50), points_of(report, df)).axes) == 1
+    assert len(build_figure(fit(df, "compute", "loss", group="attention", n_boot=50), points_of(report, df)).axes) == 2
     assert axis_label("error@imagenet-v2") == "zero-shot top-1 error on imagenet-v2 (fraction)"
     assert axis_label("1-top1") == "1-top1"
     run_main(df, tmp_path, capsys, "--extrapolate", "1e12")
     with Image.open(tmp_path / "out" / "scaling.png") as image:
-        assert image.format == "PNG" and image.size[0] > image.size[1] * 1.8  # two panels side by side
+        assert image.format == "PNG" and image.size[0] > image.size[1] * 1.6  # two panels side by side
+
+
+def test_every_fit_has_its_r2_and_residuals_and_a_poor_one_is_marked():
+    xs = np.geomspace(1e6, 1e9, 6)
+    # a plateau then a drop: no power law describes it
+    bent = pd.DataFrame({"compute": xs, "loss": [0.7, 0.69, 0.68, 0.6, 0.1, 0.01], "attention": "bent"})
+    df = pd.concat([budgets(-0.36, "softmax", xs), bent], ignore_index=True)
+    report = fit(df, "compute", "loss", group="attention", n_boot=50)
+    good, poor = report["groups"]["softmax"], report["groups"]["bent"]
+    assert good["r2"] > 0.99 and poor["r2"] < 0.95 and good["x_range"] == [1e6, 1e9]
+    text = format_table(report)
+    assert "softmax  6  " in text and f"{good['r2']:.3f}" in text.splitlines()[3]
+    assert f"bent: R^2 {poor['r2']:.3f} on log y, below 0.95: the fit does not describe its points" in text
+    assert "softmax: R^2" not in text
+    # the residual panel: ln y - ln fit of each group's points
+    _, residuals = build_figure(report, points_of(report, df)).axes
+    x, y = points_of(report, df)["bent"]
+    drawn = residuals.collections[0].get_offsets()  # groups in order: bent, softmax
+    fitted = np.log(y) - np.log(poor["beta"] * x ** poor["alpha"])
+    assert np.allclose(drawn[:, 0], x) and np.allclose(drawn[:, 1], fitted)
+    assert 1 - np.sum(fitted**2) / np.sum((np.log(y) - np.log(y).mean()) ** 2) == pytest.approx(poor["r2"])

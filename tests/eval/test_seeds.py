@@ -8,7 +8,7 @@ import pytest
 from scipy import stats
 
 from eval.claims import NODENOM, NORMALISED
-from eval.seeds import load_seed, multiplier_spread, spread
+from eval.seeds import claim_c_seeds, load_seed, multiplier_spread, spread
 from scripts.study_seeds import main
 
 SAMPLES = [1000, 2000, 4000]
@@ -28,20 +28,24 @@ def run(attention, errors, budget=1.0, size="demo-w64", top1=None, val_loss=1.0)
     }
 
 
-def study(folder, seed: int, slow: float, diff: float):
+def study(folder, seed: int, slow: float, diff: float, sizes: int = 5):
     """A finished study: linear_affine needs `slow` x softmax's samples (the same curve stretched), Eq. 7 3x
-    with the same final error; exponent difference Eq. 7 - softmax `diff`."""
+    with the same final error; exponent difference Eq. 7 - softmax `diff` (in both fits; the one against
+    parameters over `sizes` sizes spanning 30x, R^2 0.99)."""
     folder.mkdir()
     soft = [0.7, 0.3, 0.1]
     runs = [run("softmax", soft), run(NORMALISED, soft, budget=slow), run(NODENOM, soft, budget=3.0)]
     runs += [run(a, [0.8, 0.6, 0.5], size="demo-w32") for a in ("softmax", NORMALISED, NODENOM)]
+    cover = {"n_distinct_x": sizes, "x_range": [1e5, 3e6], "r2": 0.99}
     groups = {"softmax": {"alpha": -0.5}, NORMALISED: {"alpha": -0.5}, NODENOM: {"alpha": -0.5 + diff}}
+    groups = {a: {**g, **cover} for a, g in groups.items()}
     comparisons = [
         {"a": NODENOM, "b": "softmax", "alpha_diff": diff},
         {"a": NORMALISED, "b": "softmax", "alpha_diff": 0},
     ]
     (folder / "runs.json").write_text(json.dumps(runs))
-    (folder / "fits.json").write_text(json.dumps({"error_frontier": {"groups": groups, "comparisons": comparisons}}))
+    fit = {"groups": groups, "comparisons": comparisons}
+    (folder / "fits.json").write_text(json.dumps({"error_frontier": fit, "val_loss_params": fit}))
     (folder / "report.md").write_text(f"# report\n\nMade by `python -m scripts.demo --seed {seed}` on ...\n")
     sweep = [{"attention": a, "scale": 0.5, "chosen": True} for a in ("softmax", NORMALISED, NODENOM)]
     (folder / "lr_sweep.json").write_text(json.dumps(sweep))
@@ -91,12 +95,29 @@ def test_claims_and_report_from_three_seeds(tmp_path, capsys):
     assert claims["(b)"] == "**supported**"
     # exponent differences 0.10-0.12: an interval off 0 at three seeds, not "similar" by the rule
     assert claims["(c)"] == "**not supported**"
+    assert "Eq. 7 - softmax exponent +0.110 [" in text and "over 3 seeds (margin +-0.05)" in text
     assert "| linear_affine | demo-w64 | 20% | 2.90x / 3.00x / 3.10x | 3.00x [" in text
     assert "seeds 0 / 1 / 2" in text and "| softmax | 0.5x / 0.5x / 0.5x |" in text
     for f in folders:  # studies without a sweep (configs/study/flat.yaml): one line, not a table of dashes
         (f / "lr_sweep.json").write_text("[]")
     text = main([str(f) for f in folders])
     assert "No seed ran a learning-rate sweep" in text and "| softmax | - / - / - |" not in text
+
+
+def test_claim_c_over_seeds_is_an_equivalence_test_on_enough_sizes(tmp_path):
+    def verdict(diffs, sizes=5, name="a"):
+        folders = [study(tmp_path / f"{name}{i}", i, 3.0, d, sizes) for i, d in enumerate(diffs)]
+        return claim_c_seeds([load_seed(f) for f in folders])
+
+    # differences 0.00-0.02 at three seeds: the seed interval lies within +-0.05
+    assert verdict((0.0, 0.01, 0.02))[0] == "supported"
+    # the same at 3 sizes: indicative only
+    judged, numbers = verdict((0.0, 0.01, 0.02), sizes=3, name="b")
+    assert judged == "undetermined" and "indicative only: 3 sizes spanning 30.0x" in numbers
+    # differences -0.04 to +0.06 at three seeds: an interval across the margin
+    assert verdict((-0.04, 0.06, 0.01), name="c")[0] == "undetermined"
+    # one seed: no interval over seeds
+    assert verdict((0.0,), name="d")[0] == "undetermined"
 
 
 def test_a_folder_without_results_is_one_error_line(tmp_path):
