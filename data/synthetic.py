@@ -2,7 +2,10 @@
 
     python -m data.synthetic OUT [--train-samples 10000] [--val-samples 1000] [--eval-per-class 20]
                                  [--seed 0] [--image-size 32] [--shard-size 1000] [--captions short|long]
-                                 [--extent 0.35 0.75] [--patterns]
+                                 [--extent 0.35 0.75] [--patterns] [--task shapes|scenes]
+
+`--task scenes` writes data.scenes's task instead (the main job's: concepts with Zipf frequencies, 120 zero-shot
+classes; its docstring); the rest of this text is the `shapes` task.
 
 Every image shows one shape (circle, square, triangle, cross) in one of six colours, in one of
 nine cells of a 3 x 3 grid (jittered), of a size drawn uniformly between 35% and 75% of the image
@@ -67,6 +70,7 @@ EXTENT = (0.35, 0.75)  # shape size as a fraction of the image side, drawn unifo
 LARGE = 0.55  # captions call a shape of at least this extent "large", else "small"
 CELL = 0.22  # distance of the outer grid cells' centres from the image centre, as a fraction of the side
 CAPTIONS = ("short", "long")  # --captions: one shape with a short caption, or data.synthetic_long
+TASKS = ("shapes", "scenes")  # --task: this module's shapes, or data.scenes (Zipf-frequent concepts, 120 classes)
 # --patterns: each shape plain or with a pattern of 1-pixel lines at the data's own resolution, in a darker shade of
 # its colour: striped = every other row, barred = every other column, checked = a checkerboard. A view at half the
 # resolution averages each pattern to the same shade, so telling them apart needs the full resolution.
@@ -219,11 +223,14 @@ def write_split(
     captions: str = "short",
     extent=EXTENT,
     patterns: bool = False,
+    task: str = "shapes",
 ) -> str:
     """Write the shards of one split (0 train, 2 validation) and sizes.json; return the brace spec of the shards."""
     out.mkdir(parents=True, exist_ok=True)
     counts = [min(shard_size, samples - start) for start in range(0, samples, shard_size)]
-    if captions == "long":
+    if task == "scenes":
+        from data.scenes import write_scene_shard as write  # data.scenes builds on this module
+    elif captions == "long":
         # imported here because data.synthetic_long builds on this module
         from data.synthetic_long import write_long_shard as write
     else:
@@ -267,15 +274,23 @@ def make_synthetic(
     captions: str = "short",
     extent: tuple[float, float] = EXTENT,
     patterns: bool = False,
+    task: str = "shapes",
 ) -> str:
     """Write the whole data set under `out` (layout in the module docstring); return the train spec.
 
+    task: shapes (this module) or scenes (data.scenes: concepts with Zipf frequencies, 120 zero-shot classes).
     extent: the range of shape sizes as fractions of the image side; small shapes at a high resolution make a task
     that needs the resolution (a shape a few pixels wide loses its form when the model sees the image smaller).
     patterns: shapes plain or patterned in 1-pixel lines (PATTERNS), zero-shot classes colour x pattern: a detail
     that a view at half the resolution loses."""
     if captions not in CAPTIONS:
         raise ValueError(f"synthetic data: captions {captions!r} is not one of {', '.join(CAPTIONS)}")
+    if task not in TASKS:
+        raise ValueError(f"synthetic data: task {task!r} is not one of {', '.join(TASKS)}")
+    if task == "scenes" and (captions != "short" or patterns or tuple(extent) != EXTENT):
+        raise ValueError(
+            "synthetic data: the scenes task has its own captions and sizes; drop captions, patterns, extent"
+        )
     extent = tuple(float(e) for e in extent)
     if captions == "long" and patterns:
         raise ValueError("synthetic data: patterns go with short captions only; drop --patterns or --captions long")
@@ -290,10 +305,15 @@ def make_synthetic(
             "image_size >= 8"
         )
     out = Path(out)
-    spec = write_split(out / "train", train_samples, shard_size, seed, 0, image_size, captions, extent, patterns)
+    spec = write_split(out / "train", train_samples, shard_size, seed, 0, image_size, captions, extent, patterns, task)
     if val_samples:
-        write_split(out / "val", val_samples, shard_size, seed, 2, image_size, captions, extent, patterns)
-    names = write_eval(out / "eval", eval_per_class, seed, image_size, extent, patterns)
+        write_split(out / "val", val_samples, shard_size, seed, 2, image_size, captions, extent, patterns, task)
+    if task == "scenes":
+        from data.scenes import write_scene_eval
+
+        names = write_scene_eval(out / "eval", eval_per_class, seed, image_size)
+    else:
+        names = write_eval(out / "eval", eval_per_class, seed, image_size, extent, patterns)
     if captions == "long" and eval_per_class:
         from data.synthetic_long import write_retrieval
 
@@ -319,6 +339,7 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--image-size", type=int, default=32)
     parser.add_argument("--shard-size", type=int, default=1000)
+    parser.add_argument("--task", choices=TASKS, default="shapes", help="scenes: Zipf-frequent concepts (data.scenes)")
     parser.add_argument("--captions", choices=CAPTIONS, default="short", help="long: several shapes, 60-300 tokens")
     parser.add_argument(
         "--extent", type=float, nargs=2, default=EXTENT, metavar=("LOW", "HIGH"), help="shape sizes / image side"
@@ -341,6 +362,7 @@ def main(argv: list[str] | None = None) -> str:
             captions=args.captions,
             extent=args.extent,
             patterns=args.patterns,
+            task=args.task,
         )
     except (ValueError, OSError) as e:
         raise SystemExit(f"error: {e}") from None

@@ -176,7 +176,7 @@ def figures(out: Path, study, jobs) -> tuple[list[dict], dict, int]:
     floor = error_floor(classes, study)
     runs, fits = run_rows(jobs, floor), scaling_fits(jobs, out, study, floor)
     mains = [j for j in jobs if j.after is None]  # the full-budget runs, not their cooldown branches
-    label = {str(j.run_dir): j.size for j in mains}  # the study's size names (SIZE@RESpx with resolutions)
+    label = {str(j.run_dir): j.size for j in mains}  # the study's size names (SIZE@RESpx with image_sizes)
     curves = points(mains, "error", "all").assign(error=lambda d: 1 - d["zeroshot/top1"])
     losses = points(mains, "val_loss", "all")
     curves[SIZE], losses[SIZE] = curves["@source"].map(label), losses["@source"].map(label)

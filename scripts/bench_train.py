@@ -1,6 +1,6 @@
 """Seconds per training step (forward, loss, backward, AdamW step) of our CLIP against open_clip's, and per attention.
 
-    python scripts/bench_train.py [--batch-size 8] [--steps 3] [--sizes ViT-S-16,ViT-B-16] [--resolutions 224,448]
+    python scripts/bench_train.py [--batch-size 8] [--steps 3] [--sizes ViT-S-16,ViT-B-16] [--image-sizes 224,448]
                                   [--attention-batch-size 2] [--threads 1] [--out docs]
     python -m scripts.bench_train --device cuda     # batch 64 / 16, 224, 448 and 896 px, bf16 attention part
 
@@ -34,7 +34,7 @@ from train.bench import probes, training
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 
 
-GPU_DEFAULTS = dict(batch_size=64, attention_batch_size=16, resolutions="224,448,896", steps=5)
+GPU_DEFAULTS = dict(batch_size=64, attention_batch_size=16, image_sizes="224,448,896", steps=5)
 GPU_ATTENTIONS = ["softmax", "linear_affine_nodenom", "linear_affine", "linear_elu"]
 
 
@@ -46,13 +46,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--sizes", default="ViT-S-16,ViT-B-16")
     parser.add_argument("--attention-size", default="ViT-S-16")
     parser.add_argument("--attentions", help="part 2, comma-separated (default: all; on a GPU softmax + the linear)")
-    parser.add_argument("--resolutions", help="part 2 (default 224,448 on the CPU, 224,448,896 on a GPU)")
+    parser.add_argument("--image-sizes", help="part 2 (default 224,448 on the CPU, 224,448,896 on a GPU)")
     parser.add_argument("--attention-batch-size", type=int, help="part 2 (default 2 on the CPU, 16 on a GPU)")
     parser.add_argument("--threads", type=int, default=1, help="CPU intra-op threads")
     parser.add_argument("--out", default=str(DOCS), help="folder for bench_train[_cuda].csv/.md/.png")
     args = parser.parse_args(argv)
     args.command = pages.command("scripts.bench_train", sys.argv[1:] if argv is None else argv)
-    cpu = dict(batch_size=8, attention_batch_size=2, resolutions="224,448", steps=3)
+    cpu = dict(batch_size=8, attention_batch_size=2, image_sizes="224,448", steps=3)
     for key, value in (GPU_DEFAULTS if args.device == "cuda" else cpu).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
@@ -69,8 +69,8 @@ def main(argv: list[str] | None = None) -> None:
     start = time.perf_counter()
     rows = training.ours_vs_open_clip(args.sizes.split(","), args.batch_size, args.steps, probe) if args.sizes else []
     with tempfile.TemporaryDirectory() as folder:
-        resolutions = [int(p) for p in args.resolutions.split(",")]
-        part = (args.attention_size, args.attention_names, resolutions, args.attention_batch_size, args.steps)
+        image_sizes = [int(p) for p in args.image_sizes.split(",")]
+        part = (args.attention_size, args.attention_names, image_sizes, args.attention_batch_size, args.steps)
         rows += training.attentions(*part, probe, Path(folder))
     training.write_outputs(rows, args, probe, time.perf_counter() - start)
     print(f"wrote {args.out}/bench_train*.md, .csv and .png in {(time.perf_counter() - start) / 60:.1f} min")

@@ -80,7 +80,7 @@ def run_lr(run_dir: Path) -> float:
 
 
 def teacher_model(run_dir) -> dict:
-    """The teacher run's model name and image size (a study's size may be SIZE@RESpx: resolutions)."""
+    """The teacher run's model name and image size (a study's size may be SIZE@RESpx: image_sizes)."""
     model = yaml.safe_load((Path(run_dir) / layout.CONFIG).read_text())["model"]
     return {"model.name": model["name"], "model.image_size": model.get("image_size")}
 

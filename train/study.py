@@ -1,4 +1,4 @@
-"""The study as data: the grid of training runs (sizes x attentions x resolutions x budgets, per seed) that one
+"""The study as data: the grid of training runs (sizes x attentions x image sizes x budgets, per seed) that one
 study config describes (configs/study/*.yaml), and each run's `python -m train` command.
 
 configs/study/demo.yaml holds the grid (sizes x attentions), the embedded data set's size, per-size settings,
@@ -54,9 +54,9 @@ class Study:
     # the linearisation arm (train/linearise.py) on the best softmax run: {transfer_steps, distill_steps,
     # eval_every, warmup_steps} (its options); {} = none
     linearise: dict = field(default_factory=dict)
-    # image resolutions (px) as an axis beside the sizes: every size at each, named SIZE@RESpx (model.image_size;
-    # its patch size must divide each); [] = each size at its own resolution. Expanded into `sizes` on load.
-    resolutions: list[int] = field(default_factory=list)
+    # image sizes (px, model.image_size) as an axis beside the model sizes: every size at each, named SIZE@RESpx
+    # (its patch size must divide each); [] = each size at its own image size. Expanded into `sizes` on load.
+    image_sizes: list[int] = field(default_factory=list)
 
 
 def spec_of(folder: Path) -> str:
@@ -132,24 +132,24 @@ def load_study(path: str | Path, quick: bool = False) -> Study:
         raise StudyError(
             f"{path}: linearise: unknown key {unknown[0]!r}; valid keys: {', '.join(sorted(LINEARISE_KEYS))}"
         )
-    expand_resolutions(study, path)
+    expand_image_sizes(study, path)
     check_budgets(study.budgets, path)
     check_sweep(study, path)
     return study
 
 
-def expand_resolutions(study: Study, path: Path) -> None:
-    """sizes x resolutions -> sizes named SIZE@RESpx whose overrides set model.name and model.image_size (smallest
+def expand_image_sizes(study: Study, path: Path) -> None:
+    """sizes x image_sizes -> sizes named SIZE@RESpx whose overrides set model.name and model.image_size (smallest
     resolution first within a size); a resolution the size's patch does not divide is one StudyError line."""
-    if not study.resolutions:
+    if not study.image_sizes:
         return
     expanded = {}
     for size, settings in study.sizes.items():
-        for res in sorted(study.resolutions):
+        for res in sorted(study.image_sizes):
             try:
                 resolved_size(ModelConfig(name=size, image_size=res))
             except (ValueError, KeyError) as e:
-                raise StudyError(f"{path}: resolutions: {str(e).splitlines()[0]}") from None
+                raise StudyError(f"{path}: image_sizes: {str(e).splitlines()[0]}") from None
             expanded[f"{size}@{res}px"] = {"model.name": size, "model.image_size": res, **(settings or {})}
     study.sizes = expanded
 
@@ -249,7 +249,7 @@ def jobs_of(study: Study, out: Path, paths: dict[str, str], seed: int) -> list[J
         for attention, own in attention_settings(study, size).items():
             run_dir = out / "runs" / f"{size}-{attention}"
             settings = {
-                "model.name": size,  # unless the size's overrides name the model (resolutions: SIZE@RESpx)
+                "model.name": size,  # unless the size's overrides name the model (image_sizes: SIZE@RESpx)
                 **study.run,
                 **(study.sizes[size] or {}),
                 **own,

@@ -13,7 +13,7 @@ from train.bench import probes, training
 
 
 def test_tiny_run_writes_csv_table_and_plot(tmp_path):
-    sizes = ["--sizes", "tiny-s", "--attention-size", "tiny-s", "--resolutions", "64", "--attentions", "linear_affine"]
+    sizes = ["--sizes", "tiny-s", "--attention-size", "tiny-s", "--image-sizes", "64", "--attentions", "linear_affine"]
     batches = ["--batch-size", "4", "--attention-batch-size", "2", "--steps", "1"]
     bench_train.main([*sizes, *batches, "--out", str(tmp_path)])
     with open(tmp_path / "bench_train.csv") as f:
@@ -29,7 +29,7 @@ def test_tiny_run_writes_csv_table_and_plot(tmp_path):
 
 def test_cuda_defaults_and_error_without_a_gpu(monkeypatch):
     args = bench_train.parse_args(["--device", "cuda"])
-    assert (args.batch_size, args.attention_batch_size, args.resolutions) == (64, 16, "224,448,896")
+    assert (args.batch_size, args.attention_batch_size, args.image_sizes) == (64, 16, "224,448,896")
     assert args.attention_names == ["linear_affine", "linear_affine_nodenom", "linear_elu", "softmax"]
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(SystemExit, match="torch sees no CUDA GPU here"):

@@ -272,11 +272,11 @@ def test_full_study_doubles_the_budgets_with_the_main_jobs_rates():
     }
 
 
-def test_resolutions_are_an_axis_beside_the_sizes(tmp_path):
-    """`resolutions: [16, 32]` trains every size at each: runs SIZE@RESpx with model.name the size and
+def test_image_sizes_are_an_axis_beside_the_sizes(tmp_path):
+    """`image_sizes: [16, 32]` trains every size at each: runs SIZE@RESpx with model.name the size and
     model.image_size the resolution; a resolution the patch does not divide is one line naming the nearest."""
     raw = yaml.safe_load(demo.STUDY.read_text())
-    raw |= {"sizes": {"demo-w16": {"optim.lr": 5.0e-3}, "demo-w32": {}}, "resolutions": [32, 16], "lr_sweep": {}}
+    raw |= {"sizes": {"demo-w16": {"optim.lr": 5.0e-3}, "demo-w32": {}}, "image_sizes": [32, 16], "lr_sweep": {}}
     (tmp_path / "res.yaml").write_text(yaml.safe_dump(raw))
     study = load_study(tmp_path / "res.yaml")
     assert list(study.sizes) == ["demo-w16@16px", "demo-w16@32px", "demo-w32@16px", "demo-w32@32px"]
@@ -285,11 +285,11 @@ def test_resolutions_are_an_axis_beside_the_sizes(tmp_path):
     job = next(j for j in jobs_of(study, tmp_path, paths, 0) if j.size == "demo-w32@16px" and j.after is None)
     assert job.run_dir.name == "demo-w32@16px-softmax"
     assert "model.name=demo-w32" in job.argv and "model.image_size=16" in job.argv
-    raw["resolutions"] = [20]
+    raw["image_sizes"] = [20]
     (tmp_path / "res.yaml").write_text(yaml.safe_dump(raw))
     with pytest.raises(
         StudyError,
-        match=r"resolutions: model.image_size=20 is not a multiple of demo-w16's patch "
+        match=r"image_sizes: model.image_size=20 is not a multiple of demo-w16's patch "
         r"size 8; nearest valid sizes: 16, 24",
     ):
         load_study(tmp_path / "res.yaml")
@@ -308,7 +308,7 @@ def test_flat_study_gives_four_times_the_budgets_with_the_main_job_as_one_of_the
 
 
 def test_resolution_study_puts_softmax_where_attention_dominates():
-    """configs/study/resolution.yaml: the same model at two resolutions (the `resolutions` axis), the larger >= 256
+    """configs/study/resolution.yaml: the same model at two resolutions (the `image_sizes` axis), the larger >= 256
     patches (issue 29), on data drawn at the larger one with 1-pixel patterns that the smaller view averages away."""
     study = load_study(demo.REPO / "configs" / "study" / "resolution.yaml")
     vision = {

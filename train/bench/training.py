@@ -102,10 +102,10 @@ def ours_vs_open_clip(sizes: list[str], batch_size: int, rounds: int, probe) -> 
     return rows
 
 
-def attentions(size: str, names: list[str], resolutions: list[int], batch_size: int, rounds: int, probe, folder: Path):
+def attentions(size: str, names: list[str], image_sizes: list[int], batch_size: int, rounds: int, probe, folder: Path):
     """Rows of part 2: each image attention at each resolution, in fp32 on the CPU and bf16 on a GPU."""
     rows, precision = [], "fp32" if probe.device == "cpu" else "bf16"
-    for pixels in resolutions:
+    for pixels in image_sizes:
         name = register_resolution(size, pixels, folder)
         images, tokens = batch(size, pixels, batch_size, probe.device)
         steps = {}
