@@ -34,7 +34,7 @@ import yaml
 from data import DataConfig
 from models import ModelConfig
 from models.attention import get_attention, rope
-from models.attention.ops.dispatch import IMPLS
+from models.attention.ops.dispatch import IMPL_NAMES
 from models.config import resolved_size
 
 TRANSFER_SHARE = 0.25  # of train.max_steps: attention transfer's when a teacher comes without distill.stage
@@ -431,10 +431,9 @@ def check_impl(model: ModelConfig) -> None:
     rope_feature_map (linear_elu) runs rope.rotated_linear in PyTorch ops whatever its impl says (Attention.forward),
     so an impl other than auto or torch, from attention_impl or the tower's options, is refused, not ignored."""
     impl = model.attention_impl
-    if impl not in IMPLS:
-        raise ConfigError(
-            f"model.attention_impl={impl!r} is not known; use one of {', '.join(IMPLS)}{did_you_mean(impl, IMPLS)}"
-        )
+    if impl not in IMPL_NAMES:
+        known = ", ".join(IMPL_NAMES) + did_you_mean(impl, IMPL_NAMES)
+        raise ConfigError(f"model.attention_impl={impl!r} is not known; use one of {known}")
     for tower in ("image", "text"):
         if getattr(model, f"{tower}_pos_embed") != "rope":
             continue

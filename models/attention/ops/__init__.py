@@ -4,7 +4,7 @@
                             to its tests
     ops/<op>/reference.py   reference(q, k, v, *, causal, key_mask): the naive O(N^2) definition every
                             implementation is tested against (on ../reference.py's helpers)
-    ops/<op>/__init__.py    IMPLS, the one table of its implementations (dispatch.implementations: reference,
+    ops/<op>/__init__.py    TABLE, the one table of its implementations (dispatch.implementations: reference,
                             torch, cpu, triton imported lazily), and attend(q, k, v, *, causal, key_mask,
                             chunk_size, impl), which dispatches through it (dispatch.py)
     ops/<op>/torch.py       PyTorch ops: any device and dtype, torch.compile

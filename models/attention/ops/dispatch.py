@@ -36,7 +36,7 @@ from models.attention.ops.chunked import check_chunk_size
 from models.attention.ops.common import check_key_mask, dtype_name
 from models.attention.ops.op import Op
 
-IMPLS = ("auto", "reference", "torch", "cpu", "triton")
+IMPL_NAMES = ("auto", "reference", "torch", "cpu", "triton")
 TRITON_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 log = logging.getLogger("models.attention")
 choices: dict[tuple, str] = {}
@@ -94,8 +94,8 @@ def implementations(op: Op, *, reference: Callable, torch: Callable, cpu: Callab
 
 def check(op: str, impl: str, causal: bool) -> None:
     """What can be checked before any input is seen: a known impl that this op has and that exists here."""
-    if impl not in IMPLS:
-        raise ValueError(f"attention {op!r}: unknown impl {impl!r}; pick one of {', '.join(IMPLS)}")
+    if impl not in IMPL_NAMES:
+        raise ValueError(f"attention {op!r}: unknown impl {impl!r}; pick one of {', '.join(IMPL_NAMES)}")
     impls = TABLES[op].impls
     if impl != "auto" and impl not in impls:
         raise ValueError(f"attention {op!r} has no {impl} impl; pick one of auto, {', '.join(impls)}")

@@ -3,7 +3,7 @@
 Everything of the op is in this folder: definition.py (its Op description: the features, whether it normalises; the
 pointer to its tests), reference.py (the naive O(N^2) definition), torch.py (PyTorch, any device and dtype), cpu.py
 + affine_cpu.c (fused C kernel, non-causal fp32; the causal form in ../causal_cpu.c), triton.py (Triton kernels).
-IMPLS below is the one table of its implementations; the dispatcher (../dispatch.py) reads only it.
+TABLE below is the one table of its implementations; the dispatcher (../dispatch.py) reads only it.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from models.attention.ops.linear_affine import cpu, reference
 from models.attention.ops.linear_affine import torch as torch_path
 from models.attention.ops.linear_affine.definition import OP
 
-IMPLS = dispatch.implementations(
+TABLE = dispatch.implementations(
     OP,
     reference=reference.reference,
     torch=torch_path.attend,
@@ -22,7 +22,7 @@ IMPLS = dispatch.implementations(
 )
 
 attend = dispatch.op_function(
-    IMPLS,
+    TABLE,
     """o_i = sum_n (1 + q^_i.k^_n) v_n / sum_n (1 + q^_i.k^_n), [B, H, N, D] x3 -> [B, H, N, D].
 
 1 + cos >= 0, so o_i is a convex combination of the v_n. Non-causal it is two small matmuls:
