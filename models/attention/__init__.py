@@ -5,9 +5,9 @@
 | softmax                | softmax.py    | reference.softmax    |
 | continuum_softmax      | continuum.py  | reference.continuum_softmax |
 | linformer              | linformer.py  | reference.linformer  |
-| linear_affine          | linear.py, ops/linear_affine/ | ops/linear_affine/reference.py |
-| linear_affine_nodenom  | linear.py, ops/linear_affine_nodenom/ | ops/linear_affine_nodenom/reference.py |
-| linear_elu             | linear.py, ops/linear_elu/ | ops/linear_elu/reference.py |
+| linear_affine          | linear.py, ops/linear_affine/ | ops/linear_affine/__init__.py |
+| linear_affine_nodenom  | linear.py, ops/linear_affine_nodenom/ | ops/linear_affine_nodenom/__init__.py |
+| linear_elu             | linear.py, ops/linear_elu/ | ops/linear_elu/__init__.py |
 | efficient              | linear.py     | reference.efficient  |
 | hedgehog               | hedgehog.py   | reference.hedgehog   |
 

@@ -1,9 +1,9 @@
 """Linear attentions: a similarity sim(q, k) = phi(q).phi(k) (plus a constant) makes attention O(N D^2).
 
-The registered layers are thin: linear_affine, linear_affine_nodenom and linear_elu call their op in
-ops/<name>/ (PyTorch, fused C and Triton paths behind one dispatcher, option `impl`), `efficient` is a few
-plain ops here. All variants compute in fp32 (fp64 stays fp64) and return the dtype of q. Padded keys
-(key_mask False) leave every sum, normalisers included: their phi(k) and v are zeroed, not only v.
+The registered layers are thin: each op of the dispatch table (dispatch.linear_ops()) calls its folder ops/<name>/
+(PyTorch, fused C and Triton paths behind one dispatcher, option `impl`); `efficient` is a few plain ops here.
+All variants compute in fp32 (fp64 stays fp64) and return the dtype of q. Padded keys (key_mask False) leave every
+sum, normalisers included: their phi(k) and v are zeroed, not only v.
 """
 
 from __future__ import annotations
@@ -12,10 +12,7 @@ from torch import Tensor
 
 from models.attention import reference, rope
 from models.attention.base import Attention
-from models.attention.ops import dispatch
-from models.attention.ops import linear_affine as affine_op
-from models.attention.ops import linear_affine_nodenom as nodenom_op
-from models.attention.ops import linear_elu as elu_op
+from models.attention.ops import dispatch, linear_affine, linear_affine_nodenom, linear_elu
 from models.attention.ops.common import compute_dtype, flatten, key_weights
 from models.attention.registry import register_attention
 
@@ -52,24 +49,24 @@ class DispatchedAttention(LinearAttention):
 class LinearAffineAttention(DispatchedAttention):
     """sim = 1 + q^.k^ (cosine plus one), normalised by the sum of similarities."""
 
-    function = staticmethod(affine_op.attend)
-    reference = staticmethod(affine_op.reference.reference)
+    function = staticmethod(linear_affine.attend)
+    reference = staticmethod(linear_affine.reference)
 
 
 @register_attention("linear_affine_nodenom")
 class LinearAffineNoDenomAttention(DispatchedAttention):
     """Gerami, Madani, Duraiswami 2026, Eq. 7: weights (1 + q^.k^)/2, no denominator (output grows with N)."""
 
-    function = staticmethod(nodenom_op.attend)
-    reference = staticmethod(nodenom_op.reference.reference)
+    function = staticmethod(linear_affine_nodenom.attend)
+    reference = staticmethod(linear_affine_nodenom.reference)
 
 
 @register_attention("linear_elu")
 class LinearEluAttention(DispatchedAttention):
     """Katharopoulos et al. 2020, phi(x) = elu(x) + 1."""
 
-    function = staticmethod(elu_op.attend)
-    reference = staticmethod(elu_op.reference.reference)
+    function = staticmethod(linear_elu.attend)
+    reference = staticmethod(linear_elu.reference)
     rope_feature_map = staticmethod(rope.elu_plus_one)
 
 

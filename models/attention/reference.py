@@ -1,6 +1,6 @@
 """Naive O(N^2) fp32 definitions of the attention variants, written as the papers write them; the linear ops with
-fast paths (linear_affine, linear_affine_nodenom, linear_elu) keep theirs in their folders,
-models/attention/ops/<op>/reference.py, on the helpers here.
+fast paths (dispatch.linear_ops()) keep theirs in their folders, `reference` in models/attention/ops/<op>/__init__.py,
+on the helpers here.
 
 Each builds the explicit N x N similarity. Tests compare the fast paths against these, forward and
 backward; they are also the fallback a reader can trust. All take q, k, v [B, H, N, D] and return
@@ -46,7 +46,7 @@ def softmax(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, key_mask: 
 def kernel_attention(sim: Tensor, v: Tensor, ok: Tensor, normalise: bool) -> Tensor:
     """sum_n sim(i, n) v_n over the allowed keys, divided by sum_n sim(i, n) when `normalise`.
 
-    The linear ops' references (models/attention/ops/<op>/reference.py) build sim and call this; like every
+    The linear ops' references (models/attention/ops/<op>/__init__.py) build sim and call this; like every
     reference here they take **options (e.g. chunk_size) that change how, not what, is computed.
 
     A query with no allowed key gets 0 (padding, never used) instead of 0 / 0.

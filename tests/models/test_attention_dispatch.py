@@ -15,7 +15,9 @@ from models.attention import attend, build_attention
 from models.attention.ops import dispatch
 from tests.models.test_attention import rel_err
 
-OPS = list(dispatch.TABLES)
+OPS = dispatch.linear_ops()
+# what auto takes non-causal on the CPU: the C kernel where the op has one of that form, else PyTorch
+NONCAUSAL = ["cpu" if dispatch.TABLES[op].cpu_noncausal else "torch" for op in OPS]
 
 
 @pytest.fixture(autouse=True)
@@ -32,15 +34,16 @@ def like(device: str, dtype=torch.float32, d: int = 64):
 
 def test_auto_on_the_cpu():
     q = torch.randn(1, 2, 5, 64)
-    assert [dispatch.resolve(op, "auto", q, False) for op in OPS] == ["cpu", "cpu", "torch"]  # elu's: causal only
+    assert [dispatch.resolve(op, "auto", q, False) for op in OPS] == NONCAUSAL
+    assert "torch" in NONCAUSAL  # linear_elu's C kernel: causal only
     assert {dispatch.resolve(op, "auto", q, True) for op in OPS} == {"cpu"}  # causal_cpu.c
     for other, causal in ((q.double(), False), (q.double(), True), (q[..., :48], False), (q[..., :48], True)):
         assert {dispatch.resolve(op, "auto", other, causal) for op in OPS} == {"torch"}
-    assert [dispatch.resolve(op, "auto", q.bfloat16(), False) for op in OPS] == ["cpu", "cpu", "torch"]  # upcast
+    assert [dispatch.resolve(op, "auto", q.bfloat16(), False) for op in OPS] == NONCAUSAL  # upcast
 
 
 def test_auto_on_cuda_takes_torch_until_the_triton_files_exist():
-    """In a checkout without ops/<op>/triton.py (this branch) auto falls back to torch on CUDA, saying why."""
+    """In a checkout without ops/triton_common.py (or triton) auto falls back to torch on CUDA, saying why."""
     for op in OPS:
         impl, why = dispatch.choose(op, like("cuda", torch.bfloat16), False)
         if dispatch.triton_missing(op):
@@ -51,17 +54,17 @@ def test_auto_on_cuda_takes_torch_until_the_triton_files_exist():
 
 @pytest.fixture
 def stand_in_triton(monkeypatch):
-    """A stand-in ops/linear_elu/triton.py whose attend records its call and returns the reference."""
+    """A stand-in ops/triton_common.py whose attend records its call and returns the reference."""
     calls = []
-    name = "models.attention.ops.linear_elu.triton"
+    name = dispatch.TRITON
     module = types.ModuleType(name)
     module.__spec__ = importlib.machinery.ModuleSpec(name, None)
 
-    def fake_attend(q, k, v, *, causal, key_mask):
+    def fake_attend(q, k, v, *, causal, key_mask, op):
         calls.append((causal, key_mask))
-        return dispatch.TABLES["linear_elu"].reference(q, k, v, causal=causal, key_mask=key_mask)
+        return dispatch.TABLES[op.name].reference(q, k, v, causal=causal, key_mask=key_mask)
 
-    module.attend = fake_attend
+    module.attend, module.MAX_HEAD_DIM = fake_attend, 128
     monkeypatch.setitem(sys.modules, name, module)
     dispatch.forget()
     return calls
@@ -91,7 +94,7 @@ def test_explicit_impls_that_cannot_run_say_what_is_missing(monkeypatch):
     assert build_attention("linear_elu", 128, 2, causal=True, impl="cpu") is not None
     for op in OPS:
         if dispatch.triton_missing(op):
-            with pytest.raises(ValueError, match=f"impl=triton: models/attention/ops/{op}/triton.py is not in"):
+            with pytest.raises(ValueError, match=r"impl=triton: models/attention/ops/triton_common\.py is not in"):
                 build_attention(op, 128, 2, impl="triton")
     with pytest.raises(ValueError, match=r"impl=cpu here: the C kernels take float32 \(bf16 and fp16 upcast to it\), "):
         attend("linear_affine", q.double(), q.double(), q.double(), impl="cpu")

@@ -10,7 +10,7 @@ from models.attention import attend
 from models.attention.ops import causal, dispatch
 from tests.models.test_attention import rel_err
 
-OPS = ["linear_affine_nodenom", "linear_affine", "linear_elu"]
+OPS = dispatch.linear_ops()
 B, H, D = 2, 3, 64
 LIMITS = {False: 4, True: 6}
 

@@ -10,7 +10,7 @@ from models.attention.ops.causal import CausalLinear
 from models.attention.ops.linear_affine_nodenom import torch as nodenom_torch
 from models.attention.ops.normalised import NormalisedLinear
 
-CAUSAL_LINEAR = ["linear_affine", "linear_affine_nodenom", "linear_elu"]
+CAUSAL_LINEAR = dispatch.linear_ops()
 
 
 @pytest.mark.parametrize("causal", [False, True])

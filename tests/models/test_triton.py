@@ -4,22 +4,21 @@ Without CUDA they run on the CPU under TRITON_INTERPRET=1 (tests/conftest.py set
 imports them; test_kernels_run_here asserts that they really ran); on a GPU the same tests run natively.
 """
 
+import functools
+
 import pytest
 import torch
 
 from models.attention.ops import dispatch, triton_common
-from models.attention.ops.linear_affine import triton as affine
-from models.attention.ops.linear_affine_nodenom import triton as nodenom
-from models.attention.ops.linear_elu import triton as elu
 from tests.models.test_attention import rel_err
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# each op: its Triton kernels, called directly, and its reference
 OPS = {
-    "linear_affine_nodenom": (nodenom.attend, dispatch.TABLES["linear_affine_nodenom"].reference),
-    "linear_affine": (affine.attend, dispatch.TABLES["linear_affine"].reference),
-    "linear_elu": (elu.attend, dispatch.TABLES["linear_elu"].reference),
+    name: (functools.partial(triton_common.attend, op=dispatch.TABLES[name].op), dispatch.TABLES[name].reference)
+    for name in dispatch.linear_ops()
 }
-NORMALISED = ["linear_affine", "linear_elu"]
+NORMALISED = [name for name in OPS if dispatch.TABLES[name].op.normalised]
 # (N, D): one token, odd lengths that are no multiple of any block, a head size padded to 64, a long N split
 # over programs
 SIZES = [(1, 32), (7, 128), (20, 48), (63, 64), (1000, 32)]
@@ -68,7 +67,7 @@ def test_kernels_run_here():
         assert triton_common.INTERPRET
         assert type(triton_common.query_kernel).__name__ == "InterpretedFunction"
     q = torch.randn(1, 1, 5, 16, device=DEVICE)
-    assert affine.attend(q, q, q, causal=True, key_mask=None).shape == q.shape
+    assert OPS["linear_affine"][0](q, q, q, causal=True, key_mask=None).shape == q.shape
 
 
 @pytest.mark.parametrize("name", OPS)
@@ -78,9 +77,7 @@ def test_fp32_matches_fp64_reference(name, causal, n, d):
     check(name, causal, n, d, torch.float32, 1e-5)
 
 
-@pytest.mark.parametrize(
-    "name, causal", [("linear_affine_nodenom", False), ("linear_affine", True), ("linear_elu", False)]
-)
+@pytest.mark.parametrize("name, causal", [(name, i % 2 == 1) for i, name in enumerate(OPS)])
 def test_head_size_128_at_1000_tokens(name, causal):
     check(name, causal, 1000, 128, torch.float32, 1e-5, b=1)
 
@@ -176,4 +173,4 @@ def test_strided_views_give_the_contiguous_result():
 def test_bad_input_names_the_fix(change, message):
     q, key_mask = change(torch.randn(1, 2, 5, 32, device=DEVICE), torch.ones(1, 5, dtype=torch.bool, device=DEVICE))
     with pytest.raises(ValueError, match=message):
-        affine.attend(q, q, q, causal=False, key_mask=key_mask)
+        OPS["linear_affine"][0](q, q, q, causal=False, key_mask=key_mask)

@@ -14,9 +14,10 @@ import sys
 import pytest
 import torch
 
+from models.attention.ops import dispatch
+
 SHARED_MEMORY = 232448  # bytes one block may use on an H100 / H200 (227 KB)
 TYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.uint8: "u8"}
-VARIANTS = ("linear_affine_nodenom", "linear_affine", "linear_elu")
 
 
 def signature(kernel, args: tuple, kwargs: dict) -> tuple[dict, dict, dict]:
@@ -93,7 +94,7 @@ def ptxas_present() -> bool:
 
 
 # every combination of the UNIT / NORM switches in bf16 at D = 64, and fp32 at the largest head size
-CASES = [(name, "bfloat16", 64) for name in VARIANTS] + [("linear_affine", "float32", 128)]
+CASES = [(name, "bfloat16", 64) for name in dispatch.linear_ops()] + [("linear_affine", "float32", 128)]
 
 
 @pytest.mark.skipif(not ptxas_present(), reason="this triton has no NVIDIA backend with ptxas")

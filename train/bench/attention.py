@@ -221,7 +221,7 @@ def cpu_extras(args) -> dict:
         "the fused C kernels (models/attention/ops/<op>/*_cpu.c non-causal, ops/causal_cpu.c causal up to 256 "
         "tokens; the CSV's impl column says which ran)"
         if cpu_build.library()
-        else "PyTorch ops (ops/<op>/torch.py; no C kernel was built)"
+        else "PyTorch ops (dispatch.torch_path; no C kernel was built)"
     )
     info = dict(kernel=kernel, fresh_ms_per_100mb=fresh_page_ms(repeats=3 if args.quick else 9), chunk_n=chunk_n)
     return info | dict(chunk_cumsum_ms=cumsum_ms, chunk_loop_ms=loop_ms)

@@ -1,22 +1,24 @@
 """Which implementation of a linear op runs: impl = auto | reference | torch | cpu | triton.
 
-- reference: the naive O(N^2) definition (reference.py); for checking, never fast.
-- torch: PyTorch ops (<op>/torch.py): any device and dtype, fp64, torch.compile.
-- cpu: the fused C kernels (<op>/cpu.py): non-causal linear_affine_nodenom and linear_affine, and the causal form of
-  all three (causal_cpu.c, up to causal.QUADRATIC_MAX tokens; longer ones take torch.py's O(N) chunked form), on the
-  CPU in fp32 (bf16 and fp16 inputs upcast to it), head sizes 16/32/64/128, a C compiler, CLIP_CPU_KERNEL not 0.
-- triton: the Triton kernels (<op>/triton.py, `attend(q, k, v, *, causal, key_mask)`): CUDA tensors (or CPU ones
-  under TRITON_INTERPRET=1) in fp32, bf16 or fp16, and the triton package.
+- reference: the naive O(N^2) definition (the op's `reference`); for checking, never fast.
+- torch: PyTorch ops (`torch_path`): any device and dtype, fp64, torch.compile; causal through causal.py, non-causal
+  through normalised.py or the op's own form.
+- cpu: the fused C kernels (`cpu_path`): the causal form of every op (causal_cpu.c, up to causal.QUADRATIC_MAX
+  tokens; longer ones take torch's O(N) chunked form) and the non-causal form of the ops with their own C kernel, on
+  the CPU in fp32 (bf16 and fp16 inputs upcast to it), head sizes 16/32/64/128, a C compiler, CLIP_CPU_KERNEL not 0.
+- triton: the Triton kernels (triton_common.py): CUDA tensors (or CPU ones under TRITON_INTERPRET=1) in fp32, bf16
+  or fp16, and the triton package.
 - auto: triton for CUDA inputs when it can run, else cpu where the C kernels apply, else torch; under
   torch.compile always torch (the compiler traces and fuses it; it cannot trace the C call).
 
-Each op's implementations are one table, built in its folder's __init__.py by `implementations` (reference and the
-lazily imported Triton kernels included) and registered here under the op's name; everything below reads only
-`TABLES`. A choice is resolved once per (op, impl, device, dtype, head size, causality) and cached: a layer checks
-what it can when it is built (the impl's name, whether it exists at all: `check`) and resolves at its first forward,
-where the device is known; later calls find the cached choice. Each (op, impl, reason) is logged once at INFO on the
-"models.attention" logger. An explicit impl that cannot run on the inputs raises a one-line ValueError naming what
-is missing.
+Each op's implementations are one table, built in its folder's __init__.py by `implementations` from its Op (the
+flags the shared kernels read), its reference and its own non-causal forms where it has them, and registered here
+under the op's name; everything below reads only `TABLES`, which is complete once models.attention.ops is imported
+(its __init__ imports every op folder). A choice is resolved once per (op, impl, device, dtype, head size,
+causality) and cached: a layer checks what it can when it is built (the impl's name, whether it exists at all:
+`check`) and resolves at its first forward, where the device is known; later calls find the cached choice. Each
+(op, impl, reason) is logged once at INFO on the "models.attention" logger. An explicit impl that cannot run on the
+inputs raises a one-line ValueError naming what is missing.
 """
 
 from __future__ import annotations
@@ -31,12 +33,15 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from models.attention.ops import cpu_build
+from models.attention.ops import causal_cpu, cpu_build
+from models.attention.ops.causal import CausalLinear
 from models.attention.ops.chunked import check_chunk_size
-from models.attention.ops.common import check_key_mask, dtype_name
+from models.attention.ops.common import check_key_mask, compute_dtype, dtype_name, flatten, key_weights
+from models.attention.ops.normalised import NormalisedLinear
 from models.attention.ops.op import Op
 
 IMPL_NAMES = ("auto", "reference", "torch", "cpu", "triton")
+TRITON = "models.attention.ops.triton_common"  # the Triton kernels of every op, imported at their first use
 TRITON_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 log = logging.getLogger("models.attention")
 choices: dict[tuple, str] = {}
@@ -45,15 +50,29 @@ announced: set[tuple[str, str, str]] = set()
 
 @dataclass(frozen=True)
 class Table:
-    """An op, its naive definition reference(q, k, v, *, causal=False, key_mask=None) (its folder's reference.py)
-    and its implementations: {impl: attend(q, k, v, *, causal, key_mask, chunk_size)}."""
+    """An op, its naive definition reference(q, k, v, *, causal=False, key_mask=None), its implementations
+    {impl: attend(q, k, v, *, causal, key_mask, chunk_size)} and whether its C kernels cover the non-causal form."""
 
     op: Op
     reference: Callable
     impls: dict[str, Callable]
+    cpu_noncausal: bool
 
 
 TABLES: dict[str, Table] = {}  # op name -> its table, filled as the op folders are imported
+
+
+def linear_ops() -> list[str]:
+    """The names of the linear ops, sorted: every op list of the scripts, benchmarks and tests comes from here."""
+    return sorted(TABLES)
+
+
+def known_ops(names, what: str = "linear ops") -> list[str]:
+    """names as a list, after checking that each is a registered linear op (a hand-picked list fails loudly)."""
+    unknown = sorted(set(names) - set(TABLES))
+    if unknown:
+        raise ValueError(f"{what} names {', '.join(unknown)}, not in the dispatch table ({', '.join(linear_ops())})")
+    return list(names)
 
 
 @functools.cache
@@ -69,26 +88,65 @@ def import_error(module: str) -> str:
 
 
 class Lazy:
-    """An implementation in a module imported at its first use (Triton: slow to import, and it may be missing)."""
+    """The Triton kernels of one op, imported at their first use (slow to import, and triton may be missing)."""
 
-    def __init__(self, module: str):
-        self.module = module
+    def __init__(self, op: Op):
+        self.op = op
 
     def __call__(self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool, key_mask: Tensor | None, chunk_size: int):
-        return importlib.import_module(self.module).attend(q, k, v, causal=causal, key_mask=key_mask)
+        return importlib.import_module(TRITON).attend(q, k, v, causal=causal, key_mask=key_mask, op=self.op)
 
 
-def implementations(op: Op, *, reference: Callable, torch: Callable, cpu: Callable, triton: str) -> Table:
-    """The one table of an op's implementations, registered under its name: reference(q, k, v, *, causal, key_mask)
-    (the op folder's reference.py), torch and cpu attend(q, k, v, *, causal, key_mask, chunk_size), and the module
-    of its Triton kernels (imported at their first use)."""
+def torch_path(op: Op, noncausal: Callable) -> Callable:
+    """The PyTorch implementation: causal through causal.py (chunked, O(N)), non-causal noncausal(q, k, v, keep)
+    on [G, N, D] tensors with keep [G, N, 1] in the compute dtype or None."""
+
+    def attend(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, key_mask: Tensor | None, chunk_size: int = 64):
+        qf, kf, vf = flatten(q, k, v)
+        keep = key_weights(key_mask, q, compute_dtype(q))
+        out = CausalLinear.apply(qf, kf, vf, keep, op, chunk_size) if causal else noncausal(qf, kf, vf, keep)
+        return out.reshape(q.shape)
+
+    return attend
+
+
+def cpu_path(op: Op, noncausal: Callable | None, fallback: Callable) -> Callable:
+    """The C kernels: causal through causal_cpu.c up to causal.QUADRATIC_MAX tokens, non-causal noncausal(q, k, v,
+    keep) on contiguous-able fp32 [G, N, D] tensors (None: the op has no C kernel of that form); what they do not
+    take (longer causal inputs, empty ones) goes to fallback, the torch path."""
+
+    def attend(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, key_mask: Tensor | None, chunk_size: int = 64):
+        if causal and causal_cpu.takes(q):
+            return causal_cpu.attend(q, k, v, key_mask, op)
+        if causal or noncausal is None or q.numel() == 0 or k.numel() == 0:
+            return fallback(q, k, v, causal=causal, key_mask=key_mask, chunk_size=chunk_size)
+        qf, kf, vf = (t.float() for t in flatten(q, k, v))  # bf16 / fp16 upcast: the kernels compute in fp32
+        return noncausal(qf, kf, vf, key_weights(key_mask, q, torch.float32)).reshape(q.shape).to(q.dtype)
+
+    return attend
+
+
+def implementations(
+    op: Op, reference: Callable, *, torch_noncausal: Callable | None = None, cpu_noncausal: Callable | None = None
+) -> Table:
+    """The one table of an op's implementations, registered under its name: its naive reference(q, k, v, *, causal,
+    key_mask), and the shared torch, cpu and triton paths; an op gives its own non-causal forms where it has them,
+    f(q, k, v, keep) on [G, N, D] (a normalised op's PyTorch one defaults to normalised.py's)."""
     if op.name in TABLES:
         raise ValueError(f"linear op {op.name!r} is registered twice")
+    if torch_noncausal is None:
+        if not op.normalised:
+            raise ValueError(f"linear op {op.name!r} is not normalised: give its non-causal PyTorch form")
+
+        def torch_noncausal(q, k, v, keep):
+            return NormalisedLinear.apply(q, k, v, keep, op)
 
     def naive(q, k, v, *, causal, key_mask, chunk_size):
         return reference(q, k, v, causal=causal, key_mask=key_mask)
 
-    TABLES[op.name] = Table(op, reference, {"reference": naive, "torch": torch, "cpu": cpu, "triton": Lazy(triton)})
+    torch_attend = torch_path(op, torch_noncausal)
+    impls = {"reference": naive, "torch": torch_attend, "cpu": cpu_path(op, cpu_noncausal, torch_attend)}
+    TABLES[op.name] = Table(op, reference, {**impls, "triton": Lazy(op)}, cpu_noncausal is not None)
     return TABLES[op.name]
 
 
@@ -106,12 +164,12 @@ def check(op: str, impl: str, causal: bool) -> None:
 
 def cpu_mode_missing(op: str, causal: bool) -> str:
     """Why the op's C kernel cannot compute this causality ("" when it can)."""
-    return f"{op}'s C kernel is the causal form only" if not (TABLES[op].op.cpu_noncausal or causal) else ""
+    return f"{op}'s C kernel is the causal form only" if not (TABLES[op].cpu_noncausal or causal) else ""
 
 
 def triton_missing(op: str) -> str:
     """Why this op's Triton kernels cannot be imported ("" when they can)."""
-    return import_error(TABLES[op].impls["triton"].module)
+    return import_error(TRITON)
 
 
 def triton_why_not(op: str, q: Tensor) -> str:

@@ -13,14 +13,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from models.attention.ops.causal import CausalLinear
 from models.attention.ops.common import (
     compute_dtype,
     elu_feature,
     elu_feature_grad,
-    flatten,
     inv_norm,
-    key_weights,
     rowdot,
     safe_divide,
     scaled_gram,
@@ -94,17 +91,3 @@ class NormalisedLinear(torch.autograd.Function):
         grad_v = scaled(torch.bmm(k_f, grad_state), rk)
         grad_v = grad_v.add_(grad_v_sum) if keep is None else grad_v.addcmul_(keep, grad_v_sum)
         return grad_q.to(q.dtype), grad_k.to(k.dtype), grad_v.to(v.dtype), None, None
-
-
-def attend_normalised(
-    q: Tensor, k: Tensor, v: Tensor, *, causal: bool, key_mask: Tensor | None, chunk_size: int, op: Op
-) -> Tensor:
-    """[B, H, N, D] x3 -> [B, H, N, D] in q's dtype for a normalised op (linear_affine, linear_elu), causal
-    through causal.py."""
-    qf, kf, vf = flatten(q, k, v)
-    keep = key_weights(key_mask, q, compute_dtype(q))
-    if causal:
-        out = CausalLinear.apply(qf, kf, vf, keep, op, chunk_size)
-    else:
-        out = NormalisedLinear.apply(qf, kf, vf, keep, op)
-    return out.reshape(q.shape)

@@ -1,5 +1,5 @@
 """What a linear op is, as the kernels it shares with the other ops see it: one `Op` per op, in its folder's
-definition.py. Shared code (causal.py, normalised.py, causal_cpu.py and .c, triton_common.py) takes the Op and reads
+__init__.py. Shared code (causal.py, normalised.py, causal_cpu.py and .c, triton_common.py) takes the Op and reads
 its fields; it never tests an op's name.
 
     sim(q_i, k_n) = 1 + q^_i . k^_n           unit features: q^ = q / |q| per head (the affine ops)
@@ -20,7 +20,6 @@ class Op:
     name: str  # the one name: the registry's, the config's, the folder's
     unit: bool  # unit features and sim = 1 + q^.k^ (else phi = elu + 1 and sim = phi(q).phi(k))
     normalised: bool  # divided by the sum of the weights (else the halved sum of Eq. 7)
-    cpu_noncausal: bool  # whether its C kernels cover the non-causal form (all three cover the causal one)
 
     def __str__(self) -> str:
         return self.name

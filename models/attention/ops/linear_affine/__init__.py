@@ -1,26 +1,34 @@
-"""linear_affine: o_i = sum_n (1 + q^_i.k^_n) v_n / sum_n (1 + q^_i.k^_n), q^, k^ L2-normalised per head.
+"""linear_affine: o_i = sum_n (1 + q^_i.k^_n) v_n / sum_n (1 + q^_i.k^_n), q^, k^ L2-normalised per head;
+causal: n <= i.
 
-Everything of the op is in this folder: definition.py (its Op description: the features, whether it normalises; the
-pointer to its tests), reference.py (the naive O(N^2) definition), torch.py (PyTorch, any device and dtype), cpu.py
-+ affine_cpu.c (fused C kernel, non-causal fp32; the causal form in ../causal_cpu.c), triton.py (Triton kernels).
-TABLE below is the one table of its implementations; the dispatcher (../dispatch.py) reads only it.
+The op is its Op (the flags the shared kernels read: ../causal.py, ../normalised.py, ../causal_cpu.c,
+../triton_common.py), its naive reference and its own kernel: cpu.py + affine_cpu.c, the fused non-causal form in C.
+Tests: tests/models/, parametrised over dispatch.linear_ops().
 """
 
 from __future__ import annotations
 
+import torch.nn.functional as F
+from torch import Tensor
+
 from models.attention.ops import dispatch
-from models.attention.ops.linear_affine import cpu, reference
-from models.attention.ops.linear_affine import torch as torch_path
-from models.attention.ops.linear_affine.definition import OP
+from models.attention.ops.linear_affine import cpu
+from models.attention.ops.op import Op
+from models.attention.reference import allowed, kernel_attention, upcast
 
-TABLE = dispatch.implementations(
-    OP,
-    reference=reference.reference,
-    torch=torch_path.attend,
-    cpu=cpu.attend,
-    triton="models.attention.ops.linear_affine.triton",
-)
+OP = Op("linear_affine", unit=True, normalised=True)
 
+
+def reference(
+    q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, key_mask: Tensor | None = None, **options
+) -> Tensor:
+    """The naive O(N^2) definition: o_i = sum_n (1 + q^_i.k^_n) v_n / sum_n (1 + q^_i.k^_n)."""
+    dtype, (q, k, v) = q.dtype, upcast(q, k, v)
+    sim = 1 + F.normalize(q, dim=-1) @ F.normalize(k, dim=-1).transpose(-1, -2)
+    return kernel_attention(sim, v, allowed(q, k, causal, key_mask), normalise=True).to(dtype)
+
+
+TABLE = dispatch.implementations(OP, reference, cpu_noncausal=cpu.AffineKernel.apply)
 attend = dispatch.op_function(
     TABLE,
     """o_i = sum_n (1 + q^_i.k^_n) v_n / sum_n (1 + q^_i.k^_n), [B, H, N, D] x3 -> [B, H, N, D].

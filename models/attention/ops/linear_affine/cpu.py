@@ -1,8 +1,9 @@
-"""linear_affine on the fused C kernels: affine_cpu.c non-causal, ../causal_cpu.c causal up to causal.QUADRATIC_MAX
-tokens; fp32 (bf16 and fp16 upcast to it), CPU, D in 16/32/64/128.
+"""linear_affine's non-causal form on its fused C kernels (affine_cpu.c): fp32, CPU, D in 16/32/64/128; the
+dispatcher's cpu path (dispatch.cpu_path) upcasts to fp32, sends causal inputs to ../causal_cpu.c and empty ones to
+PyTorch.
 
 The same math as ops/normalised.py (o = c + q^ S / den, v centred on the mean real value), forward and
-backward one OpenMP region each. Empty inputs (a batch of none) and longer causal ones take torch.py.
+backward one OpenMP region each.
 """
 
 from __future__ import annotations
@@ -10,10 +11,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from models.attention.ops import causal_cpu, cpu_build
-from models.attention.ops.common import flatten, fresh, key_weights
-from models.attention.ops.linear_affine import torch as torch_path
-from models.attention.ops.linear_affine.definition import OP
+from models.attention.ops import cpu_build
+from models.attention.ops.common import fresh
 
 P, I64, I32 = cpu_build.P, cpu_build.I64, cpu_build.I32
 cpu_build.declare(
@@ -58,14 +57,3 @@ class AffineKernel(torch.autograd.Function):
         )
         cpu_build.check(status, G, D)
         return *grads, None
-
-
-def attend(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, key_mask: Tensor | None, chunk_size: int = 64) -> Tensor:
-    """[B, H, N, D] x3 -> [B, H, N, D]."""
-    if causal and causal_cpu.takes(q):
-        return causal_cpu.attend(q, k, v, key_mask, OP)
-    if causal or q.numel() == 0 or k.numel() == 0:
-        return torch_path.attend(q, k, v, causal=causal, key_mask=key_mask, chunk_size=chunk_size)
-    qf, kf, vf = (t.float() for t in flatten(q, k, v))  # bf16 / fp16 upcast: the kernels compute in fp32
-    keep = key_weights(key_mask, q, torch.float32)
-    return AffineKernel.apply(qf, kf, vf, keep).reshape(q.shape).to(q.dtype)

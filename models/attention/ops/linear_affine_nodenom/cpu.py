@@ -1,8 +1,9 @@
-"""linear_affine_nodenom on the fused C kernels: nodenom_cpu.c non-causal, ../causal_cpu.c causal up to
-causal.QUADRATIC_MAX tokens; fp32 (bf16 and fp16 upcast to it), CPU, D in 16/32/64/128.
+"""linear_affine_nodenom's non-causal form on its fused C kernels (nodenom_cpu.c): fp32, CPU, D in 16/32/64/128;
+the dispatcher's cpu path (dispatch.cpu_path) upcasts to fp32, sends causal inputs to ../causal_cpu.c and empty ones
+to PyTorch.
 
 The dispatcher only sends what the kernel takes (ops/cpu_build.py: why_not); forward and backward are one
-OpenMP region each. Empty inputs (a batch of none) and longer causal ones take torch.py, which handles them.
+OpenMP region each, the passes of torch.py's NoDenom.
 """
 
 from __future__ import annotations
@@ -10,10 +11,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from models.attention.ops import causal_cpu, cpu_build
-from models.attention.ops.common import flatten, fresh, key_weights
-from models.attention.ops.linear_affine_nodenom import torch as torch_path
-from models.attention.ops.linear_affine_nodenom.definition import OP
+from models.attention.ops import cpu_build
+from models.attention.ops.common import fresh
+from models.attention.ops.linear_affine_nodenom.torch import NoDenom
 
 P, I64, I32 = cpu_build.P, cpu_build.I64, cpu_build.I32
 cpu_build.declare(
@@ -52,12 +52,6 @@ def backward(grad, q, k, v, keep, rq, rk, state) -> tuple[Tensor, Tensor, Tensor
     return tuple(grads)
 
 
-def attend(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, key_mask: Tensor | None, chunk_size: int = 64) -> Tensor:
-    """[B, H, N, D] x3 -> [B, H, N, D]."""
-    if causal and causal_cpu.takes(q):
-        return causal_cpu.attend(q, k, v, key_mask, OP)
-    if causal or q.numel() == 0 or k.numel() == 0:
-        return torch_path.attend(q, k, v, causal=causal, key_mask=key_mask, chunk_size=chunk_size)
-    qf, kf, vf = (t.float() for t in flatten(q, k, v))  # bf16 / fp16 upcast: the kernels compute in fp32
-    keep = key_weights(key_mask, q, torch.float32)
-    return torch_path.NoDenom.apply(qf, kf, vf, keep, (forward, backward)).reshape(q.shape).to(q.dtype)
+def noncausal(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None) -> Tensor:
+    """o [G, N, D] from q, k, v [G, N, D] fp32 and keep [G, N, 1] or None, through the C kernels."""
+    return NoDenom.apply(q, k, v, keep, (forward, backward))

@@ -1,5 +1,5 @@
-"""linear_affine_nodenom in PyTorch ops: non-causal Eq. 7 block by block, forward and backward; causal through
-ops/causal.py.
+"""linear_affine_nodenom's non-causal form in PyTorch ops (Eq. 7 of Gerami et al. 2026), block by block, forward and
+backward; its causal form is the shared ops/causal.py.
 
 Every pass over the [G, N, D] tensors walks blocks of about `rows` rows (whole heads when N is short,
 row ranges of one head when it is long). Inside a block the row scales 1/|x|, the upcast to the compute
@@ -17,9 +17,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from models.attention.ops.causal import CausalLinear
-from models.attention.ops.common import compute_dtype, flatten, fresh, inv_norm, key_weights, remove_radial
-from models.attention.ops.linear_affine_nodenom.definition import OP
+from models.attention.ops.common import compute_dtype, fresh, inv_norm, remove_radial
 
 ROWS = 2048
 GPU_ROWS = 1 << 20  # a GPU block's fp32 temporaries stay near 256 MB at D = 64; fewer blocks, fewer launches
@@ -201,13 +199,8 @@ class NoDenom(torch.autograd.Function):
         return *ctx.backward_pass(grad.contiguous(), *ctx.saved_tensors), None, None
 
 
-def attend(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, key_mask: Tensor | None, chunk_size: int = 64) -> Tensor:
-    """[B, H, N, D] x3 -> [B, H, N, D] in q's dtype; non-causal through NoDenom's blocks, causal chunkwise."""
-    qf, kf, vf = flatten(q, k, v)
-    keep = key_weights(key_mask, q, compute_dtype(q))
-    if causal:
-        out = CausalLinear.apply(qf, kf, vf, keep, OP, chunk_size)
-    else:
-        compiling = torch.compiler.is_compiling()  # the compiler cannot trace the blocks' out= views
-        out = NoDenom.apply(qf, kf, vf, keep, (plain_forward, plain_backward) if compiling else (forward, backward))
-    return out.reshape(q.shape)
+def noncausal(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None) -> Tensor:
+    """o [G, N, D] in q's dtype from q, k, v [G, N, D] and keep [G, N, 1] (compute dtype) or None: NoDenom's blocks,
+    or under torch.compile its whole-tensor passes (the compiler cannot trace the blocks' out= views)."""
+    compiling = torch.compiler.is_compiling()
+    return NoDenom.apply(q, k, v, keep, (plain_forward, plain_backward) if compiling else (forward, backward))

@@ -1,26 +1,33 @@
-"""linear_elu (Katharopoulos et al. 2020): o_i = phi(q_i) S / phi(q_i).z, phi = elu + 1.
+"""linear_elu (Katharopoulos et al. 2020): o_i = phi(q_i) S / phi(q_i).z, S = sum_n phi(k_n) v_n^T,
+z = sum_n phi(k_n), phi = elu + 1; causal: n <= i.
 
-Everything of the op is in this folder: definition.py (its Op description: the features, whether it normalises; the
-pointer to its tests), reference.py (the naive O(N^2) definition), torch.py (PyTorch, any device and dtype), cpu.py
-(the causal form's C kernel, ../causal_cpu.c; causal only), triton.py (Triton kernels). TABLE below is the one table
-of its implementations; the dispatcher (../dispatch.py) reads only it.
+The op is its Op (the flags the shared kernels read: ../causal.py, ../normalised.py, ../causal_cpu.c,
+../triton_common.py) and its naive reference; it has no kernel of its own (its C kernel is the shared causal one, so
+impl=cpu is causal only). Tests: tests/models/, parametrised over dispatch.linear_ops().
 """
 
 from __future__ import annotations
 
+import torch.nn.functional as F
+from torch import Tensor
+
 from models.attention.ops import dispatch
-from models.attention.ops.linear_elu import cpu, reference
-from models.attention.ops.linear_elu import torch as torch_path
-from models.attention.ops.linear_elu.definition import OP
+from models.attention.ops.op import Op
+from models.attention.reference import allowed, kernel_attention, upcast
 
-TABLE = dispatch.implementations(
-    OP,
-    reference=reference.reference,
-    torch=torch_path.attend,
-    cpu=cpu.attend,
-    triton="models.attention.ops.linear_elu.triton",
-)
+OP = Op("linear_elu", unit=False, normalised=True)
 
+
+def reference(
+    q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, key_mask: Tensor | None = None, **options
+) -> Tensor:
+    """The naive O(N^2) definition: o_i = sum_n (phi(q_i).phi(k_n)) v_n / sum_n phi(q_i).phi(k_n), phi = elu + 1."""
+    dtype, (q, k, v) = q.dtype, upcast(q, k, v)
+    sim = (F.elu(q) + 1) @ (F.elu(k) + 1).transpose(-1, -2)
+    return kernel_attention(sim, v, allowed(q, k, causal, key_mask), normalise=True).to(dtype)
+
+
+TABLE = dispatch.implementations(OP, reference)
 attend = dispatch.op_function(
     TABLE,
     """Katharopoulos et al. 2020: o_i = phi(q_i) S / phi(q_i).z, S = sum_n phi(k_n) v_n^T, z = sum_n phi(k_n),
