@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from eval import machine
+from models.attention.ops import dispatch
 from train.bench import long, probes
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
@@ -40,7 +41,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--image-sizes", default="224,448,1024,2048")
     p.add_argument("--text-lengths", default="77,248,1024,4096")
     p.add_argument("--clip", default="1024,248", help="PIXELS,TOKENS of the whole-CLIP step ('' to skip)")
-    p.add_argument("--attentions", default="softmax," + ",".join(long.LINEAR))
+    p.add_argument("--attentions", default="softmax," + ",".join(dispatch.linear_ops()))
     p.add_argument("--block-above", type=int, default=4200, help="tokens past which one block is timed x layers")
     p.add_argument("--steps", type=int, default=2, help="timed rounds")
     p.add_argument("--threads", type=int, default=2, help="CPU intra-op threads")

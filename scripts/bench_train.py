@@ -29,13 +29,14 @@ import torch
 
 from eval import pages
 from models.attention import ATTENTIONS
+from models.attention.ops import dispatch
 from train.bench import probes, training
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 
 
 GPU_DEFAULTS = dict(batch_size=64, attention_batch_size=16, image_sizes="224,448,896", steps=5)
-GPU_ATTENTIONS = ["softmax", "linear_affine_nodenom", "linear_affine", "linear_elu"]
+GPU_ATTENTIONS = ["softmax", *dispatch.linear_ops()]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -8,6 +8,7 @@ import torch
 from torch.nn.attention import SDPBackend
 
 from eval import machine
+from models.attention.ops import dispatch
 from scripts.bench_attention import main
 from train.bench import attention, probes
 from train.bench.attention import bench_line, parse_args
@@ -111,7 +112,7 @@ def frame_with(nodenom_ratio_197, gemm_fraction, dtype="float32", big=65536, sta
             peer = dict(variant="softmax", time_ms=softmax_ms, ratio_to_softmax=1.0, gemm_fraction=None, peak_mb=None)
             extrapolated = "O(N^2)" if n > 4096 else ""
             rows.append(dict(mode=mode, status="", extrapolated=extrapolated, **peer, **common))
-            for name in ("linear_affine_nodenom", "linear_affine", "linear_elu"):
+            for name in dispatch.linear_ops():
                 ours_row = dict(variant=name, time_ms=ours, ratio_to_softmax=ours / softmax_ms, peak_mb=n / 100)
                 status_n = status if n == big else ""
                 rows.append(

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from eval import machine
+from models.attention.ops import dispatch
 from scripts import bench_train
 from train.bench import probes, training
 
@@ -30,7 +31,7 @@ def test_tiny_run_writes_csv_table_and_plot(tmp_path):
 def test_cuda_defaults_and_error_without_a_gpu(monkeypatch):
     args = bench_train.parse_args(["--device", "cuda"])
     assert (args.batch_size, args.attention_batch_size, args.image_sizes) == (64, 16, "224,448,896")
-    assert args.attention_names == ["linear_affine", "linear_affine_nodenom", "linear_elu", "softmax"]
+    assert args.attention_names == sorted(["softmax", *dispatch.linear_ops()])
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(SystemExit, match="torch sees no CUDA GPU here"):
         bench_train.main(["--device", "cuda"])

@@ -40,10 +40,11 @@ DEFAULTS = {  # per device: batch, heads, head size, sizes, extra sizes for line
         head_dim=64,
         sizes=[77, 197, 577, 1024, 4096, 16384, 65536, 262144, 1048576, 4000000],
         long=[],
-        variants=["softmax", "linear_affine_nodenom", "linear_affine", "linear_elu"],
+        variants=["softmax", *dispatch.linear_ops()],
     ),
 }
 PASSES = ("fwd+bwd", "fwd")
+BF16_VARIANTS = ["softmax", *dispatch.known_ops(["linear_affine_nodenom", "linear_affine"], "BF16_VARIANTS")]
 DESCRIPTION = "Forward + backward (and, on a GPU, forward-only) time and peak memory of the attentions."
 
 
@@ -56,7 +57,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--sizes", type=int, nargs="+", help="sequence lengths for every variant")
     p.add_argument("--long-sizes", type=int, nargs="*", help="extra lengths for linear variants only")
     p.add_argument("--dtypes", nargs="+", choices=("float32", "bfloat16", "float16"), help="default: see --bf16-*")
-    p.add_argument("--bf16-variants", nargs="*", default=["softmax", "linear_affine_nodenom", "linear_affine"])
+    p.add_argument("--bf16-variants", nargs="*", default=BF16_VARIANTS)
     p.add_argument("--bf16-max-n", type=int, default=16384, help="CPU: largest N timed in bf16")
     p.add_argument("--passes", nargs="+", choices=PASSES, help="default: fwd+bwd on the CPU, both on a GPU")
     p.add_argument(

@@ -9,23 +9,26 @@ import pandas as pd
 import torch
 
 from eval import pages
+from models.attention.ops import dispatch
 
-LINEAR = ["linear_affine_nodenom", "linear_affine", "linear_elu"]
-NODENOM = "linear_affine_nodenom"
 # (variant, mode, dtype, N, what, target, test): "time / softmax" tests the ratio, "softmax / time" its inverse
 AIMS = {
     "cpu": [
-        (NODENOM, "full", "float32", 197, "time / softmax", "<= 0.6", lambda r: r <= 0.6),
-        (NODENOM, "full", "float32", 4096, "softmax / time", ">= 40", lambda r: 1 / r >= 40),
-        (NODENOM, "full", "float32", 65536, "softmax / time", ">= 300", lambda r: 1 / r >= 300),
-        *((op, "causal", "float32", 77, "time / softmax", "<= 1.5", lambda r: r <= 1.5) for op in LINEAR),
+        ("linear_affine_nodenom", "full", "float32", 197, "time / softmax", "<= 0.6", lambda r: r <= 0.6),
+        ("linear_affine_nodenom", "full", "float32", 4096, "softmax / time", ">= 40", lambda r: 1 / r >= 40),
+        ("linear_affine_nodenom", "full", "float32", 65536, "softmax / time", ">= 300", lambda r: 1 / r >= 300),
+        *(
+            (op, "causal", "float32", 77, "time / softmax", "<= 1.5", lambda r: r <= 1.5)
+            for op in dispatch.linear_ops()
+        ),
     ],
     "cuda": [
-        (NODENOM, "full", "bfloat16", 4000000, "softmax / time", ">= 1000", lambda r: 1 / r >= 1000),
-        (NODENOM, "full", "bfloat16", 197, "time / softmax", "<= 1", lambda r: r <= 1),
-        *((op, "causal", "bfloat16", 77, "time / softmax", "<= 1", lambda r: r <= 1) for op in LINEAR),
+        ("linear_affine_nodenom", "full", "bfloat16", 4000000, "softmax / time", ">= 1000", lambda r: 1 / r >= 1000),
+        ("linear_affine_nodenom", "full", "bfloat16", 197, "time / softmax", "<= 1", lambda r: r <= 1),
+        *((op, "causal", "bfloat16", 77, "time / softmax", "<= 1", lambda r: r <= 1) for op in dispatch.linear_ops()),
     ],
 }
+dispatch.known_ops({aim[0] for device in AIMS.values() for aim in device}, "the attention page's aims")
 
 
 def add_ratios(frame: pd.DataFrame, info: dict) -> pd.DataFrame:
@@ -70,8 +73,10 @@ def aims(frame: pd.DataFrame, device: str = "cpu") -> list[str]:
 
 
 def cpu_efficiency_aims(frame: pd.DataFrame) -> list[str]:
-    """Non-causal fp32 nodenom: at least half the GEMM rate at N >= 16384, peak memory linear in N."""
-    line = frame[(frame.variant == NODENOM) & (frame["mode"] == "full") & (frame.dtype == "float32")].set_index("N")
+    """Non-causal fp32 linear_affine_nodenom: at least half the GEMM rate at N >= 16384, peak memory linear in N."""
+    line = frame[
+        (frame.variant == "linear_affine_nodenom") & (frame["mode"] == "full") & (frame.dtype == "float32")
+    ].set_index("N")
     long, rows = line[(line.index >= 16384) & (line.extrapolated == "")], []
     if len(long) and "gemm_fraction" in long:
         worst = long.gemm_fraction.min()

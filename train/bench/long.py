@@ -25,8 +25,6 @@ from train.config import OptimConfig
 from train.loss import ClipLoss
 from train.optim import build_optimizer
 
-LINEAR = ("linear_affine", "linear_affine_nodenom", "linear_elu")
-
 
 def autocast(device: str, bf16: bool):
     """bf16 autocast on the device (fp32 master weights, as training runs it), or nothing."""
