@@ -1,6 +1,6 @@
 """Long-CLIP's recipe on the embedded data: a model trained on short captions, its text positions stretched to a longer
 context and fine-tuned on long captions, against the same fine-tuning without stretching and against training at the
-long context from scratch; softmax and Eq. 7 text towers.
+long context from scratch; softmax and linear_affine_nodenom text towers.
 
     python -m scripts.long_clip [--size demo-w32] [--base-steps 800] [--tune-steps 400] [--context 168] [--keep 8]
                                 [--attentions softmax linear_affine_nodenom] [--out DIR]
@@ -15,7 +15,8 @@ Per text attention (the image tower softmax in every run), four runs of the size
 Each is evaluated on the long-caption retrieval set (groups of four images that differ only in the sixth shape,
 described after at least 80 tokens: a 16-token text tower can only guess within a group) as text-to-image R@1, and
 zero-shot on the short-caption classes (top-1). Learning rates: the main job's sweep's choices at demo-w32
-(docs/study.md: softmax 2e-3, Eq. 7 1e-3), a quarter of it for fine-tuning. Writes OUT/long_clip.md and .json.
+(docs/study.md: softmax 2e-3, linear_affine_nodenom 1e-3), a quarter of it for fine-tuning. Writes OUT/long_clip.md
+and .json.
 """
 
 from __future__ import annotations

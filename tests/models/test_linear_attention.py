@@ -25,7 +25,7 @@ def test_nodenom_bf16_long_sequence_is_finite_and_accurate(causal):
     assert rel < 2e-2
 
 
-def test_nodenom_eq7_by_hand():
+def test_linear_affine_nodenom_by_hand():
     """Weights (1 + cos)/2: 1 for a key along q, 1/2 orthogonal, 0 opposite, whatever the lengths."""
     e = torch.eye(4, dtype=torch.float64)
     q = (3 * e[0]).expand(3, 4)

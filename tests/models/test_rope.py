@@ -117,7 +117,7 @@ def test_rope_runs_unchanged_on_every_implementation(name, causal, impl):
     assert not torch.allclose(ours, m(x, mask) * real), "the positions changed nothing"
 
 
-def test_eq7_weights_stay_in_zero_one_with_rope():
+def test_linear_affine_nodenom_weights_stay_in_zero_one_with_rope():
     """Rotation keeps |q| and |k|: Eq. 7's (1 + q^.k^)/2 on rotated q, k stays in [0, 1]."""
     q, k = torch.randn(2, 4, 50, HEAD, dtype=torch.float64), torch.randn(2, 4, 50, HEAD, dtype=torch.float64)
     table = rope.text_table(50, HEAD)

@@ -49,7 +49,7 @@ def trained_teacher(tmp_path_factory):
     return path
 
 
-def eq7_student(teacher_file):
+def nodenom_student(teacher_file):
     attention = "linear_affine_nodenom"
     return models.create_model(
         "tiny-s", image_attention=attention, text_attention=attention, pretrained=str(teacher_file)
@@ -57,7 +57,7 @@ def eq7_student(teacher_file):
 
 
 def test_stage_one_lowers_every_layers_mse_and_leaves_the_teacher_bit_identical(trained_teacher):
-    student = eq7_student(trained_teacher)
+    student = nodenom_student(trained_teacher)
     teacher = load_teacher(str(trained_teacher), student)
     before = {k: v.clone() for k, v in teacher.state_dict().items()}
     freeze_all_but_attention(student)
@@ -77,7 +77,7 @@ def test_stage_one_lowers_every_layers_mse_and_leaves_the_teacher_bit_identical(
 def test_stage_two_by_distillation_alone_moves_the_students_embeddings_to_the_teachers(trained_teacher):
     """Contrastive weight 0, distillation weights 1: the student's embeddings and its similarity distribution come
     closer to the teacher's, and the teacher does not change."""
-    student = eq7_student(trained_teacher)
+    student = nodenom_student(trained_teacher)
     teacher = load_teacher(str(trained_teacher), student)
     before = {k: v.clone() for k, v in teacher.state_dict().items()}
     objective = Distillation(teacher, nullcontext, ClipLoss(), (0.0, 1.0, 1.0))
@@ -96,7 +96,7 @@ def test_stage_two_by_distillation_alone_moves_the_students_embeddings_to_the_te
 
 
 def test_missing_deeper_and_unknown_teachers_are_one_line(tmp_path, teacher_file):
-    student = eq7_student(teacher_file)
+    student = nodenom_student(teacher_file)
     with pytest.raises(CheckpointError, match="does not exist") as missing:
         load_teacher(str(tmp_path / "none.safetensors"), student)
     state = load_file(str(teacher_file))  # one more image layer than the student's size has

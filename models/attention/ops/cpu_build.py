@@ -73,7 +73,7 @@ def build(cc: str) -> Path:
     texts = [path.read_text() for path in SOURCES + HEADERS]
     key = hashlib.sha256("\0".join([*texts, " ".join(FLAGS), version, cpu_identity()]).encode()).hexdigest()
     folder = cache_dir()
-    target = folder / f"nodenom_cpu-{key[:16]}.so"
+    target = folder / f"linear_cpu-{key[:16]}.so"
     if not target.exists():
         folder.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=folder)
