@@ -256,19 +256,11 @@ def run(op: str, impl: str, q: Tensor, k: Tensor, v: Tensor, *, causal, key_mask
 
 
 def op_function(table: Table, doc: str):
-    """The public function of an op: attend(q, k, v, *, causal, key_mask, chunk_size, impl) -> o, all [B, H, N, D]."""
+    """The public function of an op: attend(q, k, v, *, causal, key_mask, chunk_size, impl) -> o, all [B, H, N, D];
+    key_mask [B, N] bool (True = real token) or None, impl one of IMPL_NAMES."""
     op = table.op.name
 
-    def attend(
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        *,
-        causal: bool = False,
-        key_mask: Tensor | None = None,
-        chunk_size: int = 64,
-        impl: str = "auto",
-    ) -> Tensor:
+    def attend(q: Tensor, k: Tensor, v: Tensor, *, causal=False, key_mask=None, chunk_size=64, impl="auto") -> Tensor:
         return run(op, impl, q, k, v, causal=causal, key_mask=key_mask, chunk_size=chunk_size)
 
     attend.__doc__, attend.__qualname__ = doc, f"{op}.attend"
