@@ -1,7 +1,7 @@
 """Where linear attention pays, on the whole model: training-step time and peak memory against sequence length.
 
     python -m scripts.bench_long [--size ViT-S-16] [--image-sizes 224,448,1024,2048] [--text-lengths 77,248,1024,4096]
-                                 [--attentions softmax,linear_affine,linear_affine_nodenom,linear_elu]
+                                 [--attentions softmax,<every linear op>]
                                  [--block-above 4200] [--steps 2] [--threads 2] [--device cpu] [--bf16] [--out docs]
 
 A step is forward, loss, backward and AdamW (train.optim's groups) of the image tower alone (batch 1, its
