@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from models import layout
 from models.config import ModelConfig, layer_attentions, layer_options, resolved_size
-from models.pretrained import load_pretrained
+from models.pretrained import load_pretrained, read_state_dict
 from models.text import TextTower
 from models.vit import VisionTransformer
 
@@ -138,6 +140,24 @@ def create_model(
     if unknown:
         raise ValueError(f"create_model: unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
     return build_clip(ModelConfig(name=name, image_attention=image_attention, text_attention=text_attention, **options))
+
+
+def load_checkpoint(path, ema: bool = False) -> CLIP:
+    """The CLIP of one of our checkpoint folders or run directories (its newest complete checkpoint), rebuilt from
+    the config in its meta.json, with its weights (model.safetensors) or, with `ema`, the EMA of them that a run with
+    train.ema keeps (ema.safetensors); each file checked against the manifest. A SigLIP model keeps its logit bias."""
+    folder = layout.find_checkpoint(Path(path))
+    name = layout.EMA if ema else layout.MODEL
+    problem = layout.file_problem(folder, name)
+    if problem:
+        hint = " (the run kept no EMA of the weights: train.ema.decay=0)" if ema and problem == "is missing" else ""
+        raise layout.CheckpointError(f"checkpoint {folder}: {name} {problem}{hint}; pass another checkpoint")
+    cfg = ModelConfig(**{**layout.read_meta(folder)["config"]["model"], "pretrained": None})
+    model, state = build_clip(cfg), read_state_dict(folder / name)
+    if "logit_bias" in state:
+        model.logit_bias = nn.Parameter(torch.empty_like(state["logit_bias"]))  # as train/main.py adds it
+    model.load_state_dict(state)
+    return model
 
 
 def image_size(model_or_cfg: CLIP | ModelConfig | str) -> int:

@@ -5,22 +5,24 @@
         checkpoints/
             step_00000100/
                 model.safetensors        the CLIP state dict (open_clip key names): what eval and pretrained read
+                [ema.safetensors]        the EMA of the weights, the same keys (runs with train.ema.decay > 0)
                 meta.json                {"step", "samples_seen", "epoch", "bad_steps", "config"}
                 data_state_<rank>.json   the data-stream position of each rank
                 state/                   accelerate's save_state: model, optimizer, scheduler, [scaler], RNG per rank
                 manifest.json            size and SHA-256 of every other file; written last
             latest                       name of the newest step folder (for people: readers verify instead)
 
-Complete means: manifest.json lists at least REQUIRED, and every file it lists is there with its size and
-SHA-256. Every file that resume loads is covered, so a truncated, flipped or replaced file (a pickle that would
-run code included) is found before anything is loaded. The random-state files are the exception: a bad one
-only costs the exact replay of random augmentations, so it is reported (`Check.optional`) and the checkpoint
-still counts. Folders written before manifests existed are checked by loading each file instead (json,
-safetensors header, `torch.load(weights_only=True)`), which is slower and refuses the same replaced, truncated
-or garbled files (a flipped byte inside a tensor needs the manifest's SHA-256). With or without a manifest (which
-shows a file unchanged, not who wrote it), the `.metadata` files of FSDP's sharded state, which
-torch.distributed.checkpoint unpickles as they are, are read by an unpickler that builds only their own types, and
-the non-tensor entries they list are loaded with weights_only=True (`dcp_load`), before anything loads them.
+Complete means: manifest.json lists at least REQUIRED (and EMA for a run whose meta.json config keeps an EMA of
+the weights), and every file it lists is there with its size and SHA-256. Every file that resume loads is
+covered, so a truncated, flipped or replaced file (a pickle that would run code included) is found before
+anything is loaded. The random-state files are the exception: a bad one only costs the exact replay of random
+augmentations, so it is reported (`Check.optional`) and the checkpoint still counts. Folders written before
+manifests existed are checked by loading each file instead (json, safetensors header,
+`torch.load(weights_only=True)`), which is slower and refuses the same replaced, truncated or garbled files (a
+flipped byte inside a tensor needs the manifest's SHA-256). With or without a manifest (which shows a file
+unchanged, not who wrote it), the `.metadata` files of FSDP's sharded state, which torch.distributed.checkpoint
+unpickles as they are, are read by an unpickler that builds only their own types, and the non-tensor entries they
+list are loaded with weights_only=True (`dcp_load`), before anything loads them.
 
 Readers of the weights alone (eval, pretrained loading) given a checkpoint folder check just meta.json and
 model.safetensors (a copy of those two is enough); given a run directory they take the newest complete
@@ -53,6 +55,7 @@ CONFIG, SUMMARY, GIT_COMMIT = "config.yaml", "summary.json", "git_commit.txt"
 METRICS, WANDB_ID = "metrics.jsonl", "wandb_id.txt"
 RUN_FILES = (CONFIG, SUMMARY, GIT_COMMIT, METRICS, WANDB_ID)
 META, MODEL, STATE = "meta.json", "model.safetensors", "state"
+EMA = "ema.safetensors"  # train.ema's weights (train/ema.py)
 STEP_DIR = re.compile(r"^step_(\d{8})$")
 TMP_PREFIX = ".tmp_"
 # written under DDP and FSDP alike (FSDP stores the model and optimizer as sharded folders instead)
@@ -259,7 +262,22 @@ def check(folder: Path) -> Check:
     digests = hash_all(folder, [name for name in manifest["files"] if name not in bad])
     bad.update({name: CHANGED for name, digest in digests.items() if digest != manifest["files"][name].get("sha256")})
     result = verdict(bad)
-    return result if result.problem else Check(meta_problem(folder) or sharded_problem(folder), result.optional)
+    if result.problem:
+        return result
+    return Check(
+        meta_problem(folder) or ema_problem(folder, manifest["files"]) or sharded_problem(folder), result.optional
+    )
+
+
+def ema_problem(folder: Path, listed) -> str | None:
+    """Why the checkpoint of a run that keeps an EMA of the weights (its meta.json's train.ema.decay > 0) lacks
+    EMA, or None; `listed`: the names in its manifest (the file's size and SHA-256 are checked with the others)."""
+    train = read_meta(folder)["config"].get("train")
+    ema = train.get("ema") if isinstance(train, dict) else None
+    if not isinstance(ema, dict) or not ema.get("decay") or EMA in listed:
+        return None
+    where = "is not listed in manifest.json" if (Path(folder) / EMA).is_file() else "is missing"
+    return f"{EMA} {where} (the run keeps an EMA of the weights, train.ema.decay={ema['decay']})"
 
 
 def file_problem(folder: Path, name: str) -> str | None:
@@ -292,7 +310,10 @@ def check_by_loading(folder: Path) -> Check:
                 if not OPTIONAL.match(name):
                     break
     result = verdict(bad)
-    return result if result.problem else Check(meta_problem(folder), result.optional)
+    if result.problem:
+        return result
+    present = [EMA] if (folder / EMA).is_file() else []
+    return Check(meta_problem(folder) or ema_problem(folder, present), result.optional)
 
 
 def load_problem(path: Path) -> str | None:

@@ -48,11 +48,13 @@ def save_checkpoint(
     data_state: dict,
     keep_last: int,
     keep_steps=(),
+    weights: dict[str, dict[str, torch.Tensor]] | None = None,
 ) -> Path:
     """Write a complete checkpoint for meta["step"] (call on every rank); returns its local folder.
-    Checkpoints of `keep_steps` are never pruned (branch points of cooldown runs). Storage that refuses a write
-    (full, over quota, over the file-size limit, failing) raises CheckpointWriteError on every rank, after the
-    temporary folder is removed."""
+    Checkpoints of `keep_steps` are never pruned (branch points of cooldown runs). `weights`: more safetensors files
+    rank 0 writes, by name (models.layout.EMA: train/ema.py's state_dict, {} on the other ranks). Storage that
+    refuses a write (full, over quota, over the file-size limit, failing) raises CheckpointWriteError on every rank,
+    after the temporary folder is removed."""
     storage = storage if isinstance(storage, RunStorage) else RunStorage.of(str(storage))
     tmp = layout.tmp_folder(storage.local, meta["step"])
     name = layout.step_name(meta["step"])
@@ -65,7 +67,8 @@ def save_checkpoint(
     main = accelerator.is_main_process
     # three stages, each ended by all ranks together (in place of a barrier), so that a failed write stops all alike
     together(accelerator, tmp, lambda: main and empty_folder(tmp))
-    together(accelerator, tmp, lambda: write_files(accelerator, tmp, state_dict, meta, data_state))
+    files = {MODEL: state_dict, **(weights or {})}
+    together(accelerator, tmp, lambda: write_files(accelerator, tmp, files, meta, data_state))
     together(accelerator, tmp, lambda: main and complete(storage, tmp, keep_last, keep_steps))
     return tmp.with_name(name)
 
@@ -75,9 +78,9 @@ def empty_folder(folder: Path) -> None:
     folder.mkdir(parents=True)
 
 
-def write_files(accelerator: Accelerator, tmp: Path, state_dict: dict, meta: dict, data_state: dict) -> None:
+def write_files(accelerator: Accelerator, tmp: Path, files: dict[str, dict], meta: dict, data_state: dict) -> None:
     """This rank's files of the checkpoint in `tmp`: accelerate's state and data position; rank 0 also the model
-    and meta.json."""
+    (and any other weights: `files`, state dicts by file name) and meta.json."""
     try:
         accelerator.save_state(str(tmp / STATE), safe_serialization=True)  # its errors name no file: newest_file
     except SafetensorError as e:  # safetensors removes a file it fails to write: accelerate's only such file
@@ -85,11 +88,12 @@ def write_files(accelerator: Accelerator, tmp: Path, state_dict: dict, meta: dic
         raise
     layout.write_json(tmp / layout.data_state_name(accelerator.process_index), data_state)
     if accelerator.is_main_process:
-        try:
-            save_file(state_dict, str(tmp / MODEL))
-        except (OSError, SafetensorError) as e:
-            e.filename = getattr(e, "filename", None) or str(tmp / MODEL)
-            raise
+        for name, state_dict in files.items():
+            try:
+                save_file(state_dict, str(tmp / name))
+            except (OSError, SafetensorError) as e:
+                e.filename = getattr(e, "filename", None) or str(tmp / name)
+                raise
         layout.write_json(tmp / META, meta)
 
 

@@ -22,6 +22,8 @@ from accelerate.utils import DistributedType
 from torch import Tensor, nn
 
 from data.errors import skip_limit_problem
+from models import layout
+from train import ema as weights_ema
 from train.checkpoint import save_checkpoint
 from train.config import TrainConfig
 from train.dist import (
@@ -38,6 +40,7 @@ from train.optim import clamp_logit_scale
 from train.storage import RunStorage
 
 PREEMPTED = 75  # exit code after a pre-emption checkpoint; the Slurm wrapper requeues on it
+EVAL_SHOWN = ("val_loss", "zeroshot/top1", "zeroshot/top5", "ema/val_loss", "ema/zeroshot/top1")  # in its line
 
 
 class TrainingError(RuntimeError):
@@ -193,6 +196,7 @@ class Trainer:
     objective: Callable | None = None  # objective(model, images, tokens) -> loss in place of the contrastive loss
     terms: dict[str, float] = field(default_factory=dict)  # the objective's terms of the last step, this rank's
     max_skip_fraction: float | None = None  # data.max_skip_fraction, checked at every logging step
+    ema: nn.Module | None = None  # timm's ModelEmaV3 of the weights (train/ema.py), updated after optimizer steps
 
     def run(self, stop: StopFlag) -> int:
         """Train to cfg.max_steps; returns the exit code (0 done, 75 pre-empted). An evaluation that a pre-emption
@@ -263,6 +267,8 @@ class Trainer:
         self.schedule.step()
         clamp_logit_scale(acc.unwrap_model(self.model))
         p.step += 1
+        if self.ema is not None and not bad:
+            weights_ema.update(self.ema, acc.unwrap_model(self.model), p.step, self.cfg.ema.every)
         step_samples = sum(len(images) for images, _ in batches) * acc.num_processes
         p.samples_seen += step_samples
         self.count_bad(bad, loss, grad_norm)
@@ -368,10 +374,7 @@ class Trainer:
         if results:
             self.log.log({"step": self.progress.step, "samples_seen": self.progress.samples_seen, **results})
             self.message(
-                f"step {self.progress.step}: "
-                + ", ".join(
-                    f"{k}={results[k]:.4f}" for k in ("val_loss", "zeroshot/top1", "zeroshot/top5") if k in results
-                )
+                f"step {self.progress.step}: " + ", ".join(f"{k}={results[k]:.4f}" for k in EVAL_SHOWN if k in results)
             )
 
     def save(self) -> Path:
@@ -386,6 +389,7 @@ class Trainer:
         }
         storage = RunStorage.of(self.cfg.run_dir, self.cfg.stage_dir)
         with patient_collectives(self.accelerator, self.cfg.dist_timeout_s):
+            ema = {} if self.ema is None else {layout.EMA: weights_ema.state_dict(self.ema, self.accelerator)}
             return save_checkpoint(
                 self.accelerator,
                 self.model,
@@ -394,6 +398,7 @@ class Trainer:
                 self.stream.state_dict(),
                 self.cfg.keep_last,
                 self.cfg.keep_steps,
+                weights=ema,
             )
 
     def message(self, text: str) -> None:

@@ -34,6 +34,7 @@ from models import ModelConfig, build_clip, layout, summary, tokenizer, transfor
 from models.layout import CheckpointError, is_url, read_meta
 from models.preprocess import CachedTokenizer, split_normalise
 from train import distill, stages
+from train import ema as weights_ema
 from train.branch import starting_point
 from train.checkpoint import load_checkpoint
 from train.config import Config, ConfigError, dump, load_config, name_run_dir, to_dict
@@ -99,13 +100,15 @@ def fit(cfg: Config, stop: StopFlag) -> int:
     model = build_model(cfg.model, cfg.train.loss, cfg.train.compile)
     objective = distill.objective(cfg, model, accelerator) if cfg.distill.teacher else None
     sizes = summary(model)  # before sharding: whole-model parameter counts and GMACs
+    ema = weights_ema.make_ema(model, cfg.train, accelerator)  # before sharding: FSDP modules cannot be copied
     if accelerator.distributed_type.name == "FSDP":
         model = shard_model(model, cfg.train, accelerator.device.type)
     optimizer, schedule = build_optimizer(model, cfg.optim, cfg.train.max_steps)
     model, optimizer, schedule = accelerator.prepare(model, optimizer, schedule)
     stream, progress = DataStream(data, accelerator.device), Progress()
     storage = RunStorage.of(cfg.train.run_dir, cfg.train.stage_dir)
-    resume(cfg, accelerator, storage, stream, progress)
+    folder = resume(cfg, accelerator, storage, stream, progress)
+    weights_ema.resume(ema, accelerator.unwrap_model(model), folder, accelerator)
     follow_schedule(schedule.scheduler)
     log = start_run_dir(cfg, accelerator, storage, progress.step, sizes)
     trainer = Trainer(
@@ -119,12 +122,13 @@ def fit(cfg: Config, stop: StopFlag) -> int:
         log,
         to_dict(cfg),
         clip_norm=cfg.optim.grad_clip_norm,
-        evaluate=make_evaluator(cfg, accelerator, model, teacher=getattr(objective, "teacher", None)),
+        evaluate=make_evaluator(cfg, accelerator, model, teacher=getattr(objective, "teacher", None), ema=ema),
         eval_every=cfg.eval.every,
         progress=progress,
         gmacs_per_sample=sizes["gmacs_per_sample"],
         objective=objective,
         max_skip_fraction=cfg.data.max_skip_fraction,
+        ema=ema,
     )
     try:
         code = trainer.run(stop)
@@ -213,12 +217,12 @@ def build_model(model_cfg: ModelConfig, loss: str, compile: bool) -> nn.Module:
     return model
 
 
-def resume(cfg: Config, accelerator, storage: RunStorage, stream: DataStream, progress: Progress) -> None:
+def resume(cfg: Config, accelerator, storage: RunStorage, stream: DataStream, progress: Progress) -> Path | None:
     """Load the checkpoint train.resume names (auto: the newest complete one in the run directory), else the
-    train.branch_from checkpoint of another run."""
+    train.branch_from checkpoint of another run; returns its folder (None: a fresh start)."""
     folder, branching = starting_point(cfg, storage, accelerator)
     if folder is None:
-        return
+        return None
     # how the weights were first loaded is not the model; a field newer than the checkpoint has its default there
     loading = ("pretrained", "text_pos_keep", "pretrained_fresh")
     saved_all = read_meta(folder)["config"]
@@ -249,6 +253,7 @@ def resume(cfg: Config, accelerator, storage: RunStorage, stream: DataStream, pr
         change = None if branching else schedule_change(saved_all, cfg.optim, cfg.train.max_steps, progress.step)
         if change:
             logger.warning(change.removeprefix("warning: "))
+    return folder
 
 
 def start_run_dir(cfg: Config, accelerator, storage: RunStorage, step: int, sizes: dict) -> RunLog:
@@ -276,13 +281,15 @@ def start_run_dir(cfg: Config, accelerator, storage: RunStorage, step: int, size
     )
 
 
-def make_evaluator(cfg: Config, accelerator, model: nn.Module, teacher: nn.Module | None = None):
+def make_evaluator(cfg: Config, accelerator, model: nn.Module, teacher: nn.Module | None = None, ema=None):
     """A callable returning {"val_loss": ..., "zeroshot/top1": ...} on rank 0 ({} on the others), called on every
     rank; None without eval.dataset and eval.val_shards. With a distillation teacher, its zero-shot results
-    (computed at the first evaluation, once) are logged beside the student's as teacher/zeroshot/*."""
+    (computed at the first evaluation, once) are logged beside the student's as teacher/zeroshot/*; with an EMA of
+    the weights (train.ema), its results as ema/val_loss and ema/zeroshot/*."""
     zeroshot, val = make_zeroshot(cfg, accelerator, model), make_val_loss(cfg, accelerator, model)
     if zeroshot is None and val is None:
         return None
+    ema_eval = make_ema_evaluator(cfg, accelerator, ema) if ema is not None else None
     teacher_zeroshot = make_zeroshot(cfg, accelerator, teacher, net_of=lambda: teacher) if teacher else None
     teacher_results: dict = {}
     teacher_done = False
@@ -295,13 +302,33 @@ def make_evaluator(cfg: Config, accelerator, model: nn.Module, teacher: nn.Modul
             teacher_results.update({f"teacher/{k}": v for k, v in teacher_zeroshot().items()})
             teacher_done = True
         results.update(teacher_results)
+        results.update(ema_eval() if ema_eval is not None else {})
         return results if accelerator.is_main_process else {}
 
     return run
 
 
-def make_val_loss(cfg: Config, accelerator, model: nn.Module):
-    """A callable returning {"val_loss": ...} on every rank (eval/val_loss.py), or None without eval.val_shards."""
+def make_ema_evaluator(cfg: Config, accelerator, ema):
+    """A callable returning {"ema/val_loss": ..., "ema/zeroshot/top1": ...} of the EMA of the weights, evaluated as
+    the weights are; its plain CLIP (train/ema.py's eval_net) is made once per evaluation, on every rank."""
+    held: list[nn.Module] = []
+    zeroshot = make_zeroshot(cfg, accelerator, None, net_of=lambda: held[0])
+    val = make_val_loss(cfg, accelerator, None, net_of=lambda: held[0])
+
+    def run() -> dict:
+        held.append(weights_ema.eval_net(ema, accelerator, cfg.model))
+        try:
+            results = {**(val() if val is not None else {}), **(zeroshot() if zeroshot is not None else {})}
+        finally:
+            held.clear()
+        return {f"ema/{k}": v for k, v in results.items()}
+
+    return run
+
+
+def make_val_loss(cfg: Config, accelerator, model: nn.Module, net_of=None):
+    """A callable returning {"val_loss": ...} on every rank (eval/val_loss.py), or None without eval.val_shards.
+    net_of: returns the module to evaluate (else the unwrapped `model`)."""
     if not cfg.eval.val_shards:
         return None
     _, eval_transform = transforms(cfg.model)
@@ -309,7 +336,7 @@ def make_val_loss(cfg: Config, accelerator, model: nn.Module):
     replay = Replay(cfg.eval.cache_mb)
 
     def run() -> dict:
-        net = accelerator.unwrap_model(model)
+        net = net_of() if net_of is not None else accelerator.unwrap_model(model)
         loss = validation_loss(
             net,
             cfg.eval.val_shards,

@@ -58,7 +58,39 @@ def test_every_range_accepts_the_defaults_and_the_boundaries():
         }
     )
     assert cfg.optim.warmup_steps == cfg.train.max_steps == 5
-    assert all(section in ("optim", "data", "model", "train", "eval", "distill") for section, _ in RANGES)
+    assert all(section.split(".")[0] in ("optim", "data", "model", "train", "eval", "distill") for section, _ in RANGES)
+
+
+@pytest.mark.parametrize(
+    "key, value, allowed",
+    [("decay", 1.0, "in [0, 1)"), ("decay", -0.1, "in [0, 1)"), ("warmup_power", 0.0, "> 0"), ("every", 0, ">= 1")],
+)
+def test_out_of_range_ema_settings_name_the_allowed_range(key, value, allowed):
+    with pytest.raises(ConfigError) as caught:
+        build_config({"train": {"ema": {"decay": 0.999, key: value}}})
+    assert str(caught.value) == f"train.ema.{key}={value!r} is out of range: it must be {allowed}"
+
+
+def test_ema_settings_in_range_and_off_by_default():
+    assert build_config({}).train.ema.decay == 0
+    ema = build_config({"train": {"ema": {"decay": 0, "warmup": True, "warmup_power": 0.75, "every": 1}}}).train.ema
+    assert (ema.decay, ema.warmup, ema.warmup_power, ema.every, ema.device) == (0.0, True, 0.75, 1, "model")
+
+
+def test_ema_keys_and_the_cpu_ema_of_a_sharded_model_are_refused_in_one_line(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("train:\n  ema:\n    decay: 0.999\n")
+    assert load_config([str(path), "train.ema.every=4"]).train.ema.every == 4
+    with pytest.raises(ConfigError, match=r"^unknown config key train.ema.decy; .*did you mean 'decay'\?$"):
+        load_config([str(path), "train.ema.decy=0.9"])
+    with pytest.raises(ConfigError, match=r"^config section 'train.ema' must be a mapping"):
+        load_config([str(path), "train.ema=0.9"])
+    with pytest.raises(ConfigError) as caught:
+        load_config([str(path), "train.distributed=fsdp", "train.ema.device=cpu"])
+    assert str(caught.value) == (
+        "train.ema.device=cpu cannot hold the EMA of a model sharded with train.distributed=fsdp (it is sharded like "
+        "the model, on its devices); set train.ema.device=model"
+    )
 
 
 def test_a_warmup_longer_than_the_run_is_one_warning_line(tmp_path, capsys):

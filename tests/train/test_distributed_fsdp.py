@@ -1,5 +1,6 @@
 """`python -m train` with train.distributed=fsdp on 2 gloo CPU processes: the losses and weights of one process
-with the same global batch, a sharded checkpoint, and an exact resume from it.
+with the same global batch, a sharded checkpoint, and an exact resume from it; the same of the EMA of the weights
+(train.ema, sharded like the model).
 
 accelerate treats FSDP as GPU-only; the runs start `python -m scripts.fsdp_on_cpu` instead of `python -m train`, a
 hook owned by the tests (production code never installs it) that lets the same code path (train.dist.shard_model,
@@ -9,7 +10,9 @@ accelerate's FSDP2 prepare, sharded save_state/load_state, no_sync) run on the C
 import shutil
 
 import pytest
+from safetensors.torch import load_file
 
+from models import layout
 from tests.train.common import (
     TORCHRUN,
     checkpoints,
@@ -25,6 +28,7 @@ from tests.train.common import weights as read_weights
 
 # one optimizer step = one epoch of 16 samples, so every run sees the same samples at every step
 COMMON = ["train.max_steps=3", "optim.lr=1e-4", "data.train_num_samples=16", "optim.grad_clip_norm=1.0"]
+COMMON += ["train.ema.decay=0.5"]  # updates at steps 1 (a copy), 2 and 3
 
 
 def fsdp(config, *overrides: str) -> None:
@@ -77,3 +81,15 @@ def test_checkpoint_is_sharded_and_resumes_exactly(runs):
     assert (
         max_difference(read_weights(checkpoints(runs["fsdp"])[-1]), read_weights(checkpoints(runs["resumed"])[-1])) == 0
     )
+
+
+def test_the_sharded_ema_equals_one_process_and_resumes_exactly(runs):
+    last = {name: checkpoints(runs[name])[-1] / layout.EMA for name in runs}
+    ema = {name: load_file(str(path)) for name, path in last.items()}
+    assert ema["fsdp"].keys() == read_weights(checkpoints(runs["fsdp"])[-1]).keys()
+    assert max_difference(ema["one"], ema["fsdp"]) < 1e-5
+    assert max_difference(ema["fsdp"], ema["resumed"]) == 0
+    assert max_difference(ema["fsdp"], read_weights(checkpoints(runs["fsdp"])[-1])) > 1e-6  # not the weights
+    ends = [[r for r in metrics(runs[name]) if "ema/val_loss" in r][-1] for name in ("one", "fsdp")]
+    assert abs(ends[0]["ema/val_loss"] - ends[1]["ema/val_loss"]) < 1e-5
+    assert ends[0]["ema/zeroshot/top1"] == ends[1]["ema/zeroshot/top1"]
