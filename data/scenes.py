@@ -3,8 +3,8 @@ concepts occur with Zipf-distributed frequencies, so that scaling can show.
 
 Every image shows one or two objects on a grey background. An object is a colour (COLOURS, 12) and a shape (SHAPES,
 10), drawn independently, each with Zipf frequencies: the concept of rank r (its place in a fixed, seeded order)
-has probability proportional to r^-ZIPF. Frequent colours and shapes are seen thousands of times in a study, the
-rarest a few dozen: a model learns the frequent concepts first and the rare ones later, so its zero-shot error keeps
+has probability proportional to r^-ZIPF; the most frequent colour and shape are seen 12 and 10 times as often as
+the rarest: a model learns the frequent concepts first and the rare ones later, so its zero-shot error keeps
 falling with compute instead of dropping at once (the mechanism of Michaud et al. 2023, "The Quantization Model of
 Neural Scaling"). Size (small, large), position (a cell of the 3 x 3 grid), count (one or two of the same object:
 "two red stars") and, for a scene of two different objects, their relation ("a red star left of a blue ring") are
@@ -39,7 +39,7 @@ COLOURS = {  # data.synthetic's six and six more, spread over hue and lightness;
     "white": (250, 250, 250),
 }
 SHAPES = ("circle", "square", "triangle", "cross", "diamond", "ring", "star", "hexagon", "arrow", "bar")
-ZIPF = 1.2  # the exponent of the concepts' frequencies: p(rank r) ~ r^-ZIPF
+ZIPF = 1.0  # the exponent of the concepts' frequencies: p(rank r) ~ r^-ZIPF
 EXTENT = (0.30, 0.55)  # one object's size as a fraction of the image side (two objects: 0.6 x this)
 LARGE = 0.42
 TWO = 0.5  # share of scenes with two objects (half of them two of the same: a count)

@@ -22,23 +22,25 @@ from models import layout
 ATTENTION, SIZE = study_plots.ATTENTION, study_plots.SIZE
 COMPUTE_LABEL = "compute (GMACs x samples seen)"
 VAL_LABEL = "validation loss (contrastive, batch 64)"
-# name -> (x, y, points, x label, y label, what it is)
+# name -> (x, y, points, x label, y label, what it is). points: "ends", the last evaluation of every run and budget
+# branch (each a model trained for that budget, cooled down: Hagele et al. 2024), or "last", of the full-budget runs
+# only. A frontier reads the ends, not the evaluations during the constant-rate phase, which lie above them.
 FITS = {
     "error_frontier": (
         "compute",
         "error",
-        "all",
+        "ends",
         COMPUTE_LABEL,
         "zero-shot top-1 error",
-        "compute frontier of zero-shot error (every evaluation of every run)",
+        "compute frontier of zero-shot error (the cooled-down end of every budget of every run)",
     ),
     "val_loss_frontier": (
         "compute",
         "val_loss",
-        "all",
+        "ends",
         COMPUTE_LABEL,
         "validation loss (contrastive)",
-        "compute frontier of the validation loss (every evaluation of every run)",
+        "compute frontier of the validation loss (the cooled-down end of every budget of every run)",
     ),
     "error_params": (
         "params_without_token_embedding",
@@ -137,11 +139,10 @@ def scaling_fits(jobs, out: Path, study, floor: float = 0.0) -> dict[str, dict]:
     options = study.fits
     results = {}
     for name, (x, y, which, xlabel, ylabel, _) in FITS.items():
-        # a frontier sees every evaluation of every run and branch; "last" means each full-budget run's end
-        frame = points(jobs if which == "all" else [j for j in jobs if j.after is None], y, which)
+        frame = points(jobs if which == "ends" else [j for j in jobs if j.after is None], y, "last")
         if y == "error":  # the fit reads error = 1 - top1
             frame["zeroshot/top1"] = frame["zeroshot/top1"].clip(upper=1 - floor)
-        bins = options.get("frontier_bins") if which == "all" else None
+        bins = options.get("frontier_bins") if which == "ends" else None
         form = options.get("forms", {}).get(name, "power")
         try:
             with warnings.catch_warnings():

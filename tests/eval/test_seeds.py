@@ -10,6 +10,9 @@ from scipy import stats
 from eval.claims import NODENOM, NORMALISED
 from eval.seeds import claim_c_seeds, load_seed, multiplier_spread, spread
 from scripts.study_seeds import main
+from train.study import REPO
+
+SHAPES = str(REPO / "configs" / "study" / "shapes.yaml")  # its targets, 60% ... 20% error, fit these runs
 
 SAMPLES = [1000, 2000, 4000]
 
@@ -86,7 +89,7 @@ def test_claims_and_report_from_three_seeds(tmp_path, capsys):
         study(tmp_path / f"s{i}", i, slow, d) for i, (slow, d) in enumerate(((2.9, 0.1), (3.0, 0.12), (3.1, 0.11)))
     ]
     out = tmp_path / "seeds.md"
-    text = main([str(f) for f in folders] + ["--out", str(out)])
+    text = main([str(f) for f in folders] + ["--out", str(out), "--study", SHAPES])
     assert out.read_text() == text
     claims = {line.split("|")[1].strip()[:3]: line.split("|")[2].strip() for line in text.splitlines() if "| (" in line}
     # Eq. 7 reaches softmax's final error: comparable at every seed
@@ -100,7 +103,7 @@ def test_claims_and_report_from_three_seeds(tmp_path, capsys):
     assert "seeds 0 / 1 / 2" in text and "| softmax | 0.5x / 0.5x / 0.5x |" in text
     for f in folders:  # studies without a sweep (configs/study/flat.yaml): one line, not a table of dashes
         (f / "lr_sweep.json").write_text("[]")
-    text = main([str(f) for f in folders])
+    text = main([str(f) for f in folders] + ["--study", SHAPES])
     assert "No seed ran a learning-rate sweep" in text and "| softmax | - / - / - |" not in text
 
 

@@ -37,9 +37,10 @@ def test_demo_quick_writes_the_report(tmp_path):
         run_dir = Path(r["run_dir"])
         assert json.loads((run_dir / "summary.json").read_text())["image_attention"] == r["attention"]
         assert [s for s, _ in r["curve"]] == [s for s, _ in r["val_curve"]] == [32, 64]  # eval at steps 2 and 4
-    # The frontier fits see every evaluation of every run (2 sizes x 2 evaluations per attention).
+    # The frontier fits see the cooled-down end of every run and budget (2 sizes, no budgets in --quick), not the
+    # evaluations on the way there.
     for name in ("error_frontier", "val_loss_frontier"):
-        assert {g["n_points"] for g in fits[name]["groups"].values()} == {4}
+        assert {g["n_points"] for g in fits[name]["groups"].values()} == {2}
     assert {g["n_points"] for g in fits["error_params"]["groups"].values()} == {2}
     assert "alpha(linear_affine_nodenom) - alpha(softmax)" in report and "## What the data support" in report
     for png in ("learning_curves", "summary", "error_frontier", "val_loss_frontier", "error_params", "bench_attention"):
@@ -135,10 +136,13 @@ def check_full_study(out: Path) -> None:
         for a in {r["attention"] for r in runs}
     }
     assert set(by) == {"softmax", "linear_affine", "linear_affine_nodenom"}
+    study = load_study(demo.STUDY)
+    low, high = study.fits["learns"]
+    assert low <= max(r["top1"] for r in by["softmax"]) <= high  # it learns the task, which does not saturate
     for attention, rows in by.items():
         # 1. Every attention learns the task; the largest run's flattening is judged between its last two budgets.
-        assert max(r["top1"] for r in rows) >= 0.8, attention
-        assert len(rows) >= 3 and len(rows[-1]["budgets"]) == 3, attention
+        assert max(r["top1"] for r in rows) >= low, attention
+        assert len(rows) >= 3 and len(rows[-1]["budgets"]) == len(study.budgets["fractions"]) + 1, attention
         assert f"- {attention}: the largest run" in report and "between its last two budgets" in report
     for attention in ("softmax", "linear_affine_nodenom"):
         rows = by[attention]
@@ -199,7 +203,7 @@ def test_demo_quick_with_budgets_reports_each_budget(tmp_path):
     log = (out / "runs" / "demo-w32-softmax-budget4" / "train.log").read_text()  # from the sweep's run (below)
     assert f"branched from {run['run_dir']}/checkpoints/step_00000002 at step 2 (32 samples seen)" in log
     assert "| demo-w32 | softmax | 64 |" in report and "between its last two budgets (64 and 128 samples" in report
-    assert fits["error_frontier"]["groups"]["softmax"]["n_points"] == 5  # the run's 4 evaluations, the branch's 1
+    assert fits["error_frontier"]["groups"]["softmax"]["n_points"] == 2  # the ends of the two budgets
     # the sweep: two multiples of demo-w32's 4e-3, the one with the lower validation loss used by the grid's run
     sweep = json.loads((out / "lr_sweep.json").read_text())
     assert [(r["scale"], r["lr"]) for r in sweep] == [(0.5, 2e-3), (2.0, 8e-3)] and sum(r["chosen"] for r in sweep) == 1
