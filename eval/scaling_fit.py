@@ -94,15 +94,18 @@ def r2_log(params, x: np.ndarray, y: np.ndarray) -> float:
 def frontier(x: np.ndarray, y: np.ndarray, bins: int) -> tuple[np.ndarray, np.ndarray]:
     """Compute frontier of Cherti et al. 2023 ("Reproducible scaling laws for contrastive
     language-image learning"): split log10 x into ``bins`` equal-width bins between its min and max,
-    keep the point of lowest y in each non-empty bin. x [N], y [N] -> x_f [K'], y_f [K'] (K' <= bins)."""
+    keep the point of lowest y in each non-empty bin; of those, only the ones below every kept point of less x (the
+    frontier falls with compute: a bin whose best point lies above a cheaper bin's, e.g. a small model's longest
+    budget past a bigger model's short one, is not on it). x [N], y [N] -> x_f [K'], y_f [K'] (K' <= bins)."""
     lx = np.log10(x)
     width = (lx.max() - lx.min()) / bins
     if width == 0:
         return x[:1], y[:1]
     # The maximum sits on the last edge; it belongs to the last bin.
     index = np.minimum(((lx - lx.min()) / width).astype(int), bins - 1)
-    keep = [np.flatnonzero(index == b)[np.argmin(y[index == b])] for b in np.unique(index)]
-    return x[keep], y[keep]
+    keep = [np.flatnonzero(index == b)[np.argmin(y[index == b])] for b in np.unique(index)]  # in increasing x
+    falling = [i for j, i in enumerate(keep) if all(y[i] < y[k] for k in keep[:j])]
+    return x[falling], y[falling]
 
 
 def fit_procedure(x, y, form: str, frontier_bins: int | None, name: str = "all"):

@@ -195,6 +195,14 @@ def write_report(out: Path, study, runs, fits, classes: int, bench: str, clock: 
     (out / "runs.json").write_text(json.dumps(runs, indent=2))
     (out / "fits.json").write_text(json.dumps({n: study_report.fit_digest(f) for n, f in fits.items()}, indent=2))
     (out / "lr_sweep.json").write_text(json.dumps(list(sweep), indent=2))
+    if sweep:
+        study_plots.sweep_figure(list(sweep), study.attentions, out / "lr_sweep.png")
+    n_images = classes * study.data.get("eval_per_class", 1)
+    found = study_report.multipliers(
+        runs, study.fits.get("targets", [0.5, 0.3]), n_images, study.fits.get("n_boot", 1000)
+    )
+    if found:
+        study_plots.multiplier_figure(found, study.attentions, out / "multipliers.png")
     text = study_report.report_md(runs, fits, FITS, bench, study, args, clock, format_table, classes, list(sweep))
     (out / "report.md").write_text(text)
 

@@ -1,4 +1,5 @@
-"""The main job's figures: learning curves of every run, and one summary figure comparing the attentions.
+"""The main job's figures: learning curves of every run, one summary figure comparing the attentions, the
+learning-rate sweep, and the samples multipliers against the target error.
 
 The fits themselves are drawn by eval.scaling.plot (points, frontier, fits, 95% bands). Here: one colour per
 attention (the same in every figure), one line style per model size.
@@ -120,3 +121,57 @@ def log_slope(x, y) -> float:
     """Least-squares slope of log y against log x (nan with fewer than 2 points)."""
     x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
     return float(np.polyfit(np.log(x), np.log(y), 1)[0]) if len(x) >= 2 else float("nan")
+
+
+def sweep_figure(rows: list[dict], attentions: list[str], path) -> None:
+    """The learning-rate sweep (train/lr_sweep.py's rows): final validation loss and zero-shot error against the
+    learning rate, one line per attention, the chosen rate circled."""
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), dpi=110)
+    for ax, (column, label) in zip(axes, (("val_loss", "final validation loss"), ("error", "final zero-shot error"))):
+        for attention in attentions:
+            mine = sorted((r for r in rows if r["attention"] == attention), key=lambda r: r["lr"])
+            values = [r["val_loss"] if column == "val_loss" else 1 - r["top1"] for r in mine]
+            ax.plot([r["lr"] for r in mine], values, "-o", ms=4, color=colour(attentions, attention), label=attention)
+            chosen = [(r["lr"], v) for r, v in zip(mine, values) if r["chosen"]]
+            ax.plot(*zip(*chosen), "o", ms=11, mfc="none", color=colour(attentions, attention)) if chosen else None
+        ax.set(xscale="log", yscale="log", xlabel="peak learning rate", ylabel=label)
+        ax.grid(True, which="both", alpha=0.3)
+        plain_ticks(ax)
+    axes[0].legend(fontsize=7)
+    axes[0].set_title("learning-rate sweep (circled: chosen, the lowest validation loss)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def multiplier_figure(found: list[dict], attentions: list[str], path) -> None:
+    """Samples multiplier over softmax against the target error with its 95% interval, one panel per model size
+    (eval/study_report.multipliers); a run that never reaches a target is drawn at its lower bound with an arrow."""
+    sizes = list(dict.fromkeys(f["run"]["size"] for f in found))
+    fig, axes = plt.subplots(1, len(sizes), figsize=(4.4 * len(sizes), 4), dpi=110, squeeze=False, sharey=True)
+    for ax, size in zip(axes[0], sizes):
+        for attention in attentions:
+            mine = sorted(
+                (f for f in found if f["attention"] == attention and f["run"]["size"] == size),
+                key=lambda f: f["target"],
+            )
+            if not mine:
+                continue
+            x, k = [100 * f["target"] for f in mine], [f["m"].k for f in mine]
+            lo = [k_ - f["m"].lo if np.isfinite(f["m"].lo) else 0 for k_, f in zip(k, mine)]
+            hi = [f["m"].hi - k_ if np.isfinite(f["m"].hi) else 0 for k_, f in zip(k, mine)]
+            ax.errorbar(
+                x, k, yerr=[lo, hi], fmt="-o", ms=4, capsize=3, color=colour(attentions, attention), label=attention
+            )
+            for xi, ki, f in zip(x, k, mine):
+                if f["m"].censored:  # never reached: k is a lower bound
+                    ax.annotate("", (xi, ki * 1.6), (xi, ki), arrowprops={"arrowstyle": "->"})
+        ax.axhline(1, color="grey", lw=0.8, ls=":")
+        ax.set(yscale="log", xlabel="target zero-shot error (%)", title=size)
+        ax.invert_xaxis()  # harder targets to the right
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0][0].set_ylabel("samples to the target / softmax's")
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)

@@ -169,16 +169,13 @@ def times(m, ratio: float) -> str:
     return f"{m.k * ratio:.2f}x [{m.lo * ratio:.2f}, {hi}]"
 
 
-def multiplier_table(runs: list[dict], targets: list[float], n_images: int, n_boot: int) -> str:
-    """Per linear attention, size and target error: the samples (and compute) multiplier over softmax of the same
-    size to first reach the target, with its 95% bootstrap interval (eval.multiplier)."""
+def multipliers(runs: list[dict], targets: list[float], n_images: int, n_boot: int) -> list[dict]:
+    """Per linear attention, size and target error that softmax of the same size reaches after its first evaluation:
+    the samples multiplier over softmax (eval.multiplier, with its 95% bootstrap interval), and the compute and time
+    ratios per sample (GMACs; the study's own measured training throughput)."""
     groups = by_attention(runs)
     soft = {r["size"]: r for r in groups.get("softmax", [])}
-    rows = [
-        "| attention | size | target error | samples to it | softmax's | samples multiplier [95% CI] | "
-        "compute multiplier | time multiplier |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
+    found = []
     for attention, group in groups.items():
         for run, target in itertools.product(group if attention != "softmax" else [], targets):
             ref = soft.get(run["size"])
@@ -189,13 +186,26 @@ def multiplier_table(runs: list[dict], targets: list[float], n_images: int, n_bo
             if not np.isfinite(m.reference_samples) or m.reference_at_start:
                 continue  # softmax of this size never gets there, or is there from its first evaluation: no k
             compute = run["gmacs_per_sample"] / ref["gmacs_per_sample"]
-            # seconds per sample at the study's own measured training throughput
             seconds = ref.get("samples_per_s", np.nan) / run.get("samples_per_s", np.nan)
-            k, t = (times(m, ratio) for ratio in (compute, seconds))
-            rows.append(
-                f"| {attention} | {run['size']} | {100 * target:.0f}% | {m.samples:,.0f} | "
-                f"{m.reference_samples:,.0f} | {m.text()} | {k} | {t} |"
-            )
+            found.append({"attention": attention, "run": run, "target": target, "m": m, "compute": compute})
+            found[-1]["seconds"] = seconds
+    return found
+
+
+def multiplier_table(found: list[dict]) -> str:
+    """The multipliers (multipliers()) as a table: samples, compute and time to each target over softmax's."""
+    rows = [
+        "| attention | size | target error | samples to it | softmax's | samples multiplier [95% CI] | "
+        "compute multiplier | time multiplier |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for f in found:
+        m = f["m"]
+        k, t = (times(m, ratio) for ratio in (f["compute"], f["seconds"]))
+        rows.append(
+            f"| {f['attention']} | {f['run']['size']} | {100 * f['target']:.0f}% | {m.samples:,.0f} | "
+            f"{m.reference_samples:,.0f} | {m.text()} | {k} | {t} |"
+        )
     return "\n".join(rows) + "\n"
 
 
@@ -285,6 +295,7 @@ def report_md(runs, fits, specs, bench, study, args, clock, format_table, num_cl
     """The whole report.md."""
     targets = study.fits.get("targets", [0.5, 0.3])
     n_images = num_classes * study.data.get("eval_per_class", 1)
+    found = multipliers(runs, targets, n_images, study.fits.get("n_boot", 1000))
     what_ran = f"python -m scripts.demo{' --quick' if args.quick else ''}{study_flag(args)} --seed {args.seed}"
     head = pages.header("Softmax vs linear attention on the embedded synthetic data", what_ran) + (
         f"\n{len(runs)} runs ({len(study.sizes)} sizes x "
@@ -310,7 +321,8 @@ def report_md(runs, fits, specs, bench, study, args, clock, format_table, num_cl
         "## The paper's claims\n",
         claims_table(claims(runs, fits, targets, n_images, study.fits.get("n_boot", 1000))),
         "## Samples to a target error, against softmax of the same size\n",
-        multiplier_table(runs, targets, n_images, study.fits.get("n_boot", 1000)),
+        multiplier_table(found),
+        "![samples multiplier against target](multipliers.png)\n" if found else "",
         f"The samples at which a run's zero-shot error first reaches the target (log-linear between "
         f"{'the ends of its budgets' if study.budgets else 'evaluations'}); the "
         f"multiplier is that over softmax's, the interval a bootstrap over the noise of the {n_images} zero-shot "
@@ -394,6 +406,7 @@ def sweep_table(rows: list[dict], sweep: dict) -> str:
         f"Each attention trained at {sweep['size']} with {scales_text(rows)} x its learning rate; the lowest final "
         f"{'validation loss' if sweep.get('metric', 'val_loss') == 'val_loss' else 'zero-shot error'} chose the "
         f"multiple every size of that attention then used (train/lr_sweep.py).\n",
+        "![learning-rate sweep](lr_sweep.png)\n",
         "| attention | multiple | learning rate | final val loss | zero-shot top-1 | chosen |",
         "|---|---|---|---|---|---|",
     ]

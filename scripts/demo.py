@@ -62,7 +62,9 @@ def attention_table(out: Path, args: list[str], again: bool = True) -> str:
     `again`: the table the study's own run measured, where it has one (a re-analysis times nothing)."""
     if again or not (out / "bench_attention.md").is_file():
         bench_attention_page([*map(str, args), "--out", str(out / "bench_attention")])
-    lines = (out / "bench_attention.md").read_text().splitlines()[1:]  # its title: the report's section says it
+    _title, _header, *body = (out / "bench_attention.md").read_text().split("\n\n")  # the report's header covers them
+    command = f"`python -m scripts.bench_attention {' '.join(map(str, args))}`"
+    lines = "\n\n".join([command, *body]).splitlines()
     return "\n".join("#" + line if line.startswith("#") else line for line in lines) + "\n"  # its sections nest
 
 

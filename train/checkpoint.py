@@ -226,12 +226,6 @@ def resolve(resume: str, storage: RunStorage | Path, accelerator: Accelerator | 
     return Path(text)
 
 
-def find_resume(run_dir: Path) -> Path | None:
-    """The newest complete checkpoint of a local run directory (each skipped one reported), or None."""
-    found = layout.newest_complete(Path(run_dir))
-    return found[0] if found else None
-
-
 def problem(folder: Path) -> str | None:
     """Why `folder` is not a complete checkpoint, or None (models.layout.check)."""
     return layout.check(folder).problem

@@ -4,7 +4,7 @@ import math
 
 from eval.claims import NODENOM, NORMALISED, claims, flattened, step_ratios
 from eval.multiplier import Multiplier
-from eval.study_report import multiplier_table, times
+from eval.study_report import multiplier_table, multipliers, times
 
 SAMPLES = [1000, 2000, 4000, 8000]
 
@@ -112,7 +112,7 @@ def test_step_ratios_read_the_training_benchmark(tmp_path):
 
 def test_the_multiplier_table_has_a_row_where_softmax_of_that_size_reaches_the_target():
     runs = [run("softmax", [0.7, 0.5, 0.35, 0.3], 1.0), run(NODENOM, [0.9, 0.7, 0.5, 0.45], 1.2)]
-    rows = [line for line in multiplier_table(runs, [0.6, 0.4, 0.2], 1000, 50).splitlines()[2:]]
+    rows = [line for line in multiplier_table(multipliers(runs, [0.6, 0.4, 0.2], 1000, 50)).splitlines()[2:]]
     # 60%: 2828 vs 1414 samples (log-linear); 40%: Eq. 7 never (a lower bound); 20%: softmax never gets there
     assert len(rows) == 2 and "| 60% | 2,828 | 1,414 | 2.00x [" in rows[0] and "> 2.52x (never" in rows[1]
 
@@ -127,7 +127,7 @@ def test_compute_and_time_multipliers_carry_the_scaled_interval():
 
 def test_targets_softmax_meets_at_its_first_evaluation_give_no_row_and_an_early_run_an_upper_bound():
     runs = [run("softmax", [0.55, 0.45, 0.3, 0.2], 1.0), run(NODENOM, [0.38, 0.3, 0.2, 0.1], 1.2, budget=2)]
-    rows = multiplier_table(runs, [0.6, 0.4, 0.2], 1000, 50).splitlines()[2:]
+    rows = multiplier_table(multipliers(runs, [0.6, 0.4, 0.2], 1000, 50)).splitlines()[2:]
     # 60%: softmax there at its first evaluation (no row); 40%: Eq. 7 there at its first, 2,000 samples against
     # softmax's 2,520: an upper bound, in the compute multiplier too; 20%: both reach it later, a measured k
     assert len(rows) == 2 and "| 40% | 2,000 | 2,520 | < 0.79x (there at its first evaluation) | <0.79x |" in rows[0]
