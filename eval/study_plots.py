@@ -144,6 +144,11 @@ def sweep_figure(rows: list[dict], attentions: list[str], path) -> None:
     plt.close(fig)
 
 
+def interval(m) -> bool:
+    """Whether a multiplier has a finite interval to draw (not a bound)."""
+    return not (m.censored or m.at_start) and np.isfinite(m.lo) and np.isfinite(m.hi)
+
+
 def multiplier_figure(found: list[dict], attentions: list[str], path) -> None:
     """Samples multiplier over softmax against the target error with its 95% interval, one panel per model size
     (eval/study_report.multipliers); a run that never reaches a target is drawn at its lower bound with an arrow."""
@@ -158,8 +163,10 @@ def multiplier_figure(found: list[dict], attentions: list[str], path) -> None:
             if not mine:
                 continue
             x, k = [100 * f["target"] for f in mine], [f["m"].k for f in mine]
-            lo = [k_ - f["m"].lo if np.isfinite(f["m"].lo) else 0 for k_, f in zip(k, mine)]
-            hi = [f["m"].hi - k_ if np.isfinite(f["m"].hi) else 0 for k_, f in zip(k, mine)]
+            # a bound (never reached, or there at the first evaluation) has no bar; an interval that does not
+            # straddle k (a bootstrap of a censored curve) is drawn from k
+            lo = [max(k_ - f["m"].lo, 0) if interval(f["m"]) else 0 for k_, f in zip(k, mine)]
+            hi = [max(f["m"].hi - k_, 0) if interval(f["m"]) else 0 for k_, f in zip(k, mine)]
             ax.errorbar(
                 x, k, yerr=[lo, hi], fmt="-o", ms=4, capsize=3, color=colour(attentions, attention), label=attention
             )

@@ -19,19 +19,7 @@ from pathlib import Path
 
 from eval.datasets import EvalInputError
 from eval.suite import read_suite
-from train.slurm import (
-    REPO,
-    Resources,
-    SubmitError,
-    add_resource_arguments,
-    render,
-    resources_from,
-    run_of,
-    sbatch_options,
-    submit,
-    timestamp,
-    with_loader_cpus,
-)
+from train import slurm
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -49,7 +37,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--context-length", type=int, help="evaluate at this text length (positions stretched)")
     parser.add_argument("--nodes", type=int, default=1)
     parser.add_argument("--procs-per-node", type=int, help="evaluating processes per node (default: one per GPU)")
-    add_resource_arguments(parser, training=False)
+    slurm.add_resource_arguments(parser, training=False)
     return parser.parse_args(argv)
 
 
@@ -57,12 +45,12 @@ def render_suite(
     targets: list[Path],
     outputs: list[str],
     suite_args: list[str],
-    res: Resources,
+    res: slurm.Resources,
     log_dir: Path,
     bin_dir: Path | None = None,
 ) -> str:
     """slurm/eval_suite.sbatch for `python -m eval.suite TARGET [--out OUTPUT] SUITE_ARGS` of each target."""
-    return render(
+    return slurm.render(
         "eval_suite.sbatch",
         {
             "job_name": f"clip-suite-{targets[0].name}",
@@ -70,9 +58,9 @@ def render_suite(
             "procs_per_node": res.procs_per_node,
             "time": res.time,
             "workdir": Path.cwd(),
-            "repo": REPO,
+            "repo": slurm.REPO,
             "log_dir": log_dir,
-            "sbatch_options": sbatch_options(res),
+            "sbatch_options": slurm.sbatch_options(res),
             "bin_dir": bin_dir or Path(sys.executable).parent,
             "checkpoints": shlex.join(map(str, targets)),
             "outputs": shlex.join(outputs),
@@ -86,10 +74,10 @@ def main_suite(argv: list[str]) -> None:
     try:
         read_suite(args.suite and str(args.suite), args.dataset)
     except EvalInputError as e:
-        raise SubmitError(str(e)) from None
-    res = with_loader_cpus(resources_from(args), args.workers)
+        raise slurm.SubmitError(str(e)) from None
+    res = slurm.with_loader_cpus(slurm.resources_from(args), args.workers)
     targets = [p.absolute() for p in args.checkpoints]
-    runs = [run_of(p) for p in targets]
+    runs = [slurm.run_of(p) for p in targets]
     outputs = [str(args.out.absolute() / f"{run.name}-{name}") if args.out else "" for run, name in runs]
     log_dir = args.out.absolute() if args.out else runs[0][0] / "eval"
     suite_args = ["--suite", str(args.suite.absolute())] if args.suite else []
@@ -100,6 +88,6 @@ def main_suite(argv: list[str]) -> None:
     for flag, value in (("--image-size", args.image_size), ("--context-length", args.context_length)):
         suite_args += [flag, str(value)] if value else []
     script = render_suite(targets, outputs, suite_args, res, log_dir)
-    job_id = submit(script, log_dir / f"suite-{timestamp()}.sbatch", args.dry_run)
+    job_id = slurm.submit(script, log_dir / f"suite-{slurm.timestamp()}.sbatch", args.dry_run)
     if job_id:
         print(f"submitted job {job_id}\nresults: " + " ".join(o or str(r / "eval") for o, (r, _) in zip(outputs, runs)))

@@ -33,20 +33,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from models import layout
-from train.slurm import (
-    Resources,
-    SubmitError,
-    add_resource_arguments,
-    check_config_path,
-    check_path,
-    load_checked,
-    read_yaml,
-    render_job,
-    resources_from,
-    submit,
-    timestamp,
-    with_loader_cpus,
-)
+from train import slurm
 
 AXES = ("sizes", "attentions", "samples", "cooldowns_at")
 MANIFEST_FIELDS = ("array", "job_id", "task_id", "run_dir", "size", "attention", "samples", "max_steps")
@@ -105,12 +92,12 @@ def plain_arrays(points: list[dict], overrides: list[str], sweep_dir: Path) -> l
 def cooldown_plan(ends: list[int], fraction: float) -> dict[int, tuple[int, int]]:
     """{T: (branch step, cooldown steps)} for each run length T of --cooldowns-at."""
     if not 0 < fraction < 1:
-        raise SubmitError(f"--cooldown-fraction {fraction} must lie between 0 and 1, e.g. 0.2")
+        raise slurm.SubmitError(f"--cooldown-fraction {fraction} must lie between 0 and 1, e.g. 0.2")
     plan = {}
     for end in sorted(set(ends)):
         cooldown = round(fraction * end)
         if not 1 <= cooldown < end:
-            raise SubmitError(
+            raise slurm.SubmitError(
                 f"--cooldowns-at {end} with --cooldown-fraction {fraction} gives a cooldown of {cooldown} steps; "
                 f"it needs 1 to {end - 1}: raise the fraction or the step"
             )
@@ -158,7 +145,7 @@ def task_block(config: Path, tasks: list[Task]) -> str:
 
 
 def submit_array(
-    array: Array, config: Path, res: Resources, sweep_dir: Path, job_ids: dict, dry_run: bool, max_running: int
+    array: Array, config: Path, res: slurm.Resources, sweep_dir: Path, job_ids: dict, dry_run: bool, max_running: int
 ) -> str | None:
     """Render and submit one array (--array=0-N, and aftercorr on its predecessor's job id); returns its job id."""
     options = [f"--array=0-{len(array.tasks) - 1}" + (f"%{max_running}" if max_running else "")]
@@ -166,10 +153,10 @@ def submit_array(
         options.append(f"--dependency=aftercorr:{job_ids.get(array.after) or f'<job id of {array.after}>'}")
     res = replace(res, sbatch_args=[*res.sbatch_args, *options])
     output = sweep_dir / "logs" / f"{array.name}-%A_%a.out"
-    script = render_job(f"clip-{sweep_dir.name}-{array.name}", output, task_block(config, array.tasks), res)
+    script = slurm.render_job(f"clip-{sweep_dir.name}-{array.name}", output, task_block(config, array.tasks), res)
     if not dry_run:
         output.parent.mkdir(parents=True, exist_ok=True)
-    return submit(script, sweep_dir / f"{array.name}.sbatch", dry_run)
+    return slurm.submit(script, sweep_dir / f"{array.name}.sbatch", dry_run)
 
 
 def manifest_rows(array: Array, job_id: str | None, sweep_dir: Path) -> list[dict]:
@@ -196,16 +183,16 @@ def write_manifest(rows: list[dict], path: Path | None) -> None:
     os.replace(tmp, path)
 
 
-def submit_all(arrays: list[Array], config: Path, res: Resources, sweep_dir: Path, args) -> None:
+def submit_all(arrays: list[Array], config: Path, res: slurm.Resources, sweep_dir: Path, args) -> None:
     """Submit the arrays in order; the manifest is rewritten after each, so it lists whatever was submitted."""
     job_ids, rows = {}, []
     manifest = None if args.dry_run else sweep_dir / "manifest.csv"
     for array in arrays:
         try:
             job_ids[array.name] = submit_array(array, config, res, sweep_dir, job_ids, args.dry_run, args.max_running)
-        except SubmitError as e:
+        except slurm.SubmitError as e:
             done = f"; submitted before it: {', '.join(job_ids)} (listed in {manifest})" if job_ids else ""
-            raise SubmitError(f"{e}{done}") from None
+            raise slurm.SubmitError(f"{e}{done}") from None
         rows += manifest_rows(array, job_ids[array.name], sweep_dir)
         if manifest:
             manifest.parent.mkdir(parents=True, exist_ok=True)
@@ -217,10 +204,10 @@ def submit_all(arrays: list[Array], config: Path, res: Resources, sweep_dir: Pat
 def read_sweep_file(path: Path, args: argparse.Namespace) -> Path:
     """A sweep YAML {config, sizes, attentions, samples, cooldowns_at, cooldown_fraction, overrides}; flags given on
     the command line win."""
-    spec = read_yaml(path) or {}
+    spec = slurm.read_yaml(path) or {}
     unknown = sorted(set(spec) - {"config", "overrides", "cooldown_fraction", *AXES})
     if unknown or "config" not in spec:
-        raise SubmitError(
+        raise slurm.SubmitError(
             f"sweep file {path} needs 'config' and may hold {', '.join(AXES)}, cooldown_fraction, overrides; "
             f"got {unknown or 'no config'}"
         )
@@ -243,7 +230,7 @@ def whole_numbers(values: list[str], flag: str) -> list[int]:
     try:
         return [int(v) for v in values]
     except ValueError:
-        raise SubmitError(f"{flag} {','.join(values)} must be whole numbers, e.g. 1000,2000") from None
+        raise slurm.SubmitError(f"{flag} {','.join(values)} must be whole numbers, e.g. 1000,2000") from None
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -267,31 +254,31 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--cooldown-fraction", type=float, help="cooldown share of each T (default 0.2)")
     parser.add_argument("--max-running", type=int, default=0, help="at most this many tasks of an array at once")
     parser.add_argument("--sweep-dir", type=Path, help="where the runs and manifest.csv go (runs/sweep-<stem>-<time>)")
-    add_resource_arguments(parser)
+    slurm.add_resource_arguments(parser)
     return parser.parse_intermixed_args(argv)
 
 
 def main_sweep(argv: list[str]) -> None:
     args = parse(argv)
-    check_config_path(args.config)
-    data = read_yaml(args.config) or {}
+    slurm.check_config_path(args.config)
+    data = slurm.read_yaml(args.config) or {}
     config = read_sweep_file(args.config, args) if isinstance(data, dict) and "config" in data else args.config
-    check_config_path(config)
+    slurm.check_config_path(config)
     if not any(getattr(args, axis) for axis in AXES):
-        raise SubmitError(
+        raise slurm.SubmitError(
             "a sweep needs at least one of --sizes, --attentions, --samples, --cooldowns-at "
             "(or those keys in a sweep YAML)"
         )
     if args.samples and args.cooldowns_at:
-        raise SubmitError("--samples and --cooldowns-at both set the run lengths; give one")
+        raise slurm.SubmitError("--samples and --cooldowns-at both set the run lengths; give one")
     ours = ("--array", "--dependency") if args.cooldowns_at else ("--array",)
     if any(option.startswith(ours) for option in args.sbatch_arg):
-        raise SubmitError(f"this sweep sets {' and '.join(ours)} itself; drop it from --sbatch-arg")
-    res, stamp = resources_from(args), timestamp()
-    base = load_checked(config, args.overrides)
-    res = with_loader_cpus(res, base.data.workers)
+        raise slurm.SubmitError(f"this sweep sets {' and '.join(ours)} itself; drop it from --sbatch-arg")
+    res, stamp = slurm.resources_from(args), slurm.timestamp()
+    base = slurm.load_checked(config, args.overrides)
+    res = slurm.with_loader_cpus(res, base.data.workers)
     per_step = base.data.batch_size * base.train.accum_freq
-    sweep_dir = check_path((args.sweep_dir or Path(f"runs/sweep-{config.stem}-{stamp}")).absolute())
+    sweep_dir = slurm.check_path((args.sweep_dir or Path(f"runs/sweep-{config.stem}-{stamp}")).absolute())
     if args.cooldowns_at:
         plan = cooldown_plan(whole_numbers(args.cooldowns_at, "--cooldowns-at"), args.cooldown_fraction or 0.2)
         points = sweep_points(args.sizes, args.attentions, [], per_step)
@@ -302,8 +289,8 @@ def main_sweep(argv: list[str]) -> None:
     for array in arrays:
         for i, task in enumerate(array.tasks):
             try:
-                load_checked(config, task.overrides, schedule=True)
-                check_path(task.run_dir)
-            except SubmitError as e:
-                raise SubmitError(f"array {array.name}, task {i} ({task.run_dir.name}): {e}") from None
+                slurm.load_checked(config, task.overrides, schedule=True)
+                slurm.check_path(task.run_dir)
+            except slurm.SubmitError as e:
+                raise slurm.SubmitError(f"array {array.name}, task {i} ({task.run_dir.name}): {e}") from None
     submit_all(arrays, config, res, sweep_dir, args)

@@ -139,7 +139,7 @@ def test_full_study_shows_scaling(tmp_path):
 
 
 def check_full_study(out: Path) -> None:
-    """The checks of a finished full study folder (also run by hand on one: docs/study.md)."""
+    """The checks of a finished full study folder (also run by hand on one: docs/study_shapes.md)."""
     runs, fits, report = read(out)
     classes = (out / "data" / "eval" / "classnames.txt").read_text().splitlines()
     assert 1 / len(classes) <= 0.05
@@ -153,7 +153,7 @@ def check_full_study(out: Path) -> None:
     assert low <= max(r["top1"] for r in by["softmax"]) <= high  # it learns the task, which does not saturate
     for attention, rows in by.items():
         # 1. Every attention learns the task; the largest run's flattening is judged between its last two budgets.
-        assert max(r["top1"] for r in rows) >= low, attention
+        assert max(r["top1"] for r in rows) >= min(low, 10 / len(classes)), attention
         assert len(rows) >= 3 and len(rows[-1]["budgets"]) == len(study.budgets["fractions"]) + 1, attention
         assert f"- {attention}: the largest run" in report and "between its last two budgets" in report
     for attention in ("softmax", "linear_affine_nodenom"):

@@ -1,0 +1,32 @@
+"""eval/study_plots.py's figures from made-up rows: the learning-rate sweep and the samples multipliers, including
+bounds (a run that never reaches a target) and intervals that do not straddle their multiplier."""
+
+import math
+
+from eval.multiplier import Multiplier
+from eval.study_plots import multiplier_figure, sweep_figure
+
+
+def test_the_multiplier_figure_draws_intervals_and_bounds(tmp_path):
+    def row(attention, size, target, k, lo, hi, censored=False):
+        m = Multiplier(target, k, lo, hi, censored, k * 1000, 1000.0)
+        return {"attention": attention, "run": {"size": size}, "target": target, "m": m}
+
+    found = [
+        row("linear_affine", "w16", 0.8, 1.5, 1.2, 1.9),
+        row("linear_affine", "w16", 0.7, 2.0, 2.2, math.inf),  # the bootstrap lies above k
+        row("linear_affine_nodenom", "w16", 0.7, 3.0, math.nan, math.nan, censored=True),
+        row("linear_affine_nodenom", "w64", 0.8, 0.8, 0.6, 1.1),
+    ]
+    multiplier_figure(found, ["softmax", "linear_affine", "linear_affine_nodenom"], tmp_path / "m.png")
+    assert (tmp_path / "m.png").stat().st_size > 0
+
+
+def test_the_sweep_figure_circles_the_chosen_rate(tmp_path):
+    rows = [
+        {"attention": a, "scale": s, "lr": 1e-3 * s, "val_loss": 1 + abs(s - 1), "top1": 0.3, "chosen": s == 1}
+        for a in ("softmax", "linear_affine")
+        for s in (0.5, 1, 2)
+    ]
+    sweep_figure(rows, ["softmax", "linear_affine"], tmp_path / "s.png")
+    assert (tmp_path / "s.png").stat().st_size > 0
