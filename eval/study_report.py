@@ -381,10 +381,15 @@ def check_table(checks: list[tuple[str, bool, str]]) -> str:
 
 
 def linearise_section(text: str) -> str:
-    """scripts/linearise.py's page as the report's last section: its title one level down, its figure's path from
-    the report's folder."""
-    title, _, body = text.partition("\n")
-    return f"\n#{title}\n{body.replace('](linearise.png)', '](linearise/linearise.png)')}"
+    """scripts/linearise.py's page as the report's last section: its title one level down, its command without the
+    rest of its header (the report's header names the commit and machine), its figure's path from the report's
+    folder."""
+    title, header, *body = text.split("\n\n")
+    command = header.split("`")[1] if header.count("`") >= 2 else ""  # its header: the report's own covers the rest
+    body = "\n\n".join([f"`{command}`" if command else "", *body]).replace(
+        "](linearise.png)", "](linearise/linearise.png)"
+    )
+    return f"\n#{title}\n\n{body}"
 
 
 def scales_of(rows: list[dict], attention: str) -> list[float]:
