@@ -144,9 +144,9 @@ def sweep_figure(rows: list[dict], attentions: list[str], path) -> None:
     plt.close(fig)
 
 
-def interval(m) -> bool:
-    """Whether a multiplier has a finite interval to draw (not a bound)."""
-    return not (m.censored or m.at_start) and np.isfinite(m.lo) and np.isfinite(m.hi)
+def interval(m, end: str) -> bool:
+    """Whether a multiplier (not a bound) has a finite `end` ("lo" or "hi") of its interval to draw."""
+    return not (m.censored or m.at_start) and bool(np.isfinite(getattr(m, end)))
 
 
 def multiplier_figure(found: list[dict], attentions: list[str], path) -> None:
@@ -165,13 +165,13 @@ def multiplier_figure(found: list[dict], attentions: list[str], path) -> None:
             x, k = [100 * f["target"] for f in mine], [f["m"].k for f in mine]
             # a bound (never reached, or there at the first evaluation) has no bar; an interval that does not
             # straddle k (a bootstrap of a censored curve) is drawn from k
-            lo = [max(k_ - f["m"].lo, 0) if interval(f["m"]) else 0 for k_, f in zip(k, mine)]
-            hi = [max(f["m"].hi - k_, 0) if interval(f["m"]) else 0 for k_, f in zip(k, mine)]
+            lo = [max(k_ - f["m"].lo, 0) if interval(f["m"], "lo") else 0 for k_, f in zip(k, mine)]
+            hi = [max(f["m"].hi - k_, 0) if interval(f["m"], "hi") else 0 for k_, f in zip(k, mine)]
             ax.errorbar(
                 x, k, yerr=[lo, hi], fmt="-o", ms=4, capsize=3, color=colour(attentions, attention), label=attention
             )
             for xi, ki, f in zip(x, k, mine):
-                if f["m"].censored:  # never reached: k is a lower bound
+                if f["m"].censored or not np.isfinite(f["m"].hi):  # a lower bound, or no upper one: an arrow up
                     ax.annotate("", (xi, ki * 1.6), (xi, ki), arrowprops={"arrowstyle": "->"})
         ax.axhline(1, color="grey", lw=0.8, ls=":")
         ax.set(yscale="log", xlabel="target zero-shot error (%)", title=size)

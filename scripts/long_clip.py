@@ -14,9 +14,9 @@ Per text attention (the image tower softmax in every run), four runs of the size
 - scratch: the long-caption data at --context tokens from a fresh model, for base + fine-tuning steps.
 Each is evaluated on the long-caption retrieval set (groups of four images that differ only in the sixth shape,
 described after at least 80 tokens: a 16-token text tower can only guess within a group) as text-to-image R@1, and
-zero-shot on the short-caption classes (top-1). Learning rates: the main job's sweep's choices at demo-w32
-(docs/study_shapes.md: softmax 2e-3, linear_affine_nodenom 1e-3), a quarter of it for fine-tuning. Writes OUT/long_clip.md
-and .json.
+zero-shot on the short-caption classes (top-1). Learning rates: the shapes study's sweep's choices at demo-w32
+(docs/study_shapes.md: softmax 2e-3, linear_affine_nodenom 1e-3), a quarter of it for fine-tuning. Writes
+OUT/long_clip.md and .json.
 """
 
 from __future__ import annotations
