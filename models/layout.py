@@ -11,6 +11,7 @@
                 state/                   accelerate's save_state: model, optimizer, scheduler, [scaler], RNG per rank
                 manifest.json            size and SHA-256 of every other file; written last
             latest                       name of the newest step folder (for people: readers verify instead)
+            [uploaded]                   a remote run's staging folder: the newest step folder on the remote
 
 Complete means: manifest.json lists at least REQUIRED (and EMA for a run whose meta.json config keeps an EMA of
 the weights), and every file it lists is there with its size and SHA-256. Every file that resume loads is
@@ -50,6 +51,7 @@ from pathlib import Path
 from safetensors import safe_open
 
 CHECKPOINTS, LATEST, MANIFEST = "checkpoints", "latest", "manifest.json"
+UPLOADED = "uploaded"  # train/storage.py: in a remote run's staging folder, what the remote holds
 # the run directory's own files (train/ writes them, eval/ and the scripts read them)
 CONFIG, SUMMARY, GIT_COMMIT = "config.yaml", "summary.json", "git_commit.txt"
 METRICS, WANDB_ID = "metrics.jsonl", "wandb_id.txt"
@@ -227,6 +229,9 @@ def listed_problems(manifest, sizes: dict[str, int]) -> dict[str, str]:
     files = manifest.get("files") if isinstance(manifest, dict) else None
     if not isinstance(files, dict) or not all(isinstance(e, dict) and "size" in e for e in files.values()):
         return {MANIFEST: "is not a manifest written by this project"}
+    outside = [name for name in files if not inside(name)]
+    if outside:  # before any file is looked at: a reader must never open, hash or download such a path
+        return {MANIFEST: f"lists {outside[0]!r}, a path that leaves the checkpoint folder (refused)"}
     bad = {name: "is not listed in manifest.json" for name in REQUIRED if name not in files}
     for name, entry in files.items():
         if name not in sizes:
@@ -234,6 +239,13 @@ def listed_problems(manifest, sizes: dict[str, int]) -> dict[str, str]:
         elif sizes[name] != entry["size"]:
             bad[name] = f"has {sizes[name]} bytes where manifest.json says {entry['size']} (truncated or replaced)"
     return bad
+
+
+def inside(name: str) -> bool:
+    """Whether a file name of a manifest stays inside its checkpoint folder: a relative POSIX path of plain parts
+    (no absolute path, drive, backslash, `..`, `.` or empty part)."""
+    parts = name.split("/")
+    return bool(name) and "\\" not in name and ":" not in parts[0] and all(p not in ("", ".", "..") for p in parts)
 
 
 def verdict(bad: dict[str, str]) -> Check:

@@ -5,7 +5,9 @@ the model and meta.json; rank 0 then finishes the folder (manifest with every fi
 `latest`), prunes old ones and, for a remote run directory, uploads it (train/storage.py). A crash or kill -9
 during the write leaves only a `.tmp_*` folder that resume ignores and the next save deletes. Storage that refuses
 a write (full, over quota or the file-size limit, failing) stops the run on every rank with one line that names
-the file, the cause and the checkpoint kept; the `.tmp_*` folder is removed.
+the file, the cause and the checkpoint kept; the `.tmp_*` folder is removed. A failed upload is a warning and the
+checkpoint stays local until one is uploaded; train.max_failed_uploads of them in a row stop the run on every rank
+with one line (train/storage.py).
 
 Resume: rank 0 picks the checkpoint (`train.resume` auto | none | PATH | URL; auto = the newest that passes
 `models.layout.check`, each one skipped reported in one line that names the file) and tells the other ranks;
@@ -37,7 +39,9 @@ from torch.distributed.checkpoint.api import CheckpointException
 from models import layout
 from models.layout import META, MODEL, STATE, CheckpointError, is_url, read_meta  # noqa: F401 - read_meta: API
 from train.dist import sum_over_ranks
-from train.storage import RunStorage
+from train.storage import RunStorage, UploadError
+
+UPLOADS = "uploads: "  # marks an UploadError's line among the failures that the ranks exchange
 
 
 def save_checkpoint(
@@ -98,14 +102,12 @@ def write_files(accelerator: Accelerator, tmp: Path, files: dict[str, dict], met
 
 
 def complete(storage: RunStorage, tmp: Path, keep_last: int, keep_steps) -> None:
-    """Rank 0, once every file is written: finish the folder, prune the old ones, upload a remote run's."""
+    """Rank 0, once every file is written: finish the folder, prune the old ones or upload a remote run's."""
     final = layout.finish(tmp)
-    # a remote run keeps its history remotely: the staging folder only needs the newest checkpoint
     if storage.remote:
-        layout.prune(storage.local, 1, keep=final)
+        upload(storage, final, keep_last, keep_steps)
     else:
         layout.prune(storage.local, keep_last, keep=final, keep_steps=keep_steps)
-    upload(storage, final, keep_last, keep_steps)
 
 
 class CheckpointWriteError(CheckpointError):
@@ -118,6 +120,8 @@ def together(accelerator: Accelerator, tmp: Path, write) -> None:
     failure = None
     try:
         write()
+    except UploadError as e:  # the checkpoint is written and kept: the line is complete as it is
+        failure = f"{UPLOADS}{e}"
     except (OSError, RuntimeError, SafetensorError, CheckpointException) as e:
         cause = write_failure(e)
         if cause is None:
@@ -127,6 +131,8 @@ def together(accelerator: Accelerator, tmp: Path, write) -> None:
         failure = next((f for f in gather_object([failure]) if f), None)
     if failure is None:
         return
+    if failure.startswith(UPLOADS):
+        raise UploadError(failure.removeprefix(UPLOADS))
     if accelerator.is_main_process:
         shutil.rmtree(tmp, ignore_errors=True)
     # the manifest is written last: the newest folder with one is the newest complete checkpoint as written
@@ -170,15 +176,33 @@ def newest_file(folder: Path) -> Path | None:
 
 
 def upload(storage: RunStorage, folder: Path, keep_last: int, keep_steps=()) -> None:
-    """Upload a finished checkpoint; a failure is a warning, not the end of the run (the next save retries)."""
+    """Upload a finished checkpoint (and those an earlier failure kept local), then the run's files; the staging
+    folder keeps the checkpoints not uploaded yet, or the newest. A failure after train.storage_retry_s is a
+    warning (the next save uploads the newest again); train.max_failed_uploads in a row raise UploadError."""
     try:
         storage.upload_checkpoint(folder, keep_last, keep_steps)
-        storage.upload_run_files()
+        failure = None
     except Exception as e:  # network and credential errors of any fsspec back end
+        failure = layout.first_line(e)
+    pending = storage.pending()  # each a save whose upload failed, the newest first: the failures in a row
+    layout.prune(storage.local, max(1, len(pending)), keep=folder)
+    if failure and pending:
+        names = ", ".join(p.name for p in reversed(pending))
+        if len(pending) >= storage.max_failed_uploads:
+            raise UploadError(
+                f"{len(pending)} uploads in a row to {storage.remote} failed (train.max_failed_uploads="
+                f"{storage.max_failed_uploads}), the last after retrying for train.storage_retry_s="
+                f"{storage.retry_s:g} s: {failure}; checkpoints kept locally in {folder.parent}: {names}; rerun the "
+                f"same command once the storage is reachable (it resumes from {pending[0].name} and uploads it)"
+            )
         layout.warn(
-            f"upload of {folder.name} to {storage.remote} failed ({layout.first_line(e)}); it is complete in "
-            f"{folder}, and the next checkpoint is uploaded again"
+            f"upload of {folder.name} to {storage.remote} failed ({failure}); it is kept in {folder} and "
+            f"uploaded with the next checkpoint ({len(pending)} of train.max_failed_uploads="
+            f"{storage.max_failed_uploads} in a row)"
         )
+    elif failure:
+        layout.warn(f"upload to {storage.remote} failed after {folder.name} was uploaded ({failure})")
+    storage.upload_run_files()
 
 
 def unwrapped_state_dict(accelerator: Accelerator, model) -> dict[str, torch.Tensor]:

@@ -107,6 +107,10 @@ class TrainConfig:
     keep_steps: list[int] = field(default_factory=list)  # checkpoints written at these steps and never pruned
     max_bad_steps: int = 10  # consecutive non-finite steps before the run stops
     stage_dir: str | None = None  # local folder for a remote run_dir (s3://...); null: one under the temp dir
+    # a remote run_dir: how long each transfer is retried (exponential backoff) before it counts as failed; 0: only
+    # the file system's own retries. A failed upload is a warning, max_failed_uploads of them in a row stop the run
+    storage_retry_s: float = 600
+    max_failed_uploads: int = 3
     # how long a collective of the training steps waits for the other ranks before this rank stops the run with one
     # line naming the timeout (a hung or stopped rank would otherwise hold every GPU of the job); start-up,
     # checkpoint writes and evaluations keep train/dist.py's 60 minutes (rank 0 may load, write or upload while the
@@ -365,6 +369,8 @@ RANGES = {
     ("train", "keep_steps"): (lambda v: all(s >= 0 for s in v), "a list of steps >= 0"),
     ("train", "dist_timeout_s"): above(0),
     ("train", "max_restarts"): at_least(0),
+    ("train", "storage_retry_s"): at_least(0),
+    ("train", "max_failed_uploads"): at_least(1),
     ("train.ema", "decay"): (lambda v: 0 <= v < 1, "in [0, 1)"),
     ("train.ema", "warmup_power"): above(0),
     ("train.ema", "every"): at_least(1),

@@ -387,7 +387,7 @@ class Trainer:
             "eval_pending": p.eval_pending,
             "config": self.config_dict,
         }
-        storage = RunStorage.of(self.cfg.run_dir, self.cfg.stage_dir)
+        storage = RunStorage.from_config(self.cfg)
         with patient_collectives(self.accelerator, self.cfg.dist_timeout_s):
             ema = {} if self.ema is None else {layout.EMA: weights_ema.state_dict(self.ema, self.accelerator)}
             return save_checkpoint(

@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
 def run_in_folder(cfg: Config) -> int:
     """One run in its folder: its log lines also in RUN/out.log (rank 0), `run folder: PATH` at the start and after
     the done line, SIGTERM/SIGUSR1 meaning: checkpoint after the current step, exit 75."""
-    storage, main_rank = RunStorage.of(cfg.train.run_dir, cfg.train.stage_dir), rank_from_env() == 0
+    storage, main_rank = RunStorage.from_config(cfg.train), rank_from_env() == 0
     if main_rank:
         storage.pull_run_files()  # a remote run's metrics, wandb id and log, before this launch adds to them
     stop = StopFlag()
@@ -106,7 +106,7 @@ def fit(cfg: Config, stop: StopFlag) -> int:
     optimizer, schedule = build_optimizer(model, cfg.optim, cfg.train.max_steps)
     model, optimizer, schedule = accelerator.prepare(model, optimizer, schedule)
     stream, progress = DataStream(data, accelerator.device), Progress()
-    storage = RunStorage.of(cfg.train.run_dir, cfg.train.stage_dir)
+    storage = RunStorage.from_config(cfg.train)
     folder = resume(cfg, accelerator, storage, stream, progress)
     weights_ema.resume(ema, accelerator.unwrap_model(model), folder, accelerator)
     follow_schedule(schedule.scheduler)

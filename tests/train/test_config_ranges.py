@@ -34,6 +34,8 @@ from train.config import RANGES, ConfigError, build_config, load_config
         ("train", "seed", 2**32, "in [0, 2**32)"),
         ("train", "dist_timeout_s", 0.0, "> 0"),
         ("train", "max_restarts", -1, ">= 0"),
+        ("train", "storage_retry_s", -1.0, ">= 0"),
+        ("train", "max_failed_uploads", 0, ">= 1"),
         ("eval", "every", -2, ">= 0"),
         ("eval", "batch_size", 0, "> 0"),
         ("eval", "workers", -1, ">= 0"),

@@ -14,7 +14,7 @@ from tests.train.common import run, tiny_config, train_records
 from train.config import ConfigError, load_config
 from train.main import preflight
 
-SETTINGS = {"max_steps": 4, "save_every": 2, "keep_last": 1, "deterministic": True}
+SETTINGS = {"max_steps": 4, "save_every": 2, "keep_last": 1, "deterministic": True, "storage_retry_s": 0}
 
 
 @pytest.fixture(scope="module")
