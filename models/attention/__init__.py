@@ -10,12 +10,15 @@
 | linear_elu             | linear.py, ops/linear_elu/ | ops/linear_elu/__init__.py |
 | efficient              | linear.py     | reference.efficient  |
 | hedgehog               | hedgehog.py   | reference.hedgehog   |
+| retention              | decay.py      | reference.retention  |
+| retention_2d           | decay.py      | reference.retention_2d |
 
 Rotary positions (model.*_pos_embed: rope) turn q and k before any of them: rope.py, reference.rope.
 """
 
 from models.attention import (  # noqa: F401
     continuum,
+    decay,
     hedgehog,
     linear,
     linformer,

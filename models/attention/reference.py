@@ -250,3 +250,47 @@ def linear_elu_rope(
     num = kernel_attention(rope(fq, theta) @ rope(fk, theta).transpose(-1, -2), v, ok, normalise=False)
     den = kernel_attention(fq @ fk.transpose(-1, -2), torch.ones_like(v[..., :1]), ok, normalise=False)
     return (num / torch.where(den == 0, torch.ones_like(den), den)).to(dtype)
+
+
+def patch_grid(n: int, width: int | None = None, prefix_tokens: int = 1) -> tuple[int, int]:
+    """(rows, columns) of the patches among n tokens: those after the first `prefix_tokens`, row-major on `width`
+    columns, by default ceil(sqrt(patches)) (models/vit.py's square grid of side^2 patches); a last row may be
+    partial."""
+    patches = max(n - prefix_tokens, 0)
+    cols = width or (math.isqrt(patches - 1) + 1 if patches else 1)
+    return -(-patches // cols), cols
+
+
+def decayed(q: Tensor, k: Tensor, v: Tensor, distance: Tensor, ok: Tensor) -> Tensor:
+    """o_i = sum_n gamma_h^distance(i, n) (q_i . k_n / sqrt(D)) v_n over the allowed keys, no normaliser, with
+    RetNet's gamma_h = 1 - 2^(-5 - h) for head h; distance [N, N]."""
+    dtype, (q, k, v) = q.dtype, upcast(q, k, v)
+    gamma = 1 - 2.0 ** (-5 - torch.arange(q.shape[1], dtype=q.dtype, device=q.device))
+    sim = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1]) * gamma[:, None, None] ** distance.to(q.dtype)
+    return kernel_attention(sim, v, ok, normalise=False).to(dtype)
+
+
+def retention(
+    q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, key_mask: Tensor | None = None, **options
+) -> Tensor:
+    """Sun et al. 2023 (RetNet), Eq. 5 without xPos: o_i = sum_n gamma_h^|i - n| (q_i . k_n / sqrt(D)) v_n, n <= i
+    when causal."""
+    i = torch.arange(q.shape[-2], device=q.device)
+    return decayed(q, k, v, (i[:, None] - i[None]).abs(), allowed(q, k, causal, key_mask))
+
+
+def retention_2d(
+    q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, key_mask: Tensor | None = None, **options
+) -> Tensor:
+    """Fan et al. 2024 (RMT), Manhattan self-attention: o_i = sum_n gamma_h^(|r_i - r_n| + |c_i - c_n|) (q_i . k_n /
+    sqrt(D)) v_n, (r, c) a patch's place on `patch_grid` (options width, prefix_tokens); a prefix token (the class
+    token) is at distance 0 from all."""
+    if causal:
+        raise ValueError("attention 'retention_2d' cannot be causal: its decay over the patch grid looks both ways")
+    n, prefix = q.shape[-2], options.get("prefix_tokens", 1)
+    _, cols = patch_grid(n, options.get("width"), prefix)
+    p = torch.arange(n, device=q.device) - prefix
+    r, c = p.div(cols, rounding_mode="floor"), p % cols
+    distance = (r[:, None] - r[None]).abs() + (c[:, None] - c[None]).abs()
+    distance = distance.masked_fill((p[:, None] < 0) | (p[None] < 0), 0)
+    return decayed(q, k, v, distance, allowed(q, k, False, key_mask))

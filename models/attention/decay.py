@@ -1,0 +1,190 @@
+"""Fixed-decay attentions: retention (Sun et al. 2023, RetNet) and its 2-D Manhattan form (Fan et al. 2024, RMT).
+
+    retention     o_i = sum_j gamma_h^|i - j| (q_i . k_j / sqrt(D)) v_j        (j <= i when causal)
+    retention_2d  o_i = sum_j gamma_h^(|r_i - r_j| + |c_i - c_j|) (q_i . k_j / sqrt(D)) v_j   (never causal)
+
+with RetNet's decay gamma_h = 1 - 2^(-5 - h) for head h (0-based). There is no normaliser, as in RetNet: the output
+grows with the number of tokens within reach of the decay (about 2 / (1 - gamma_h)). RetNet follows retention with a
+GroupNorm per head and a swish gate; the block here does neither (pre-LN, out_proj straight after), so nothing but
+the decay bounds the sum. With model.*_pos_embed=rope the layer rotates q and k first: RetNet's e^{i n theta}.
+
+Grid of retention_2d (models/vit.py's layout): the first `prefix_tokens` tokens (default 1, the class token) are
+no patch and sit at distance 0 from every token; the rest are patches in row-major order on a grid of `width`
+columns, by default ceil(sqrt(patches)): vit.py's square grid of N - 1 = side^2 patches, and for any other count
+a grid whose last row is partial. Patch dropout hands the layer a random subset of patches in random order, so
+their decays follow that order, not the image. Padded keys (key_mask False) keep their places and add nothing.
+
+Fast path (`scan`), O(N) in memory, never N x N: the sequence or grid is cut into blocks of whole rows (1-D: a row
+is one token); inside a block the decayed [block, block] matrix, across blocks a d x d state per column carried
+down the rows with decay gamma per row and mixed over the W columns by gamma^|c - c'| at readout (two scans over
+the columns). The two-sided forms are LION's construction (Afzal et al. 2025): the downward pass over rows <= r
+plus the same pass on the reversed tokens over rows > r, so the diagonal (1-D) or the query's own row (2-D) is
+counted once. Reversing all tokens maps row r to R - 1 - r and column c to W - 1 - c, which keeps every |c - c'|.
+Options: chunk_size (tokens per block: retention 64; retention_2d 256, as max(1, 256 // W) whole rows), and for
+retention_2d width and prefix_tokens. Memory: N x block for the matrices and N D^2 / (rows per block) for the
+states, all blocks at once (1-D: N D^2 / 64); retention_2d's larger blocks keep its states, and their traffic, down.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from models.attention import reference
+from models.attention.base import Attention, scale
+from models.attention.linear import LinearAttention
+from models.attention.ops.common import check_key_mask, compute_dtype
+from models.attention.registry import register_attention
+
+WHY_NOT_CAUSAL_2D = "its decay over the patch grid reaches the rows below and the columns right of every patch"
+
+
+def log_gammas(num_heads: int, like: Tensor) -> Tensor:
+    """[H]: log gamma_h = log(1 - 2^(-5 - h)), RetNet's decay per head, in the dtype and device of `like`."""
+    return torch.log1p(-(2.0 ** (-5.0 - torch.arange(num_heads, dtype=like.dtype, device=like.device))))
+
+
+def prepare(q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+    """q / sqrt(D), k, v in the compute dtype (fp32, fp64 for fp64), padded keys' k and v zeroed."""
+    check_key_mask(key_mask, q)
+    dtype = compute_dtype(q)
+    q, k, v = q.to(dtype) * scale(q.shape[-1]), k.to(dtype), v.to(dtype)
+    if key_mask is not None:
+        padded = ~key_mask[:, None, :, None]
+        k, v = k.masked_fill(padded, 0), v.masked_fill(padded, 0)
+    return q, k, v
+
+
+def scan(q: Tensor, k: Tensor, v: Tensor, log_gamma: Tensor, width: int, rows: int, strict: bool) -> Tensor:
+    """o at (r, c) = sum over keys at (r', c') with r' <= r (r' < r when `strict`) of gamma^(r - r' + |c - c'|)
+    (q . k) v: q, k, v [B, H, N, D] with N = R * width tokens row-major, log_gamma [H], `rows` rows per block."""
+    B, H, N, D = q.shape
+    P, blocks = rows * width, -(-N // (rows * width))
+    q, k, v = (F.pad(t, (0, 0, 0, blocks * P - N)).view(B, H, blocks, rows, width, D) for t in (q, k, v))
+    lg = log_gamma[:, None, None]
+    row, col = torch.arange(rows, device=q.device), torch.arange(width, device=q.device)
+    dr, dc = row[:, None] - row[None], (col[:, None] - col[None]).abs()
+    # within a block: the decayed [P, P] matrix, rows r' <= r of the block (r' < r when strict)
+    decay_rows = torch.where(dr > 0 if strict else dr >= 0, (lg * dr).exp(), 0)  # [H, rows, rows]
+    decay_cols = (lg * dc).exp()  # [H, width, width]
+    intra = (decay_rows[:, :, None, :, None] * decay_cols[:, None, :, None, :]).reshape(H, 1, P, P)
+    qb, kb, vb = (t.reshape(B, H, blocks, P, D) for t in (q, k, v))
+    out = (((qb @ kb.transpose(-1, -2)) * intra) @ vb).view(B, H, blocks, rows, width, D)
+    # across blocks: each block's keys as one d x d state per column, decayed to the block's last row
+    to_end = (lg * (rows - 1 - row)).exp()[..., None, None]  # [H, 1, rows, 1, 1]
+    by_column = (0, 1, 2, 4, 3, 5)  # [B, H, blocks, rows, W, D] <-> [B, H, blocks, W, rows, D]
+    kv = (k * to_end).permute(by_column).transpose(-1, -2) @ v.permute(by_column)  # [B, H, blocks, W, D, D]
+    block_decay = (log_gamma * rows).exp()[:, None, None, None]
+    state, states = torch.zeros_like(kv[:, :, 0]), []
+    for kv_block in kv.unbind(2):  # unbind: one backward for all blocks (indexing would zero-fill one per block)
+        states.append(state)
+        state = state * block_decay + kv_block
+    # the states mixed over the columns by gamma^|c - c'|, then read by the block's rows, gamma^(rows below)
+    mixed = two_sided_columns(torch.stack(states, 2), log_gamma)
+    from_start = (lg * (row + 1)).exp()[..., None, None]  # [H, 1, rows, 1, 1]
+    out = out + ((q * from_start).permute(by_column) @ mixed).permute(by_column)
+    return out.reshape(B, H, blocks * P, D)[:, :, :N]
+
+
+def two_sided_columns(states: Tensor, log_gamma: Tensor) -> Tensor:
+    """sum_c' gamma^|c - c'| states[..., c', :, :] for every column c: [B, H, blocks, W, D, D], as two scans over the
+    W columns (O(W D^2) per block, where the [W, W] matrix would cost O(W^2 D^2))."""
+    gamma = log_gamma.exp()[:, None, None, None]  # [H, 1, 1, 1]
+    columns = states.unbind(3)
+    left, right = [columns[0]], [torch.zeros_like(columns[0])]
+    for column in columns[1:]:
+        left.append(left[-1] * gamma + column)
+    for column in reversed(columns[1:]):
+        right.append((right[-1] + column) * gamma)
+    return torch.stack(left, 3) + torch.stack(right[::-1], 3)
+
+
+def two_sided(q: Tensor, k: Tensor, v: Tensor, log_gamma: Tensor, width: int, rows: int) -> Tensor:
+    """`scan` over rows <= r plus, on the reversed tokens, over rows > r (LION): every key once, decayed both ways."""
+    down = scan(q, k, v, log_gamma, width, rows, strict=False)
+    up = scan(q.flip(2), k.flip(2), v.flip(2), log_gamma, width, rows, strict=True)
+    return down + up.flip(2)
+
+
+def retention(
+    q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, key_mask: Tensor | None = None, chunk_size: int = 64
+) -> Tensor:
+    """Sun et al. 2023, Eq. 5 without xPos: o_i = sum_j gamma_h^|i - j| (q_i . k_j / sqrt(D)) v_j (j <= i when causal),
+    [B, H, N, D] x3 -> [B, H, N, D] in the dtype of q; chunks of `chunk_size` tokens."""
+    dtype, (q, k, v) = q.dtype, prepare(q, k, v, key_mask)
+    log_gamma = log_gammas(q.shape[1], q)
+    if causal:
+        return scan(q, k, v, log_gamma, 1, chunk_size, strict=False).to(dtype)
+    return two_sided(q, k, v, log_gamma, 1, chunk_size).to(dtype)
+
+
+def retention_2d(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    causal: bool = False,
+    key_mask: Tensor | None = None,
+    width: int | None = None,
+    prefix_tokens: int = 1,
+    chunk_size: int = 256,
+) -> Tensor:
+    """Fan et al. 2024 (RMT), Manhattan self-attention, exact: o_i = sum_j gamma_h^(|r_i - r_j| + |c_i - c_j|)
+    (q_i . k_j / sqrt(D)) v_j over the patch grid, prefix tokens at distance 0; [B, H, N, D] x3 -> [B, H, N, D]."""
+    if causal:
+        raise ValueError(f"attention 'retention_2d' cannot be causal: {WHY_NOT_CAUSAL_2D}")
+    dtype, (q, k, v) = q.dtype, prepare(q, k, v, key_mask)
+    n, n_pre = q.shape[-2], min(prefix_tokens, q.shape[-2])
+    rows, cols = reference.patch_grid(n, width, prefix_tokens)
+    (q0, q1), (k0, k1), (v0, v1) = (t.split([n_pre, n - n_pre], 2) for t in (q, k, v))
+    # prefix tokens are at distance 0 from all: plain linear attention, their queries read every key undecayed
+    out_pre = q0 @ (k.transpose(-1, -2) @ v)
+    out = q1 @ (k0.transpose(-1, -2) @ v0)
+    if n > n_pre:
+        grid = [F.pad(t, (0, 0, 0, rows * cols - (n - n_pre))) for t in (q1, k1, v1)]
+        decayed = two_sided(*grid, log_gammas(q.shape[1], q), cols, max(1, chunk_size // cols))
+        out = out + decayed[:, :, : n - n_pre]
+    return torch.cat([out_pre, out], 2).to(dtype)
+
+
+def check_options(name: str, options: dict, known: tuple[str, ...]) -> None:
+    """One line for an option the variant does not take or a value out of range (integers >= 1, prefix_tokens >= 0,
+    width None for a square grid)."""
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise ValueError(f"attention {name!r}: unknown options {', '.join(unknown)}; it takes {', '.join(known)}")
+    for key, value in options.items():
+        least = 0 if key == "prefix_tokens" else 1
+        if key == "width" and value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise ValueError(f"attention {name!r}: option {key}={value!r} must be an integer >= {least}")
+
+
+@register_attention("retention")
+class RetentionAttention(LinearAttention):
+    """Sun et al. 2023 (RetNet), retention with decay gamma_h = 1 - 2^(-5 - h), no normaliser; option chunk_size."""
+
+    function = staticmethod(retention)
+    reference = staticmethod(reference.retention)
+
+    def __init__(self, dim: int, num_heads: int, *, causal: bool = False, qkv_bias: bool = True, **options):
+        check_options(self.name, options, ("chunk_size",))
+        super().__init__(dim, num_heads, causal=causal, qkv_bias=qkv_bias, **options)
+
+
+@register_attention("retention_2d")
+class Retention2dAttention(Attention):
+    """Fan et al. 2024 (RMT), Manhattan-distance retention over the patch grid, exact; options width, prefix_tokens,
+    chunk_size. Linear in N: time O(N D^2 + N block D), memory O(N D^2 / rows per block + N block).
+    Not a LinearAttention: the attention benchmark's long sizes would keep N D^2 / rows of states."""
+
+    supports_causal = False
+    why_not_causal = WHY_NOT_CAUSAL_2D
+    function = staticmethod(retention_2d)
+    reference = staticmethod(reference.retention_2d)
+
+    def __init__(self, dim: int, num_heads: int, *, causal: bool = False, qkv_bias: bool = True, **options):
+        check_options(self.name, options, ("chunk_size", "prefix_tokens", "width"))
+        super().__init__(dim, num_heads, causal=causal, qkv_bias=qkv_bias, **options)
