@@ -25,17 +25,17 @@ class SampleCache:
         self.shards: dict[str, list[dict]] = {}
         self.refused: set[str] = set()
 
-    def read(self, url: str):
-        """The raw samples of one tar, from memory once a whole pass over it has been kept."""
+    def read(self, url: str, read=tar_samples):
+        """The raw samples of one tar (`read(url)`), from memory once a whole pass over it has been kept."""
         if url in self.shards:
             yield from self.shards[url]
             return
         size = os.path.getsize(url) if os.path.isfile(url) else None
         if url in self.refused or size is None or self.used + size > self.max_bytes:
             self.refuse(url)
-            yield from tar_samples(url)
+            yield from read(url)
             return
-        kept = list(tar_samples(url))  # read whole: a piece may stop early, the next epoch needs all of it
+        kept = list(read(url))  # read whole: a piece may stop early, the next epoch needs all of it
         self.shards[url] = kept
         self.used += size
         yield from kept

@@ -26,6 +26,18 @@ class DataConfig:
     # a run stops (one error line, counts by cause) once more than this fraction of the samples read were skipped as
     # unreadable, counted over all ranks from 1000 samples read on (data/errors.py); null: no limit
     max_skip_fraction: float | None = 0.1
+    # a pipe: or http(s) shard that sends no byte for this many seconds is stopped and read again, up to shard_retries
+    # times, then skipped (data/reading.py); null: reads wait forever. DataLoader workers that hand over no batch for
+    # loader_timeout_s() are taken for hung
+    shard_timeout_s: float | None = 120
+    shard_retries: int = 2
+
+    def loader_timeout_s(self) -> float:
+        """How long the DataLoader waits for a worker's batch (0: forever): time for a batch whose samples come
+        from two shards that each stall on every try, plus a minute."""
+        if self.shard_timeout_s is None:
+            return 0
+        return 2 * (self.shard_retries + 1) * self.shard_timeout_s + 60
 
     def validate(self, world_size: int) -> None:
         """Raise DataError (one line, naming the fix) for a config that cannot work."""

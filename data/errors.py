@@ -3,6 +3,8 @@
 # Every cause a sample (or a whole shard) can be skipped for; counts are reported under these names.
 SKIP_CAUSES = (
     "unreadable_tar",  # shard could not be opened, or its tar stream ended early (truncated, corrupt)
+    "stalled_stream",  # rest of a pipe:/http shard that sent no byte for data.shard_timeout_s, data.shard_retries times
+    "broken_stream",  # rest of a pipe:/http shard whose command failed mid-shard (died, connection dropped), as often
     "duplicate_key",  # a key appears twice in one tar (repeated file, or the key came back later)
     "missing_image",  # no .jpg/.jpeg/.png/.webp in the sample
     "corrupt_image",  # the image bytes do not decode

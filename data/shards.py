@@ -165,6 +165,8 @@ class TrainData:
             cfg.shuffle_buffer,
             cfg.max_image_pixels,
             cfg.max_caption_bytes,
+            cfg.shard_timeout_s,
+            cfg.shard_retries,
             self.batch,
             positions,
         )
@@ -178,6 +180,7 @@ class TrainData:
             num_workers=self.cfg.workers,
             pin_memory=torch.cuda.is_available(),  # pinned batches: the copy to the GPU does not block the loop
             prefetch_factor=self.cfg.prefetch_factor if self.cfg.workers else None,
+            timeout=self.cfg.loader_timeout_s() if self.cfg.workers else 0,
         )
         self._live_counts = {}
         try:
@@ -200,6 +203,15 @@ class TrainData:
                 skipped or "none",
             )
             self.epoch, self.batch, self.positions = self.epoch + 1, 0, {}
+        except RuntimeError as e:
+            if "DataLoader timed out" not in str(e):
+                raise
+            raise DataError(
+                f"data: rank {self.rank}: the DataLoader workers handed over no batch for "
+                f"{self.cfg.loader_timeout_s():g} s (2 x (data.shard_retries + 1) x data.shard_timeout_s + 60 s), "
+                "although every shard read is bounded: a worker is hung elsewhere (py-spy dump --pid shows where); "
+                "raise data.shard_timeout_s if batches legitimately take that long"
+            ) from None
         finally:
             self._done_counts = self.skipped()
             self._live_counts = {}

@@ -20,23 +20,47 @@ from functools import partial
 import torch
 from PIL import Image
 from torch.utils.data import IterableDataset, get_worker_info
-from webdataset.gopen import gopen
 from webdataset.tariterators import base_plus_ext, tar_file_iterator
 
 from data.errors import BadSample, DataError, zero_counts
 from data.plan import EpochShape, Piece, worker_batches
+from data.reading import StreamFault, open_shard
 
 log = logging.getLogger(__name__)
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
 
 
-def tar_samples(url: str):
+def tar_samples(url: str, timeout_s: float | None = None, retries: int = 0):
     """Raw samples of one tar as dicts {"__key__", "__url__", ext: bytes}. A key seen twice in the tar
     gives a sample marked "duplicate_key"; a tar that cannot be opened or breaks off ends with one
-    sample marked "unreadable_tar" (the sample it was inside is lost with it)."""
+    sample marked "unreadable_tar" (the sample it was inside is lost with it).
+
+    A stream that stalls for `timeout_s` seconds or whose command fails (data/reading.py) is opened again up to
+    `retries` times, passing over the samples already given out, so each is given once; then it ends with one
+    sample marked with the fault's cause ("stalled_stream" or "broken_stream") and the URL."""
+    given = 0
+    for attempt in range(retries + 1):
+        samples = tar_pass(url, timeout_s)
+        try:
+            for count, sample in enumerate(samples):
+                if count >= given:
+                    given += 1
+                    yield sample
+            return
+        except StreamFault as fault:
+            if attempt == retries:
+                yield {"__key__": None, "__url__": url, "__error__": fault.cause, "__detail__": fault.message}
+                return
+            log.warning("data: %s; reading it again (retry %d of data.shard_retries=%d)", fault, attempt + 1, retries)
+        finally:
+            samples.close()
+
+
+def tar_pass(url: str, timeout_s: float | None):
+    """One pass of tar_samples: raw samples, the "duplicate_key" and "unreadable_tar" marks; StreamFault raised."""
     seen, current, stream = set(), None, None
     try:
-        stream = gopen(url)
+        stream = open_shard(url, timeout_s)
         for member in tar_file_iterator(stream):
             key, suffix = base_plus_ext(member["fname"])
             if key is None:
@@ -57,6 +81,8 @@ def tar_samples(url: str):
         # Every member read so far is whole (tar stores sizes), so a sample with both parts is good.
         if current is not None and "txt" in current and any(ext in current for ext in IMAGE_EXTENSIONS):
             yield current
+        if isinstance(exn, StreamFault):
+            raise
         yield {"__key__": None, "__url__": url, "__error__": "unreadable_tar", "__detail__": repr(exn)}
         return
     finally:
@@ -185,6 +211,8 @@ class StreamJob:
     shuffle_buffer: int
     max_pixels: int
     max_caption_bytes: int
+    shard_timeout_s: float | None = None
+    shard_retries: int = 0
     start_batch: int = 0
     positions: dict[int, dict] = field(default_factory=dict)  # logical worker -> position to resume at
 
@@ -196,7 +224,8 @@ class ShardStream(IterableDataset):
 
     def __init__(self, job: StreamJob, image_transform, tokenizer, cache=None):
         self.job, self.image_transform, self.tokenizer, self.cache = job, image_transform, tokenizer, cache
-        self.read = cache.read if cache is not None else tar_samples
+        read = partial(tar_samples, timeout_s=job.shard_timeout_s, retries=job.shard_retries)
+        self.read = partial(cache.read, read=read) if cache is not None else read
 
     def __iter__(self):
         job = self.job

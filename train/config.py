@@ -380,6 +380,8 @@ RANGES = {
     ("eval", "cache_mb"): at_least(0),
     ("data", "cache_mb"): at_least(0),
     ("data", "max_skip_fraction"): (lambda v: 0 <= v <= 1, "in [0, 1]"),
+    ("data", "shard_timeout_s"): above(0),
+    ("data", "shard_retries"): at_least(0),
     ("distill", "transfer_steps"): at_least(0),
     ("distill", "transfer_lr"): above(0),
     ("distill", "transfer_warmup_steps"): at_least(0),

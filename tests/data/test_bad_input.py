@@ -75,6 +75,8 @@ def test_every_kind_of_bad_input_is_skipped_and_counted(tmp_path):
     assert ids == [100, 101, 102, 103, 104, 200, 201, 202]
     assert data.skipped() == {
         "unreadable_tar": 1,
+        "stalled_stream": 0,  # tests/data/test_streams.py
+        "broken_stream": 0,
         "duplicate_key": 2,
         "missing_image": 1,
         "corrupt_image": 2,

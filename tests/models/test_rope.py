@@ -80,7 +80,8 @@ def test_every_attention_with_rope_equals_its_reference_on_rotated_q_and_k(mode)
     torch.testing.assert_close(ours * real, expected * real, rtol=1e-5, atol=1e-6)  # fp32 tables
     (g_ours,) = torch.autograd.grad((ours * real).square().sum(), x)
     (g_ref,) = torch.autograd.grad((expected * real).square().sum(), x)
-    torch.testing.assert_close(g_ours, g_ref, rtol=1e-5, atol=1e-6)
+    # relative to the gradient's largest element: the reference rotates by angles recovered from the fp32 table
+    torch.testing.assert_close(g_ours, g_ref, rtol=1e-5, atol=1e-6 * g_ref.abs().max().item())
     assert not torch.allclose(ours, m(x, mask)), "the positions changed nothing"
 
 
