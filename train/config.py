@@ -102,6 +102,10 @@ class TrainConfig:
     log_every: int = 10
     save_every: int = 1000  # steps between checkpoints; one is always written at the end
     keep_last: int = 3  # complete checkpoints kept
+    # storage that refuses a periodic checkpoint (full disk, quota, I/O error): 1 stops the run at once (one line, the
+    # partial folder removed); N > 1 trains on, says so once per failure, tries again at the next save, and stops when
+    # N saves in a row failed. The pre-emption and final checkpoints always stop the run when they fail
+    max_failed_saves: int = 1
     resume: str = "auto"  # auto (newest complete checkpoint in run_dir) | none | PATH or URL of a checkpoint folder
     branch_from: str | None = None  # a checkpoint folder of another run: a new run starts from it (train/branch.py)
     keep_steps: list[int] = field(default_factory=list)  # checkpoints written at these steps and never pruned
@@ -362,6 +366,7 @@ RANGES = {
     ("train", "max_steps"): at_least(1),
     ("train", "accum_freq"): at_least(1),
     ("train", "keep_last"): at_least(1),
+    ("train", "max_failed_saves"): at_least(1),
     ("train", "max_bad_steps"): at_least(1),
     ("train", "log_every"): at_least(0),
     ("train", "save_every"): at_least(0),

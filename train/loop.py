@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from data.errors import skip_limit_problem
 from models import layout
 from train import ema as weights_ema
-from train.checkpoint import save_checkpoint
+from train.checkpoint import CheckpointWriteError, save_checkpoint
 from train.config import TrainConfig
 from train.dist import (
     StopFlag,
@@ -197,6 +197,7 @@ class Trainer:
     terms: dict[str, float] = field(default_factory=dict)  # the objective's terms of the last step, this rank's
     max_skip_fraction: float | None = None  # data.max_skip_fraction, checked at every logging step
     ema: nn.Module | None = None  # timm's ModelEmaV3 of the weights (train/ema.py), updated after optimizer steps
+    failed_saves: int = 0  # periodic checkpoints the storage refused in a row (train.max_failed_saves)
 
     def run(self, stop: StopFlag) -> int:
         """Train to cfg.max_steps; returns the exit code (0 done, 75 pre-empted). An evaluation that a pre-emption
@@ -280,7 +281,7 @@ class Trainer:
             else:
                 self.run_eval()
         if self.checkpoint_due() and not stop_now:
-            self.save()
+            self.save_or_train_on()
         if self.due(self.eval_every) or self.due(cfg.save_every):
             self.throughput.restart(p.samples_seen)  # the speed figures are of training alone
         return stop_now
@@ -375,6 +376,21 @@ class Trainer:
             self.log.log({"step": self.progress.step, "samples_seen": self.progress.samples_seen, **results})
             self.message(
                 f"step {self.progress.step}: " + ", ".join(f"{k}={results[k]:.4f}" for k in EVAL_SHOWN if k in results)
+            )
+
+    def save_or_train_on(self) -> None:
+        """A periodic checkpoint; storage that refuses it stops the run unless train.max_failed_saves allows more
+        failures in a row (then one line per failure, and the next save tries again)."""
+        try:
+            self.save()
+            self.failed_saves = 0
+        except CheckpointWriteError as e:  # raised on every rank alike
+            self.failed_saves += 1
+            if self.failed_saves >= self.cfg.max_failed_saves:
+                raise
+            self.message(
+                f"warning: {e}; training on, the next checkpoint tries again ({self.failed_saves} of "
+                f"train.max_failed_saves={self.cfg.max_failed_saves} failed in a row)"
             )
 
     def save(self) -> Path:

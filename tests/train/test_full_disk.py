@@ -96,6 +96,43 @@ def test_a_full_disk_is_one_line_and_the_last_checkpoint_is_kept(tmp_path, synth
         assert [r["step"] for r in train_records(run_dir)] == [1, 2, 3]
 
 
+@pytest.mark.parametrize("failing, stopped", [((2,), False), ((2, 3), True)], ids=["once", "twice-in-a-row"])
+def test_with_max_failed_saves_the_run_trains_on_until_n_saves_in_a_row_failed(
+    tmp_path, synthetic, monkeypatch, capsys, failing, stopped
+):
+    """train.max_failed_saves=2: a refused periodic checkpoint is one warning, the next save tries again; two in a
+    row stop the run with the usual line. No partial folder is left either way."""
+    real = train.checkpoint.save_file
+    targets = {str(layout.tmp_folder(tmp_path / "run", step) / layout.MODEL) for step in failing}
+
+    def full_disk(tensors, filename, *args, **kwargs):
+        if filename not in targets:
+            return real(tensors, filename, *args, **kwargs)
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(train.checkpoint, "save_file", full_disk)
+    train_cfg = {"max_steps": 4, "save_every": 1, "keep_last": 4, "max_failed_saves": 2}
+    config = tiny_config(tmp_path, synthetic, train=train_cfg)
+    reset_accelerate()
+    capsys.readouterr()
+    assert train_cli([str(config)]) == (1 if stopped else 0)
+    err = capsys.readouterr().err
+    warnings = [line for line in err.splitlines() if "training on, the next checkpoint tries again" in line]
+    assert (
+        len(warnings) == 1
+        and "no space left on device" in warnings[0]
+        and "1 of train.max_failed_saves=2" in warnings[0]
+    )
+    run_dir = tmp_path / "run"
+    assert not list((run_dir / layout.CHECKPOINTS).glob(layout.TMP_PREFIX + "*"))
+    complete = [p.name for p in layout.step_folders(run_dir) if layout.check(p).problem is None]
+    if stopped:
+        assert lines_of(err) and "checkpoint step_00000003 not written: no space left on device" in lines_of(err)[0]
+        assert complete == ["step_00000001"]
+    else:
+        assert lines_of(err) == [] and sorted(complete) == ["step_00000001", "step_00000003", "step_00000004"]
+
+
 @pytest.fixture(scope="module")
 def one_step(tmp_path_factory, synthetic):
     """A run with its checkpoint at step 1, and the tiny config."""
