@@ -12,6 +12,7 @@
 | hedgehog               | hedgehog.py   | reference.hedgehog   |
 | retention              | decay.py      | reference.retention  |
 | retention_2d           | decay.py      | reference.retention_2d |
+| fastmax_released       | fastmax.py    | fastmax.reference    |
 
 Rotary positions (model.*_pos_embed: rope) turn q and k before any of them: rope.py, reference.rope.
 """
@@ -19,6 +20,7 @@ Rotary positions (model.*_pos_embed: rope) turn q and k before any of them: rope
 from models.attention import (  # noqa: F401
     continuum,
     decay,
+    fastmax,
     hedgehog,
     linear,
     linformer,
