@@ -62,6 +62,22 @@ class OptimConfig:
     cooldown_steps: int | None = None  # ...or, when set, this many steps
     grad_clip_norm: float | None = None  # max global gradient norm; null = no clipping
     fused: bool | None = None  # AdamW as one fused kernel (null: yes, on CUDA and the CPU); false: torch's default
+    # per tower (train/towers.py): learning rate and weight decay (null: optim.lr, optim.weight_decay), layer-wise
+    # learning-rate decay (each block below the head `layer_decay` times slower; 1: none)
+    image_lr: float | None = None
+    text_lr: float | None = None
+    image_weight_decay: float | None = None
+    text_weight_decay: float | None = None
+    image_layer_decay: float = 1.0
+    text_layer_decay: float = 1.0
+    # locking (LiT; open_clip's keys): a locked tower trains only its last N groups (a block is a group; the
+    # embeddings and the head are one each); freeze_layer_norm keeps the LayerNorms of those frozen too
+    lock_image: bool = False
+    lock_image_unlocked_groups: int = 0
+    lock_image_freeze_layer_norm: bool = False
+    lock_text: bool = False
+    lock_text_unlocked_layers: int = 0
+    lock_text_freeze_layer_norm: bool = False
 
 
 @dataclass
@@ -355,6 +371,14 @@ RANGES = {
     ("optim", "warmup_steps"): at_least(0),
     ("optim", "min_lr_ratio"): (lambda v: 0 <= v <= 1, "in [0, 1]"),
     ("optim", "grad_clip_norm"): above(0),
+    ("optim", "image_lr"): above(0),
+    ("optim", "text_lr"): above(0),
+    ("optim", "image_weight_decay"): at_least(0),
+    ("optim", "text_weight_decay"): at_least(0),
+    ("optim", "image_layer_decay"): (lambda v: 0 < v <= 1, "in (0, 1]"),
+    ("optim", "text_layer_decay"): (lambda v: 0 < v <= 1, "in (0, 1]"),
+    ("optim", "lock_image_unlocked_groups"): at_least(0),
+    ("optim", "lock_text_unlocked_layers"): at_least(0),
     ("data", "batch_size"): above(0),
     ("data", "workers"): at_least(0),
     ("data", "shuffle_buffer"): at_least(1),

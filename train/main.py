@@ -33,7 +33,7 @@ from eval.zeroshot import evaluate
 from models import ModelConfig, build_clip, layout, summary, tokenizer, transforms
 from models.layout import CheckpointError, is_url, read_meta
 from models.preprocess import CachedTokenizer, split_normalise
-from train import distill, stages
+from train import distill, stages, towers
 from train import ema as weights_ema
 from train.branch import starting_point
 from train.checkpoint import load_checkpoint
@@ -99,7 +99,10 @@ def fit(cfg: Config, stop: StopFlag) -> int:
     data = build_data(cfg.data, cfg.model, cfg.train.augment, accelerator)
     model = build_model(cfg.model, cfg.train.loss, cfg.train.compile)
     objective = distill.objective(cfg, model, accelerator) if cfg.distill.teacher else None
+    towers.lock_towers(model, cfg.optim)  # optim.lock_image / lock_text: requires_grad=False, no optimizer state
     sizes = summary(model)  # before sharding: whole-model parameter counts and GMACs
+    sizes["params_trainable"] = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    trainable = towers.trainable_line(model)
     ema = weights_ema.make_ema(model, cfg.train, accelerator)  # before sharding: FSDP modules cannot be copied
     if accelerator.distributed_type.name == "FSDP":
         model = shard_model(model, cfg.train, accelerator.device.type)
@@ -111,6 +114,8 @@ def fit(cfg: Config, stop: StopFlag) -> int:
     weights_ema.resume(ema, accelerator.unwrap_model(model), folder, accelerator)
     follow_schedule(schedule.scheduler)
     log = start_run_dir(cfg, accelerator, storage, progress.step, sizes)
+    if cfg.optim.lock_image or cfg.optim.lock_text:
+        log.write(trainable)
     trainer = Trainer(
         accelerator,
         model,

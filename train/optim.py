@@ -11,6 +11,7 @@ import torch
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
+from train import towers
 from train.config import ConfigError, OptimConfig
 
 LOGIT_SCALE_MAX = math.log(100)
@@ -25,14 +26,19 @@ def decays(name: str, param: nn.Parameter, module: nn.Module) -> bool:
     return not any(key in name for key in NO_DECAY_NAMES)
 
 
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """[{params with decay}, {params without}] over the trainable parameters, each listed once."""
+def param_groups(model: nn.Module, cfg: OptimConfig) -> list[dict]:
+    """The trainable parameters in groups of one learning rate and weight decay (train/towers.py: per-tower rates,
+    weight decay and layer decay), each listed once: the decayed ones' groups first, then the others', each in
+    the order of model.named_parameters(). Without per-tower settings: [{decayed}, {not decayed}]."""
     owner = {id(p): m for m in model.modules() for p in m.parameters(recurse=False)}
-    decay, no_decay = [], []
-    for name, p in model.named_parameters():
-        if p.requires_grad:
-            (decay if decays(name, p, owner[id(p)]) else no_decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    blocks = towers.block_counts(model)
+    groups: dict[tuple[bool, float, float], list] = {}
+    named = [(name, p, decays(name, p, owner[id(p)])) for name, p in model.named_parameters() if p.requires_grad]
+    for decayed in (True, False):
+        for name, p, _ in (item for item in named if item[2] == decayed):
+            lr, weight_decay = towers.rate_and_decay(name, decayed, blocks, cfg)
+            groups.setdefault((decayed, lr, weight_decay), []).append(p)
+    return [{"params": ps, "lr": lr, "weight_decay": wd} for (_, lr, wd), ps in groups.items()]
 
 
 def build_optimizer(model: nn.Module, cfg: OptimConfig, max_steps: int) -> tuple[torch.optim.Optimizer, LambdaLR]:
@@ -45,7 +51,7 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig, max_steps: int) -> tuple
     """
     fused = cfg.fused if cfg.fused is not None else True
     optimizer = torch.optim.AdamW(
-        param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, fused=fused or None
+        param_groups(model, cfg), lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, fused=fused or None
     )
     # a partial, not a closure or object: LambdaLR then saves no state of it, so a resumed run follows the
     # schedule of its current config, and the state dict holds plain numbers (loadable with weights_only)

@@ -80,7 +80,7 @@ def test_accumulation_equals_one_big_batch(loss_name):
 
 def test_no_weight_decay_on_biases_norms_embeddings_and_logit_scale():
     model = build_clip(ModelConfig(name="tiny-s"))
-    decay, no_decay = param_groups(model, 0.2)
+    decay, no_decay = param_groups(model, OptimConfig(weight_decay=0.2))
     names = {id(p): n for n, p in model.named_parameters()}
     decayed = {names[id(p)] for p in decay["params"]}
     kept = {names[id(p)] for p in no_decay["params"]}
