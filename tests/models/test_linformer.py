@@ -55,20 +55,25 @@ def test_padding_in_the_middle_is_ignored():
     assert not torch.allclose(m(x, key_mask)[:, real], m(x)[:, real])
 
 
-def test_works_as_image_tower_attention():
-    """A /16 image tower at 224 px has 197 tokens (class + 14 x 14 patches); projected to 64."""
+def image_tower(max_length: int):
+    """A /16 image tower at 224 px (197 tokens: class + 14 x 14 patches) with linformer projected to 64."""
     from models.vit import VisionTransformer
 
-    torch.manual_seed(0)
-    tower = VisionTransformer(
+    return VisionTransformer(
         image_size=224,
         patch_size=16,
         width=64,
         heads=4,
         output_dim=16,
         attentions=["linformer"],
-        options=[{"length": 64, "max_length": 197}],
+        options=[{"length": 64, "max_length": max_length}],
     )
+
+
+def test_works_as_image_tower_attention():
+    """A /16 image tower at 224 px has 197 tokens (class + 14 x 14 patches); projected to 64."""
+    torch.manual_seed(0)
+    tower = image_tower(max_length=197)
     m = tower.transformer.resblocks[0].attn
     assert m.proj_k.shape == (64, 197)
     y = tower(torch.randn(2, 3, 224, 224))
@@ -80,14 +85,6 @@ def test_works_as_image_tower_attention():
     m64.load_state_dict(m.state_dict())
     out = m.attention(q.float(), k.float(), v.float(), None)
     torch.testing.assert_close(out.double(), m64.attention_reference(q, k, v, None), rtol=1e-5, atol=1e-5)
-    small = VisionTransformer(
-        image_size=224,
-        patch_size=16,
-        width=64,
-        heads=4,
-        output_dim=16,
-        attentions=["linformer"],
-        options=[{"length": 64, "max_length": 196}],
-    )
+    small = image_tower(max_length=196)
     with pytest.raises(ValueError, match="197 tokens exceed max_length=196"):
         small(torch.randn(1, 3, 224, 224))
