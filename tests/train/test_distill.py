@@ -28,6 +28,20 @@ def batch(model):
     return images, tokens
 
 
+def train_steps(objective, student, optimizer, steps: int) -> tuple[dict, dict]:
+    """`steps` optimizer steps on objective(student, *batch(student)); its terms at the first step and after the
+    last."""
+    images, tokens = batch(student)
+    first = None
+    for _ in range(steps):
+        optimizer.zero_grad()
+        objective(student, images, tokens).backward()
+        optimizer.step()
+        first = first or dict(objective.terms)
+    objective(student, images, tokens)
+    return first, dict(objective.terms)
+
+
 @pytest.fixture
 def teacher_file(tmp_path):
     return save_teacher(tmp_path / "teacher.safetensors")
@@ -62,15 +76,9 @@ def test_stage_one_lowers_every_layers_mse_and_leaves_the_teacher_bit_identical(
     before = {k: v.clone() for k, v in teacher.state_dict().items()}
     freeze_all_but_attention(student)
     optimizer = torch.optim.Adam(attention_parameters(student), lr=3e-3)
-    transfer, (images, tokens), first = AttentionTransfer(teacher, nullcontext), batch(student), None
-    for _ in range(40):
-        optimizer.zero_grad()
-        transfer(student, images, tokens).backward()
-        optimizer.step()
-        first = first or dict(transfer.terms)
-    transfer(student, images, tokens)
+    first, last = train_steps(AttentionTransfer(teacher, nullcontext), student, optimizer, 40)
     assert len(first) == 4 and all(first[k] > 0 for k in first)
-    assert all(transfer.terms[k] < 0.5 * first[k] for k in first), (first, transfer.terms)  # each layer's MSE
+    assert all(last[k] < 0.5 * first[k] for k in first), (first, last)  # each layer's MSE
     assert all(torch.equal(v, before[k]) for k, v in teacher.state_dict().items())
 
 
@@ -82,14 +90,7 @@ def test_stage_two_by_distillation_alone_moves_the_students_embeddings_to_the_te
     before = {k: v.clone() for k, v in teacher.state_dict().items()}
     objective = Distillation(teacher, nullcontext, ClipLoss(), (0.0, 1.0, 1.0))
     optimizer = torch.optim.Adam(student.parameters(), lr=1e-3)
-    (images, tokens), first = batch(student), None
-    for _ in range(30):
-        optimizer.zero_grad()
-        objective(student, images, tokens).backward()
-        optimizer.step()
-        first = first or dict(objective.terms)
-    objective(student, images, tokens)
-    last = objective.terms
+    first, last = train_steps(objective, student, optimizer, 30)
     assert first["distill/embedding"] > 0 and last["distill/embedding"] < 0.5 * first["distill/embedding"]
     assert last["distill/similarity"] < first["distill/similarity"]
     assert all(torch.equal(v, before[k]) for k, v in teacher.state_dict().items())
