@@ -18,6 +18,11 @@ STORY = re.compile(
     r"last session|moved from the readme",
     re.IGNORECASE,
 )
+# what a page's prose (code left out) never states: its pattern and why
+PROSE = {
+    "time_of_day": (TIME_OF_DAY, "times of day: a date is enough"),
+    "story": (STORY, "a story of the runs: state the finding; the commit log keeps the history"),
+}
 # a short or full git hash: 7-40 hex digits with at least one digit and one letter
 HASH = re.compile(r"\b(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}\b")
 
@@ -49,22 +54,18 @@ def test_a_page_opens_with_a_title_and_a_header_naming_its_command(page):
     assert COMMAND.search(header), f"{page.name}: the header names no `python -m`, `python scripts/` or `bash` command"
 
 
+@pytest.mark.parametrize("check", PROSE)
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
-def test_a_page_states_no_time_of_day(page):
-    found = [m.group(0) for m in TIME_OF_DAY.finditer(without_code(page.read_text()))]
-    assert not found, f"{page.name}: times of day {found} (a date is enough)"
+def test_a_page_states_no_time_of_day_and_tells_no_story_of_its_runs(page, check):
+    pattern, why = PROSE[check]
+    found = [m.group(0) for m in pattern.finditer(without_code(page.read_text()))]
+    assert not found, f"{page.name}: {found} ({why})"
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
 def test_a_page_names_no_temporary_path(page):
     found = [line for line in page.read_text().splitlines() if TEMPORARY.search(line)]
     assert not found, f"{page.name}: temporary paths in {found}"
-
-
-@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
-def test_a_page_tells_no_story_of_its_runs(page):
-    found = [m.group(0) for m in STORY.finditer(without_code(page.read_text()))]
-    assert not found, f"{page.name}: {found} (state the finding; the commit log keeps the history)"
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
