@@ -216,6 +216,13 @@ def add_workers_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """--batch-size, --workers and --out of an evaluation of one data set (eval.zeroshot, eval.retrieval)."""
+    parser.add_argument("--batch-size", type=int, default=64)
+    add_workers_argument(parser)
+    parser.add_argument("--out", help="write the result JSON here")
+
+
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("path", nargs="?", help="run directory or checkpoint folder written by the trainer")
     parser.add_argument("--checkpoint", help="checkpoint folder, or a weights file for --open-clip-model")
@@ -258,9 +265,10 @@ def one_line_errors():
         raise SystemExit(2) from None
 
 
-def evaluate_from_args(args: argparse.Namespace, evaluate: Callable[..., dict], **options) -> dict:
-    """CLI body: load the model the arguments name, run `evaluate(model, dataset=..., **options)`, add where the
-    model came from and its size (models.summary), print the result JSON and write it to `args.out`."""
+def evaluate_from_args(args: argparse.Namespace, evaluate: Callable[..., dict], options: tuple[str, ...] = ()) -> dict:
+    """CLI body: load the model the arguments name, run `evaluate(model, dataset=..., **options)` with each name in
+    `options` an argument passed on as the keyword of that name, add where the model came from and its size
+    (models.summary), print the result JSON and write it to `args.out`."""
     with one_line_errors():
         if not Path(args.dataset).exists():
             raise EvalInputError(
@@ -280,7 +288,7 @@ def evaluate_from_args(args: argparse.Namespace, evaluate: Callable[..., dict], 
             workers=args.workers,
             split=args.split,
             progress=True,
-            **options,
+            **{name: getattr(args, name) for name in options},
         )
         result.update(loaded.info, **models.summary(loaded.model))
     write_result(result, args.out)

@@ -185,20 +185,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--csv-img-key", default="filepath")
     parser.add_argument("--csv-caption-key", default="title")
     parser.add_argument("--csv-separator", help="default: tab for .tsv, comma otherwise")
-    parser.add_argument("--batch-size", type=int, default=64)
-    checkpoint.add_workers_argument(parser)
-    parser.add_argument("--out", help="write the result JSON here")
+    checkpoint.add_run_arguments(parser)
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> dict:
-    args = parse_args(argv)
     return checkpoint.evaluate_from_args(
-        args,
-        evaluate,
-        csv_img_key=args.csv_img_key,
-        csv_caption_key=args.csv_caption_key,
-        csv_separator=args.csv_separator,
+        parse_args(argv), evaluate, ("csv_img_key", "csv_caption_key", "csv_separator")
     )
 
 

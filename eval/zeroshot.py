@@ -215,24 +215,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="openai (80 CLIP templates), simple, or a file with {c} per line; "
         "default: templates.txt in the dataset, else openai",
     )
-    parser.add_argument("--batch-size", type=int, default=64)
-    checkpoint.add_workers_argument(parser)
     parser.add_argument("--class-chunk", type=int, default=4096, help="classes scored at a time")
     parser.add_argument("--texts-per-batch", type=int, default=1024, help="prompts encoded at a time")
-    parser.add_argument("--out", help="write the result JSON here")
+    checkpoint.add_run_arguments(parser)
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> dict:
-    args = parse_args(argv)
-    return checkpoint.evaluate_from_args(
-        args,
-        evaluate,
-        classnames=args.classnames,
-        templates=args.templates,
-        class_chunk=args.class_chunk,
-        texts_per_batch=args.texts_per_batch,
-    )
+    options = ("classnames", "templates", "class_chunk", "texts_per_batch")
+    return checkpoint.evaluate_from_args(parse_args(argv), evaluate, options)
 
 
 if __name__ == "__main__":
