@@ -36,7 +36,7 @@ from models.preprocess import CachedTokenizer, split_normalise
 from train import distill, stages, towers
 from train import ema as weights_ema
 from train.branch import starting_point
-from train.checkpoint import load_checkpoint
+from train.checkpoint import load_checkpoint, upload
 from train.config import Config, ConfigError, dump, load_config, name_run_dir, to_dict
 from train.dist import (
     StopFlag,
@@ -144,8 +144,27 @@ def fit(cfg: Config, stop: StopFlag) -> int:
         raise TrainingError(line) from None
     if accelerator.is_main_process:
         storage.upload_run_files()  # the lines logged after the last checkpoint (final eval, skip summary)
+        if code == 0:
+            finish_uploads(cfg, storage)
     accelerator.end_training()
     return code
+
+
+def finish_uploads(cfg: Config, storage: RunStorage) -> None:
+    """A finished remote run whose staging folder still holds checkpoints the remote lacks (the last upload failed,
+    or this is the rerun that its error line asked for): upload them now; if that fails too, the run ends in one
+    line instead of exiting 0 with the final checkpoint only on this node."""
+    pending = storage.pending() if storage.remote else []
+    if not pending:
+        return
+    upload(storage, pending[0], cfg.train.keep_last, cfg.train.keep_steps)
+    left = storage.pending()
+    if left:
+        raise TrainingError(
+            f"the run finished, but {len(left)} checkpoint(s) are not on {storage.remote}: "
+            f"{', '.join(p.name for p in reversed(left))} kept in {left[0].parent}; rerun the same command once the "
+            "storage is reachable: it finds the run finished and uploads them"
+        )
 
 
 def preflight(cfg: Config, world_size: int) -> None:

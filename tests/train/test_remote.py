@@ -12,6 +12,7 @@ import pytest
 
 from tests.train.common import run, tiny_config, train_records
 from train.config import ConfigError, load_config
+from train.loop import TrainingError
 from train.main import preflight
 
 SETTINGS = {"max_steps": 4, "save_every": 2, "keep_last": 1, "deterministic": True, "storage_retry_s": 0}
@@ -124,7 +125,10 @@ def test_a_failed_upload_leaves_no_manifest_and_resume_falls_back(s3, tmp_path, 
     monkeypatch.setattr(s3, "put_file", put_file)
     url, stage = "s3://runs/c", tmp_path / "stage"
     path = tiny_config(tmp_path, synthetic, train={**SETTINGS, "run_dir": url, "stage_dir": str(stage), "keep_last": 2})
-    assert run(path) == 0
+    with pytest.raises(
+        TrainingError, match=r"^the run finished, but 1 checkpoint\(s\) are not on s3://runs/c: step_00000004"
+    ):
+        run(path)  # the final upload failed: the run does not end as done (tests/train/test_remote_faults.py)
     assert "warning: upload of step_00000004 to s3://runs/c failed (ConnectionError: connection reset by peer)" in (
         capsys.readouterr().err
     )

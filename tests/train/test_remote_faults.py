@@ -3,7 +3,8 @@
 Checked: an upload retried through an outage succeeds; uploads failing for good stop the run after
 train.max_failed_uploads in one line, the checkpoints stay local and a rerun resumes from them and uploads them;
 pruning counts only complete remote checkpoints; a manifest naming a path outside its folder is refused before
-anything is written; a download that fails during resume is one line naming the URL."""
+anything is written; a download that fails during resume is one line naming the URL; a failed final upload ends the
+run in one line (not exit 0) and the rerun it asks for uploads the checkpoint."""
 
 import json
 import logging
@@ -255,3 +256,26 @@ def test_only_transient_errors_are_retried(monkeypatch, capsys):
         assert len(calls) == 1
     with pytest.raises(ConnectionError):  # 0 s: no retry of our own
         retrying("x", lambda: fail(ConnectionError("reset")), 0)
+
+
+def test_a_failed_final_upload_is_one_line_and_the_rerun_uploads_it(
+    s3, server, tmp_path, synthetic, monkeypatch, capsys
+):
+    stage = tmp_path / "stage"
+    train_cfg = {**SETTINGS, "run_dir": "s3://runs/last", "stage_dir": str(stage), "max_steps": 2}
+    path = tiny_config(tmp_path, synthetic, train={**train_cfg, "storage_retry_s": 0.2, "max_failed_uploads": 3})
+    real = s3.put
+    monkeypatch.setattr(s3, "put", lambda *a, **k: server.stop() if "step_00000002" in a[1][0] else real(*a, **k))
+    assert train(path) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err[-1] == (
+        "error: the run finished, but 1 checkpoint(s) are not on s3://runs/last: step_00000002 kept in "
+        f"{stage / 'checkpoints'}; rerun the same command once the storage is reachable: it finds the run finished "
+        "and uploads them"
+    )
+    server.start()
+    monkeypatch.setattr(s3, "put", real)
+    assert train(path) == 0
+    assert "nothing to do: the run is at step 2" in capsys.readouterr().err
+    assert complete(s3, "runs/last/checkpoints/step_00000002")
+    assert [p.name for p in layout.step_folders(stage)] == ["step_00000002"]
