@@ -398,7 +398,8 @@ RANGES = {
     ("train", "keep_steps"): (lambda v: all(s >= 0 for s in v), "a list of steps >= 0"),
     ("train", "dist_timeout_s"): above(0),
     ("train", "max_restarts"): at_least(0),
-    ("train", "storage_retry_s"): at_least(0),
+    # rank 0 retries inside a checkpoint save, while the other ranks wait up to 60 minutes (train/dist.py)
+    ("train", "storage_retry_s"): (lambda v: 0 <= v <= 1800, "in [0, 1800]: the other ranks wait for the upload"),
     ("train", "max_failed_uploads"): at_least(1),
     ("train.ema", "decay"): (lambda v: 0 <= v < 1, "in [0, 1)"),
     ("train.ema", "warmup_power"): above(0),
