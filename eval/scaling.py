@@ -44,7 +44,7 @@ from eval.scaling_fit import (
     zero_width,
 )
 from eval.scaling_io import POINTS, ScalingInputError, ScalingWarning, evaluate, load_points
-from eval.scaling_plot import render_png
+from eval.scaling_plot import build_figure, render_png
 
 __all__ = [
     "ScalingInputError",
@@ -312,7 +312,7 @@ def format_table(report: dict) -> str:
 
 def plot(report: dict, df: pd.DataFrame, path, xlabel=None, ylabel=None, colours: dict | None = None) -> None:
     """Write the log-log PNG of ``report`` (points from ``df``) to ``path`` atomically (eval.scaling_plot)."""
-    _write_atomic({Path(path): render_png(report, points_of(report, df), xlabel, ylabel, colours)})
+    _write_atomic({Path(path): render_png(build_figure(report, points_of(report, df), xlabel, ylabel, colours))})
 
 
 def points_of(report: dict, df: pd.DataFrame) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -381,7 +381,7 @@ def fit_and_write(args) -> str:
         args.extrapolate,
         args.reference,
     )
-    png = render_png(report, points_of(report, df))
+    png = render_png(build_figure(report, points_of(report, df)))
     text = json.dumps(report, indent=2, allow_nan=False).encode()
     _write_atomic({args.out / "report.json": text + b"\n", args.out / "scaling.png": png})
     return format_table(report) + f"\nwrote {args.out / 'report.json'} and {args.out / 'scaling.png'}"

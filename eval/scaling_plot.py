@@ -148,15 +148,8 @@ def _draw_residuals(ax, g: dict, x: np.ndarray, y: np.ndarray, colour) -> None:
     ax.grid(True, which="both", alpha=0.3)
 
 
-def render_png(
-    report: dict,
-    points: dict[str, tuple[np.ndarray, np.ndarray]],
-    xlabel: str | None = None,
-    ylabel: str | None = None,
-    colours: dict | None = None,
-) -> bytes:
-    """PNG bytes of build_figure(report, points, xlabel, ylabel, colours)."""
-    fig = build_figure(report, points, xlabel, ylabel, colours)
+def render_png(fig) -> bytes:
+    """PNG bytes of a figure (of build_figure), which is closed."""
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", bbox_inches="tight")
     plt.close(fig)
