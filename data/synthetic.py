@@ -87,6 +87,11 @@ TEMPLATES = (
 )
 
 
+def with_article(word: str) -> str:
+    """'a red', 'an orange'."""
+    return ("an " if word[0] in "aeiou" else "a ") + word
+
+
 def where_phrase(row: str, column: str, rng: np.random.Generator) -> str:
     """Say where the shape is, e.g. 'top left', 'on the right', 'in the middle'."""
     if row == "middle" and column == "center":
@@ -101,7 +106,7 @@ def where_phrase(row: str, column: str, rng: np.random.Generator) -> str:
 def caption(colour: str, shape: str, row: str, column: str, size: str, rng: np.random.Generator) -> str:
     """One of several short wordings (at most 14 tokens) that name colour and shape, most also position and size."""
     where = where_phrase(row, column, rng)
-    a_colour = ("an " if colour[0] in "aeiou" else "a ") + colour
+    a_colour = with_article(colour)
     forms = (
         f"a {size} {colour} {shape} {where}",
         f"{colour} {shape}, {where}, {size}",

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
-from data.synthetic import CELL, COLOURS, COLUMNS, ROWS, SHAPES, add_file, paint
+from data.synthetic import CELL, COLOURS, COLUMNS, ROWS, SHAPES, add_file, paint, with_article
 
 SHAPE_COUNTS = (3, 6)  # fewest and most shapes of a scene
 EXTENT = (0.12, 0.20)  # shape size as a fraction of the image side, drawn uniformly
@@ -109,7 +109,7 @@ def sentence(s: dict, index: int, u: tuple[float, float]) -> str:
     colour, shape, nth = s["colour"], s["shape"], ORDINALS[index]
     size = "large" if s["extent"] >= LARGE else "small"
     where = place(s["row"], s["column"], u[1])
-    a_colour = ("an " if colour[0] in "aeiou" else "a ") + colour
+    a_colour = with_article(colour)
     forms = (
         f"the {nth} shape is a {size} {colour} {shape}, and it is placed {where} of the picture.",
         f"{where}, there is a {size} {shape} painted in solid {colour}, the {nth} of the shapes.",
