@@ -1,7 +1,8 @@
 /* Shared pieces of the fused CPU kernels of the unit-feature linear attentions (nodenom_cpu.c,
    affine_cpu.c): vector helpers, row norms, the register-blocked micro-kernel and its two uses (rows
-   times a D x D matrix with a fused epilogue, and the D x D gram of two row blocks), and the split of
-   [G, N, D] work into (head, row range) items for OpenMP. D = 16 nv with nv in {1, 2, 4, 8}. */
+   times a D x D matrix with a fused epilogue, and the D x D gram of two row blocks), the split of
+   [G, N, D] work into (head, row range) items for OpenMP, and the two OpenMP regions (forward_passes,
+   backward_passes) that run an op's four passes over a call. D = 16 nv with nv in {1, 2, 4, 8}. */
 #pragma once
 #include <math.h>
 #include <stdint.h>
@@ -299,4 +300,134 @@ static void transpose_blocks(const float *x, int64_t G, int64_t rows, int64_t D,
   for (int64_t h = 0; h < G; h++)
     for (int64_t i = 0; i < D; i++)
       for (int64_t j = 0; j < D; j++) tr[h * D * D + j * D + i] = x[h * rows * D + i * D + j];
+}
+
+/* One call of a non-causal kernel (nodenom_cpu.c, affine_cpu.c): its tensors, NULL where an op or a direction has
+   none, and its sizes. Shapes: q, g, out, gq [G, N, D]; k, v, gk, gv [G, M, D]; keep [G, M]; count [G]; rq, den [G, N];
+   rk [G, M]; state [G, rows, D]. The backward reads the forward's rq, rk, den and state; its scratch is St = S^T and
+   Ht (the reduced query pass's first D x D block transposed) [G, D, D] and sum, that reduction [G, rows, D]. */
+typedef struct {
+  const float *q, *k, *v, *keep, *count, *g;
+  float *out, *rq, *rk, *den, *state, *gq, *gk, *gv, *St, *sum, *Ht;
+  int64_t G, N, M, D, rows;
+  int nt; /* non-temporal stores of the outputs (put) */
+} call;
+
+#define AT(p, offset) ((p) ? (p) + (offset) : (p))
+
+/* The call seen from head h: every pointer at that head's rows. */
+static call head_of(const call *c, int64_t h) {
+  const int64_t N = c->N, M = c->M, D = c->D, DD = D * D, S = c->rows * D;
+  call x = *c;
+  x.q = AT(c->q, h * N * D), x.g = AT(c->g, h * N * D), x.out = AT(c->out, h * N * D), x.gq = AT(c->gq, h * N * D);
+  x.k = AT(c->k, h * M * D), x.v = AT(c->v, h * M * D), x.gk = AT(c->gk, h * M * D), x.gv = AT(c->gv, h * M * D);
+  x.keep = AT(c->keep, h * M), x.rk = AT(c->rk, h * M), x.rq = AT(c->rq, h * N), x.den = AT(c->den, h * N);
+  x.count = AT(c->count, h), x.state = AT(c->state, h * S), x.sum = AT(c->sum, h * S);
+  x.St = AT(c->St, h * DD), x.Ht = AT(c->Ht, h * DD);
+  return x;
+}
+#undef AT
+
+/* A pass over the rows [n0, n1) of one head (head_of); acc: the item's own [rows, D] accumulator, or NULL. */
+typedef void (*pass)(const call *, int64_t n0, int64_t n1, float *acc);
+
+/* An op's four passes at one head size (nv constant, so loops unroll and accumulators live in registers); the
+   OpenMP regions below, outlined by the compiler before any inlining, call them through this table. */
+typedef struct { pass key, query, grad_query, grad_key; } passes;
+
+/* The table OP##_##NV of OP##_key_pass, OP##_query_pass, OP##_grad_query_pass and OP##_grad_key_pass, each taking
+   (const call *, n0, n1, acc, nv), compiled with nv = NV. */
+#define PASSES(OP, NV)                                                                                             \
+  static void OP##_key_##NV(const call *c, int64_t n0, int64_t n1, float *acc) { OP##_key_pass(c, n0, n1, acc, NV); } \
+  static void OP##_query_##NV(const call *c, int64_t n0, int64_t n1, float *acc) {                                 \
+    OP##_query_pass(c, n0, n1, acc, NV);                                                                           \
+  }                                                                                                                \
+  static void OP##_grad_query_##NV(const call *c, int64_t n0, int64_t n1, float *acc) {                            \
+    OP##_grad_query_pass(c, n0, n1, acc, NV);                                                                      \
+  }                                                                                                                \
+  static void OP##_grad_key_##NV(const call *c, int64_t n0, int64_t n1, float *acc) {                              \
+    OP##_grad_key_pass(c, n0, n1, acc, NV);                                                                        \
+  }                                                                                                                \
+  static const passes OP##_##NV = {OP##_key_##NV, OP##_query_##NV, OP##_grad_query_##NV, OP##_grad_key_##NV};
+
+/* The tables for D = 16, 32, 64, 128 and OP##_for(D), NULL for another D. */
+#define PASSES_FOR(OP)                                                                                             \
+  PASSES(OP, 1)                                                                                                    \
+  PASSES(OP, 2)                                                                                                    \
+  PASSES(OP, 4)                                                                                                    \
+  PASSES(OP, 8)                                                                                                    \
+  static const passes *OP##_for(int64_t D) {                                                                       \
+    switch (D) {                                                                                                   \
+      case 16: return &OP##_1;                                                                                     \
+      case 32: return &OP##_2;                                                                                     \
+      case 64: return &OP##_4;                                                                                     \
+      case 128: return &OP##_8;                                                                                    \
+      default: return NULL;                                                                                        \
+    }                                                                                                              \
+  }
+
+/* Inside an OpenMP region: the G * parts items of a pass over n rows per head; item i accumulates into
+   partial + i * rows * D (partial NULL: the pass accumulates nothing). */
+static void run_pass(pass p, const call *c, int64_t parts, int64_t n, float *partial) {
+#pragma omp for schedule(static)
+  for (int64_t i = 0; i < c->G * parts; i++) {
+    int64_t h, n0, n1;
+    item_range(i, parts, n, &h, &n0, &n1);
+    const call head = head_of(c, h);
+    p(&head, n0, n1, partial ? partial + i * c->rows * c->D : NULL);
+  }
+}
+
+/* The forward of a non-causal kernel in one OpenMP region: the key pass over [G, M], its items summed times `scale`
+   into state, then finish(c) when not NULL, then the query pass over [G, N]. Returns 0, or -1 for an unsupported D
+   (f NULL) or a failed allocation (the caller falls back). */
+static int forward_passes(const passes *f, const call *c, float scale, void (*finish)(const call *), int threads) {
+  const int64_t G = c->G, kparts = parts_for(G, c->M, threads), qparts = parts_for(G, c->N, threads);
+  scratch s;
+  const int ok = scratch_alloc(&s, G, kparts, c->rows, c->D) && f;
+  if (ok) {
+#pragma omp parallel num_threads(threads)
+    {
+      touch(c->out, G * c->N * c->D);
+      run_pass(f->key, c, kparts, c->M, s.partial);
+#pragma omp single
+      {
+        reduce_parts(s.partial, G, kparts, c->rows, c->D, scale, c->state);
+        if (finish) finish(c);
+      }
+      run_pass(f->query, c, qparts, c->N, NULL);
+    }
+  }
+  fence();
+  scratch_free(&s);
+  return ok ? 0 : -1;
+}
+
+/* The backward from g in one OpenMP region: St from the state, the query-gradient pass over [G, N], its items summed
+   times `scale` into sum and Ht from it, then finish(c) when not NULL, then the key-gradient pass over [G, M]. */
+static int backward_passes(const passes *f, call c, float scale, void (*finish)(const call *), int threads) {
+  const int64_t G = c.G, qparts = parts_for(G, c.N, threads), kparts = parts_for(G, c.M, threads);
+  scratch s;
+  const int ok = scratch_alloc(&s, G, qparts, c.rows, c.D) && f;
+  if (ok) {
+    c.St = s.tr1, c.sum = s.sum, c.Ht = s.tr2;
+    transpose_blocks(c.state, G, c.rows, c.D, c.St);
+#pragma omp parallel num_threads(threads)
+    {
+      touch(c.gq, G * c.N * c.D);
+      touch(c.gk, G * c.M * c.D);
+      touch(c.gv, G * c.M * c.D);
+      run_pass(f->grad_query, &c, qparts, c.N, s.partial);
+#pragma omp single
+      {
+        reduce_parts(s.partial, G, qparts, c.rows, c.D, scale, c.sum);
+        transpose_blocks(c.sum, G, c.rows, c.D, c.Ht); /* before finish, which changes only the rows after dS */
+        if (finish) finish(&c);
+      }
+      run_pass(f->grad_key, &c, kparts, c.M, NULL);
+    }
+  }
+  fence();
+  scratch_free(&s);
+  return ok ? 0 : -1;
 }
