@@ -48,8 +48,12 @@ class ConfigError(ValueError):
 
 @dataclass
 class OptimConfig:
-    """AdamW with a linear warmup and a cosine, constant or constant-then-cooldown schedule, in optimizer steps."""
+    """AdamW (or optim.name) with a linear warmup and a cosine, constant or constant-then-cooldown schedule, in
+    optimizer steps."""
 
+    # adamw (torch's, fused), or any of timm's optimizers (muon, lion, lamb, adopt, laprop, kron, ...: train/optim.py);
+    # the Muon family updates the blocks' weight matrices and leaves the rest to AdamW, as its authors prescribe
+    name: str = "adamw"
     lr: float = 5e-4
     betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
     eps: float = 1e-6

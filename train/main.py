@@ -49,7 +49,7 @@ from train.dist import (
 from train.log import LOG_FILE, RunLog, check_wandb, console_logging, file_logging, git_commit, trim_metrics
 from train.loop import DataStream, Progress, Trainer, TrainingError, plain_param
 from train.loss import build_loss
-from train.optim import build_optimizer, check_schedule, follow_schedule, schedule_change
+from train.optim import build_optimizer, check_optimizer, check_schedule, follow_schedule, schedule_change
 from train.storage import RunStorage
 
 logger = logging.getLogger(__name__)  # `log` in fit is the RunLog
@@ -183,6 +183,7 @@ def preflight(cfg: Config, world_size: int) -> None:
             f"eval.dataset={cfg.eval.dataset} does not exist; point it at an ImageFolder tree or set eval.dataset=null"
         )
     check_schedule(cfg.optim, cfg.train.max_steps)
+    check_optimizer(cfg.optim)
     check_wandb(cfg.train.wandb)
     check_storage(cfg, world_size)
 

@@ -4,6 +4,7 @@ Training Beyond Fixed Training Durations")."""
 
 from __future__ import annotations
 
+import difflib
 import functools
 import math
 
@@ -26,37 +27,85 @@ def decays(name: str, param: nn.Parameter, module: nn.Module) -> bool:
     return not any(key in name for key in NO_DECAY_NAMES)
 
 
+def hidden_matrix(name: str, param: nn.Parameter) -> bool:
+    """A weight matrix inside a transformer block: what Muon updates. Its authors (Jordan et al. 2024) leave the
+    embeddings, the patch projection, the output heads and every vector to AdamW."""
+    return param.ndim == 2 and ".resblocks." in f".{name}"
+
+
 def param_groups(model: nn.Module, cfg: OptimConfig) -> list[dict]:
     """The trainable parameters in groups of one learning rate and weight decay (train/towers.py: per-tower rates,
     weight decay and layer decay), each listed once: the decayed ones' groups first, then the others', each in
-    the order of model.named_parameters(). Without per-tower settings: [{decayed}, {not decayed}]."""
+    the order of model.named_parameters(). Without per-tower settings: [{decayed}, {not decayed}]. For the Muon
+    family (MUON), what is not a hidden matrix goes in groups marked use_fallback (timm's Muon: AdamW for them)."""
     owner = {id(p): m for m in model.modules() for p in m.parameters(recurse=False)}
     blocks = towers.block_counts(model)
-    groups: dict[tuple[bool, float, float], list] = {}
+    muon = cfg.name in MUON
+    groups: dict[tuple[bool, float, float, bool], list] = {}
     named = [(name, p, decays(name, p, owner[id(p)])) for name, p in model.named_parameters() if p.requires_grad]
     for decayed in (True, False):
         for name, p, _ in (item for item in named if item[2] == decayed):
             lr, weight_decay = towers.rate_and_decay(name, decayed, blocks, cfg)
-            groups.setdefault((decayed, lr, weight_decay), []).append(p)
-    return [{"params": ps, "lr": lr, "weight_decay": wd} for (_, lr, wd), ps in groups.items()]
+            fallback = muon and not hidden_matrix(name, p)
+            groups.setdefault((decayed, lr, weight_decay, fallback), []).append(p)
+    return [
+        {"params": ps, "lr": lr, "weight_decay": wd, **({"use_fallback": True} if fallback else {})}
+        for (_, lr, wd, fallback), ps in groups.items()
+    ]
+
+
+# timm optimizers that need packages this project does not install (bitsandbytes, apex)
+NEEDS_EXTRA = ("bnb", "fused")
+MUON = ("muon", "nmuon", "adamuon", "nadamuon")  # timm's Muon family: hidden matrices only (hidden_matrix)
+
+
+def known_optimizers() -> list[str]:
+    """optim.name's choices: adamw (torch's, fused) and timm's optimizers that run with what is installed."""
+    from timm.optim import list_optimizers
+
+    return ["adamw", *(name for name in list_optimizers() if name != "adamw" and not name.startswith(NEEDS_EXTRA))]
+
+
+def check_optimizer(cfg: OptimConfig) -> None:
+    """An optim.name that is not an optimizer is one ConfigError line that lists the known ones."""
+    if cfg.name == "adamw":
+        return
+    known = known_optimizers()
+    if cfg.name not in known:
+        close = difflib.get_close_matches(cfg.name, known, n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise ConfigError(f"optim.name={cfg.name!r} is not an optimizer{hint}; known: {', '.join(known)}")
 
 
 def build_optimizer(model: nn.Module, cfg: OptimConfig, max_steps: int) -> tuple[torch.optim.Optimizer, LambdaLR]:
-    """AdamW over `model` and its LambdaLR schedule (stepped once per optimizer step).
+    """The optimizer over `model` (optim.name) and its LambdaLR schedule (stepped once per optimizer step).
 
-    Fused (one kernel for the whole update, its step counts on the device: no host reads) unless optim.fused is
-    false (then torch's default: foreach on CUDA, a loop over the tensors on the CPU). torch has the fused kernel
-    on CUDA and on the CPU; on the CPU it takes a tiny model's AdamW step from about a quarter of the training
-    step to 3% (docs/bench_train.md), with the same updates to a few ulp.
+    adamw: torch's AdamW, fused (one kernel for the whole update, its step counts on the device: no host reads)
+    unless optim.fused is false (then torch's default: foreach on CUDA, a loop over the tensors on the CPU). torch
+    has the fused kernel on CUDA and on the CPU; on the CPU it takes a tiny model's AdamW step from about a quarter
+    of the training step to 3% (docs/bench_train.md), with the same updates to a few ulp. Any other name: timm's
+    create_optimizer_v2 over the same groups, with optim.betas and optim.eps where the optimizer takes them.
     """
-    fused = cfg.fused if cfg.fused is not None else True
-    optimizer = torch.optim.AdamW(
-        param_groups(model, cfg), lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, fused=fused or None
-    )
+    groups = param_groups(model, cfg)
+    if cfg.name == "adamw":
+        fused = cfg.fused if cfg.fused is not None else True
+        optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, fused=fused or None)
+    else:
+        optimizer = timm_optimizer(groups, cfg)
     # a partial, not a closure or object: LambdaLR then saves no state of it, so a resumed run follows the
     # schedule of its current config, and the state dict holds plain numbers (loadable with weights_only)
     schedule = functools.partial(lr_multiplier, **schedule_arguments(cfg, max_steps))
     return optimizer, LambdaLR(optimizer, schedule)
+
+
+def timm_optimizer(groups: list[dict], cfg: OptimConfig) -> torch.optim.Optimizer:
+    from timm.optim import create_optimizer_v2, get_optimizer_info
+
+    info = get_optimizer_info(cfg.name)
+    extra = {"betas": tuple(cfg.betas)} if info.has_betas and info.num_betas == len(cfg.betas) else {}
+    if info.has_eps:
+        extra["eps"] = cfg.eps
+    return create_optimizer_v2(groups, opt=cfg.name, lr=cfg.lr, weight_decay=cfg.weight_decay, **extra)
 
 
 def schedule_arguments(cfg: OptimConfig, max_steps: int) -> dict:

@@ -20,7 +20,7 @@ from pathlib import Path
 from models import layout
 from train.config import ConfigError, load_config
 from train.config import read_yaml as read_config_yaml
-from train.optim import check_schedule
+from train.optim import check_optimizer, check_schedule
 
 REPO = Path(__file__).resolve().parents[1]
 TEMPLATES = REPO / "slurm"
@@ -159,6 +159,7 @@ def load_checked(config: Path, overrides: list[str], schedule: bool = False):
     with `schedule`, its learning-rate schedule is checked too (train.optim.check_schedule)."""
     try:
         cfg = load_config([str(config), *overrides])
+        check_optimizer(cfg.optim)
         if schedule:
             check_schedule(cfg.optim, cfg.train.max_steps)
         return cfg
