@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 import yaml
 from accelerate.state import AcceleratorState, GradientState
@@ -52,6 +54,32 @@ def tiny_config(tmp_path: Path, synthetic: dict, **sections) -> Path:
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
+
+
+@contextlib.contextmanager
+def s3_filesystem(endpoint: str, **env: str):
+    """The s3fs file system of a moto S3 server at `endpoint` with test credentials (and `env` on top), its bucket
+    `runs` made; s3fs's cached instances are dropped on the way in and out."""
+    settings = {
+        "AWS_ACCESS_KEY_ID": "test",
+        "AWS_SECRET_ACCESS_KEY": "test",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL_S3": endpoint,
+        "AWS_CONFIG_FILE": "/nonexistent",
+        "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent",
+        **env,
+    }
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in settings.items():
+            patch.setenv(key, value)
+        import s3fs
+
+        s3fs.S3FileSystem.clear_instance_cache()
+        fs = s3fs.S3FileSystem()
+        if not fs.exists("runs"):
+            fs.mkdir("runs")
+        yield fs
+        s3fs.S3FileSystem.clear_instance_cache()
 
 
 def save_teacher(path: Path) -> Path:

@@ -10,7 +10,7 @@ import shutil
 
 import pytest
 
-from tests.train.common import run, tiny_config, train_records
+from tests.train.common import run, s3_filesystem, tiny_config, train_records
 from train.config import ConfigError, load_config
 from train.loop import TrainingError
 from train.main import preflight
@@ -27,24 +27,8 @@ def s3():
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
-    env = {
-        "AWS_ACCESS_KEY_ID": "test",
-        "AWS_SECRET_ACCESS_KEY": "test",
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_ENDPOINT_URL_S3": f"http://{host}:{port}",
-        "AWS_CONFIG_FILE": "/nonexistent",
-        "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent",
-    }
-    with pytest.MonkeyPatch.context() as patch:
-        for key, value in env.items():
-            patch.setenv(key, value)
-        import s3fs
-
-        s3fs.S3FileSystem.clear_instance_cache()
-        fs = s3fs.S3FileSystem()
-        fs.mkdir("runs")
+    with s3_filesystem(f"http://{host}:{port}") as fs:
         yield fs
-        s3fs.S3FileSystem.clear_instance_cache()
     server.stop()
 
 

@@ -13,7 +13,7 @@ import threading
 import pytest
 
 from models import layout
-from tests.train.common import reset_accelerate, tiny_config
+from tests.train.common import reset_accelerate, s3_filesystem, tiny_config
 from train import storage as storage_module
 from train.main import cli
 from train.storage import RunStorage, retrying
@@ -57,28 +57,10 @@ def server():
 def s3(server):
     """The s3fs file system of the server (the trainer gets this same cached instance); botocore tries each request
     once, so a stopped server fails at once and the retries under test are the only ones."""
-    env = {
-        "AWS_ACCESS_KEY_ID": "test",
-        "AWS_SECRET_ACCESS_KEY": "test",
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_ENDPOINT_URL_S3": f"http://{server.host}:{server.port}",
-        "AWS_CONFIG_FILE": "/nonexistent",
-        "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent",
-        "AWS_MAX_ATTEMPTS": "1",
-        "AWS_RETRY_MODE": "standard",
-    }
-    with pytest.MonkeyPatch.context() as patch:
-        for key, value in env.items():
-            patch.setenv(key, value)
-        import s3fs
-
-        s3fs.S3FileSystem.clear_instance_cache()
-        fs = s3fs.S3FileSystem()
-        if not fs.exists("runs"):
-            fs.mkdir("runs")
+    endpoint = f"http://{server.host}:{server.port}"
+    with s3_filesystem(endpoint, AWS_MAX_ATTEMPTS="1", AWS_RETRY_MODE="standard") as fs:
         yield fs
         server.start()
-        s3fs.S3FileSystem.clear_instance_cache()
 
 
 def train(path, *overrides) -> int:
@@ -100,6 +82,19 @@ def stop_at_first_put(monkeypatch, s3, server, restart_after_s: float | None = N
         return real(*args, **kwargs)
 
     monkeypatch.setattr(s3, "put", put)
+
+
+def down_from_step_2(s3, server, monkeypatch, capsys, tmp_path, synthetic, name: str, **train_cfg):
+    """A run on s3://runs/NAME staged in tmp_path/stage (uploads retried for 0.2 s) whose server stops at the upload of
+    step 2 and stays down; it must exit 1. Returns the stage, the config's path, the real s3.put and the run's stderr
+    lines."""
+    stage = tmp_path / "stage"
+    cfg = {**SETTINGS, "run_dir": f"s3://runs/{name}", "stage_dir": str(stage), "storage_retry_s": 0.2, **train_cfg}
+    path = tiny_config(tmp_path, synthetic, train=cfg)
+    real = s3.put
+    monkeypatch.setattr(s3, "put", lambda *a, **k: server.stop() if "step_00000002" in a[1][0] else real(*a, **k))
+    assert train(path) == 1
+    return stage, path, real, capsys.readouterr().err.splitlines()
 
 
 def fail(error: Exception):
@@ -127,13 +122,9 @@ def test_an_upload_outlives_an_outage_of_the_server(s3, server, tmp_path, synthe
 def test_uploads_failing_for_good_stop_the_run_in_one_line_and_a_rerun_uploads(
     s3, server, tmp_path, synthetic, monkeypatch, capsys
 ):
-    stage = tmp_path / "stage"
-    train_cfg = {**SETTINGS, "run_dir": "s3://runs/gone", "stage_dir": str(stage), "max_steps": 4}
-    path = tiny_config(tmp_path, synthetic, train={**train_cfg, "storage_retry_s": 0.2, "max_failed_uploads": 2})
-    real = s3.put
-    monkeypatch.setattr(s3, "put", lambda *a, **k: server.stop() if "step_00000002" in a[1][0] else real(*a, **k))
-    assert train(path) == 1
-    err = capsys.readouterr().err.splitlines()
+    stage, path, real, err = down_from_step_2(
+        s3, server, monkeypatch, capsys, tmp_path, synthetic, "gone", max_steps=4, max_failed_uploads=2
+    )
     assert err[-1].startswith(
         "error: 2 uploads in a row to s3://runs/gone failed (train.max_failed_uploads=2), the last after retrying "
         "for train.storage_retry_s=0.2 s: EndpointConnectionError: Could not connect to the endpoint URL: "
@@ -261,13 +252,9 @@ def test_only_transient_errors_are_retried(monkeypatch, capsys):
 def test_a_failed_final_upload_is_one_line_and_the_rerun_uploads_it(
     s3, server, tmp_path, synthetic, monkeypatch, capsys
 ):
-    stage = tmp_path / "stage"
-    train_cfg = {**SETTINGS, "run_dir": "s3://runs/last", "stage_dir": str(stage), "max_steps": 2}
-    path = tiny_config(tmp_path, synthetic, train={**train_cfg, "storage_retry_s": 0.2, "max_failed_uploads": 3})
-    real = s3.put
-    monkeypatch.setattr(s3, "put", lambda *a, **k: server.stop() if "step_00000002" in a[1][0] else real(*a, **k))
-    assert train(path) == 1
-    err = capsys.readouterr().err.splitlines()
+    stage, path, real, err = down_from_step_2(
+        s3, server, monkeypatch, capsys, tmp_path, synthetic, "last", max_steps=2, max_failed_uploads=3
+    )
     assert err[-1] == (
         "error: the run finished, but 1 checkpoint(s) are not on s3://runs/last: step_00000002 kept in "
         f"{stage / 'checkpoints'}; rerun the same command once the storage is reachable: it finds the run finished "
