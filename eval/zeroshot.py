@@ -21,6 +21,7 @@ from tqdm import tqdm
 
 from eval import checkpoint, datasets
 from eval.datasets import EvalInputError
+from eval.fewshot import accuracies as fewshot_accuracies
 from eval.replay import Replay
 from eval.sharding import Shard, count_skipped, sum_over_ranks
 
@@ -128,8 +129,11 @@ def evaluate(
 
 
 @torch.no_grad()
-def score_images(model, batches, classifier: torch.Tensor, tally: "Tally", device, class_chunk: int) -> list:
-    """Add each batch's top-5 classes to the tally; returns the skipped samples the batches reported."""
+def score_images(
+    model, batches, classifier: torch.Tensor, tally: "Tally", device, class_chunk: int, keep: list | None = None
+) -> list:
+    """Add each batch's top-5 classes to the tally; returns the skipped samples the batches reported. `keep`: a list
+    that receives each batch's (normalised features, targets) on the CPU (for the few-shot probes)."""
     skipped = []
     for images, targets, bad in batches:
         skipped += bad
@@ -139,7 +143,21 @@ def score_images(model, batches, classifier: torch.Tensor, tally: "Tally", devic
         check_labels(targets, classifier.shape[1])
         features = F.normalize(model.encode_image(images.to(device)).float(), dim=-1)
         tally.add(topk_chunked(features, classifier, 5, class_chunk)[1], targets)
+        if keep is not None:
+            keep.append((features.cpu(), targets.cpu()))
     return skipped
+
+
+def probe_accuracies(kept: list, shard: Shard, fewshot: dict) -> dict[int, float]:
+    """Few-shot accuracies (eval/fewshot.py) of the image features that every rank kept; every rank must call it."""
+    features = torch.cat([f for f, _ in kept]) if kept else torch.zeros(0, 1)
+    targets = torch.cat([t for _, t in kept]) if kept else torch.zeros(0, dtype=torch.long)
+    if shard.distributed:
+        parts = [None] * shard.world_size
+        torch.distributed.all_gather_object(parts, (features, targets))
+        features = torch.cat([f for f, t in parts if len(t)])
+        targets = torch.cat([t for _, t in parts if len(t)])
+    return fewshot_accuracies(features, targets, fewshot["shots"], fewshot["draws"])
 
 
 def evaluate_set(
@@ -156,11 +174,14 @@ def evaluate_set(
     progress: bool = False,
     shard: Shard | None = None,
     replay: Replay | None = None,
+    fewshot: dict | None = None,
 ) -> dict:
     """Zero-shot results of an opened set (see `evaluate`); with `shard`, every rank of the job must call it.
 
     amp: bf16 autocast (default: on for CUDA, off for CPU). The model's train/eval mode is restored after.
     replay: the same set evaluated again and again (eval.replay.Replay): its images decoded once while they fit.
+    fewshot: {"shots": [...], "draws": n} adds "fewshot": {k: accuracy} of ridge probes on the same image features
+    (eval/fewshot.py), the features of every rank gathered first.
     """
     shard = shard or Shard()
     device = torch.device(device or next(model.parameters()).device)
@@ -168,7 +189,7 @@ def evaluate_set(
     loader = datasets.make_loader(evalset.dataset, batch_size, workers, shard)
     was_training, started = model.training, time.perf_counter()
     model.eval()
-    tally, skipped = Tally(len(evalset.classnames)), []
+    tally, skipped, kept = Tally(len(evalset.classnames)), [], [] if fewshot else None
     try:
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
             classifier = build_classifier(
@@ -177,7 +198,7 @@ def evaluate_set(
             total = len(loader.dataset) if hasattr(loader.dataset, "__len__") else None
             batches = replay(lambda: loader) if replay is not None else loader
             batches = tqdm(batches, desc="images", total=total and -(-total // batch_size), disable=not progress)
-            skipped = score_images(model, batches, classifier, tally, device, class_chunk)
+            skipped = score_images(model, batches, classifier, tally, device, class_chunk, kept)
     finally:
         model.train(was_training)
     tally.sum_over_ranks(shard, device)
@@ -188,6 +209,8 @@ def evaluate_set(
         raise EvalInputError(
             f"no readable images in {evalset.info.get('dataset')} ({num_skipped} unreadable); check the dataset path"
         )
+    if fewshot:
+        result["fewshot"] = probe_accuracies(kept, shard, fewshot)
     return {
         **result,
         "skipped": num_skipped,
@@ -217,12 +240,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--class-chunk", type=int, default=4096, help="classes scored at a time")
     parser.add_argument("--texts-per-batch", type=int, default=1024, help="prompts encoded at a time")
+    parser.add_argument(
+        "--fewshot",
+        type=lambda text: {"shots": [int(k) for k in text.split(",")], "draws": 5},
+        help="few-shot ridge probes on the same features, e.g. 1,5,10,25 (eval/fewshot.py; 5 draws each)",
+    )
     checkpoint.add_run_arguments(parser)
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> dict:
-    options = ("classnames", "templates", "class_chunk", "texts_per_batch")
+    options = ("classnames", "templates", "class_chunk", "texts_per_batch", "fewshot")
     return checkpoint.evaluate_from_args(parse_args(argv), evaluate, options)
 
 

@@ -160,6 +160,10 @@ class EvalConfig:
     val_shards: str | None = None  # held-out webdataset shards (training format): val_loss at every evaluation
     workers: int = 0
     cache_mb: float = 1024  # per process: eval sets decoded once while they fit in this (eval/replay.py); 0 = never
+    # few-shot linear probes on the same image features (eval/fewshot.py: ridge regression as big_vision), logged as
+    # fewshot/<k>shot: e.g. [1, 5, 10, 25]; each k-shot accuracy the mean over fewshot_draws draws; [] = none
+    fewshot: list[int] = field(default_factory=list)
+    fewshot_draws: int = 5
 
 
 @dataclass
@@ -412,6 +416,8 @@ RANGES = {
     ("eval", "batch_size"): above(0),
     ("eval", "workers"): at_least(0),
     ("eval", "cache_mb"): at_least(0),
+    ("eval", "fewshot"): (lambda v: all(k >= 1 for k in v), "a list of shots >= 1"),
+    ("eval", "fewshot_draws"): at_least(1),
     ("data", "cache_mb"): at_least(0),
     ("data", "max_skip_fraction"): (lambda v: 0 <= v <= 1, "in [0, 1]"),
     ("data", "shard_timeout_s"): above(0),

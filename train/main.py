@@ -409,11 +409,13 @@ def make_zeroshot(cfg: Config, accelerator, model: nn.Module, net_of=None):
                 workers=cfg.eval.workers,
                 shard=shard,
                 replay=replay,
+                fewshot={"shots": cfg.eval.fewshot, "draws": cfg.eval.fewshot_draws} if cfg.eval.fewshot else None,
             )
         net.train(was_training)
         if not accelerator.is_main_process:
             return {}
-        return {f"zeroshot/{k}": v for k, v in out.items() if isinstance(v, (int, float))}
+        probes = {f"fewshot/{k}shot": v for k, v in out.get("fewshot", {}).items()}
+        return {**{f"zeroshot/{k}": v for k, v in out.items() if isinstance(v, (int, float))}, **probes}
 
     return run
 

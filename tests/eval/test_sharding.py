@@ -122,13 +122,16 @@ def test_evaluation_during_training_on_two_ranks_equals_one_process(training_dat
     """2 ranks each score half of the images at the end of training; the logged numbers equal one process
     evaluating the final checkpoint."""
     config = tiny_config(tmp_path, training_data, train={"max_steps": 2, "save_every": 2}, eval={"dataset": None})
-    code, _, err = torchrun("train", [str(config), f"eval.dataset={training_data['eval']}"])
+    code, _, err = torchrun("train", [str(config), f"eval.dataset={training_data['eval']}", "eval.fewshot=[1,2]"])
     assert code == 0, err[-3000:]
     logged = next(r for r in metrics(tmp_path / "run") if "zeroshot/top1" in r)
-    result = zeroshot.main([str(tmp_path / "run"), "--dataset", training_data["eval"], "--workers", "0"])
+    argv = [str(tmp_path / "run"), "--dataset", training_data["eval"], "--workers", "0", "--fewshot", "1,2"]
+    result = zeroshot.main(argv)
     assert result["step"] == logged["step"] == 2
     for key in ("top1", "top5", "mean_per_class_recall", "num_images", "skipped"):
         assert logged[f"zeroshot/{key}"] == result[key], key
+    # the few-shot probes see every rank's features, in the order of one process
+    assert [logged[f"fewshot/{k}shot"] for k in (1, 2)] == [result["fewshot"][k] for k in (1, 2)]
     assert result["num_images"] == 24 * 3
 
 
