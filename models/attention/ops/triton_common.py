@@ -195,6 +195,15 @@ def load_state(ptr, slot, cols, BD: tl.constexpr):
 
 
 @triton.jit
+def start_state(ptr, slot, cols, BD: tl.constexpr, CAUSAL: tl.constexpr):
+    """The state a program starts from: zero when causal (the program runs it over the chunks), else load_state."""
+    if CAUSAL:
+        return zero_state(BD)
+    else:
+        return load_state(ptr, slot, cols, BD)
+
+
+@triton.jit
 def store_state(ptr, slot, cols, S, z, s, c, cnt, BD: tl.constexpr):
     base = ptr + slot * (BD + 4) * BD
     tl.store(base + tl.arange(0, BD)[:, None] * BD + cols[None, :], S)
@@ -267,10 +276,7 @@ def query_kernel(
     runs over the chunks, with the masked chunk added; GRAD also writes store_chunk_terms for key_kernel."""
     head, base, g_base, out_base, mask_base, start, count = program_rows(H, N, P, rows_per_prog, sb, sh, gb, gh, ob, oh)
     cols = tl.arange(0, BD)
-    if CAUSAL:
-        S, z, s, c, cnt = zero_state(BD)
-    else:
-        S, z, s, c, cnt = load_state(state_ptr, head, cols, BD)
+    S, z, s, c, cnt = start_state(state_ptr, head, cols, BD, CAUSAL)
     A, w, g_sum, _c, _n = zero_state(BD)
     for off in range(0, count, BLOCK):
         rows = start + off + tl.arange(0, BLOCK)
@@ -327,10 +333,8 @@ def key_kernel(
     non-causal; causal, from the chunks after this one (walked last to first) plus the masked chunk itself."""
     head, base, g_base, out_base, mask_base, start, count = program_rows(H, N, P, rows_per_prog, sb, sh, gb, gh, ob, oh)
     cols = tl.arange(0, BD)
-    if CAUSAL:
-        A, w, g_sum, c, _n = zero_state(BD)
-    else:
-        A, w, g_sum, _, _ = load_state(grads_ptr, head, cols, BD)
+    A, w, g_sum, c, _n = start_state(grads_ptr, head, cols, BD, CAUSAL)
+    if not CAUSAL:  # the forward's centre
         _, _, _, c, _ = load_state(state_ptr, head, cols, BD)
     blocks = tl.cdiv(count, BLOCK)
     for i in range(0, blocks):
