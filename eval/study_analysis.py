@@ -101,6 +101,12 @@ def run_rows(jobs, floor: float = 0.0) -> list[dict]:
                 "samples_seen": int(final["samples_seen"]),
                 "top1": float(final["zeroshot/top1"]),
                 "top5": float(final["zeroshot/top5"]),
+                # eval.fewshot's linear probes at the same evaluation, k -> accuracy (eval/fewshot.py)
+                "fewshot": {
+                    c.removeprefix("fewshot/"): float(final[c])
+                    for c in final.index
+                    if str(c).startswith("fewshot/") and pd.notna(final[c])
+                },
                 "val_loss": float(losses["val_loss"].iloc[-1]),
                 "tail_slope": study_plots.log_slope(tail["samples_seen"], np.maximum(1 - tail["zeroshot/top1"], floor)),
                 "curve": [[int(s), float(t)] for s, t in zip(curve["samples_seen"], curve["zeroshot/top1"])],

@@ -249,16 +249,19 @@ def budgets_table(runs: list[dict]) -> str:
 
 
 def runs_table(runs: list[dict]) -> str:
+    probes = sorted({k for r in runs for k in r.get("fewshot", {})}, key=lambda k: int(k.removesuffix("shot")))
+    shots = "".join(f" {k.removesuffix('shot')}-shot probe |" for k in probes)
     rows = [
-        "| size | attention | params (no embedding) | GMACs/sample | samples seen | zero-shot top-1 | top-5 | "
-        "val loss | tail slope | wall (s) | CPU (s) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| size | attention | params (no embedding) | GMACs/sample | samples seen | zero-shot top-1 | top-5 |"
+        f"{shots} val loss | tail slope | wall (s) | CPU (s) |",
+        "|---|---|---|---|---|---|---|" + "---|" * len(probes) + "---|---|---|---|",
     ]
     for r in sorted(runs, key=lambda r: (r["attention"], r["params_without_token_embedding"])):
+        probe = "".join(f" {100 * r['fewshot'][k]:.1f}% |" if k in r.get("fewshot", {}) else " - |" for k in probes)
         rows.append(
             f"| {r['size']} | {r['attention']} | {r['params_without_token_embedding'] / 1e6:.3f}M | "
-            f"{r['gmacs_per_sample']:.4f} | {r['samples_seen']} | {100 * r['top1']:.1f}% | {100 * r['top5']:.1f}% | "
-            f"{r['val_loss']:.3f} | {r['tail_slope']:+.2f} | {r['wall_seconds']:.0f} | {r['cpu_seconds']:.0f} |"
+            f"{r['gmacs_per_sample']:.4f} | {r['samples_seen']} | {100 * r['top1']:.1f}% | {100 * r['top5']:.1f}% |"
+            f"{probe} {r['val_loss']:.3f} | {r['tail_slope']:+.2f} | {r['wall_seconds']:.0f} | {r['cpu_seconds']:.0f} |"
         )
     return "\n".join(rows) + "\n"
 

@@ -32,7 +32,7 @@ def assert_figures_linked(out: Path, report: str) -> None:
     assert linked and all((out / name).stat().st_size > 0 for name in linked), linked
 
 
-def test_demo_quick_writes_the_report(tmp_path):
+def test_demo_quick_writes_the_report(tmp_path, quick_polls):
     out = demo.main([*QUICK, "--out", str(tmp_path / "demo")])
     runs, fits, report = read(out)
     assert [(r["size"], r["attention"]) for r in runs] == [
@@ -198,7 +198,7 @@ def test_budgets_are_cooldown_branches_of_one_constant_rate_run(tmp_path):
         load_study(tmp_path / "bad.yaml")
 
 
-def test_demo_quick_with_budgets_reports_each_budget(tmp_path):
+def test_demo_quick_with_budgets_reports_each_budget(tmp_path, quick_polls):
     """The quick study with two budgets per run: the branch trains from the run's checkpoint, the report has a
     row per budget, and the curve the multipliers read is the budgets' ends."""
     study = tmp_path / "study.yaml"
