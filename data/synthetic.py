@@ -45,6 +45,7 @@ the combined task leaves room between attention variants.
 
 import argparse
 import functools
+import inspect
 import io
 import json
 import os
@@ -356,19 +357,8 @@ def main(argv: list[str] | None = None) -> str:
     start = time.perf_counter()
     try:
         check_out(Path(args.out))
-        spec = make_synthetic(
-            args.out,
-            args.train_samples,
-            args.eval_per_class,
-            args.seed,
-            args.image_size,
-            args.shard_size,
-            val_samples=args.val_samples,
-            captions=args.captions,
-            extent=args.extent,
-            patterns=args.patterns,
-            task=args.task,
-        )
+        # every parameter of make_synthetic is a flag of this command, under the same name
+        spec = make_synthetic(**{name: getattr(args, name) for name in inspect.signature(make_synthetic).parameters})
     except (ValueError, OSError) as e:
         raise SystemExit(f"error: {e}") from None
     extra = f" with long captions and a retrieval set in {args.out}/retrieval" if args.captions == "long" else ""
