@@ -252,9 +252,9 @@ def jobs_of(study: Study, out: Path, paths: dict[str, str], seed: int) -> list[J
                 "model.name": size,  # unless the size's overrides name the model (image_sizes: SIZE@RESpx)
                 **study.run,
                 **(study.sizes[size] or {}),
-                **own,
                 "model.image_attention": attention,
                 "model.text_attention": attention,
+                **own,  # per_attention's run overrides may set a tower's attention or options
                 "data.train_shards": paths["train"],
                 "eval.val_shards": paths["val"],
                 "eval.dataset": paths["eval"],

@@ -124,6 +124,11 @@ def test_per_attention_settings_scale_the_learning_rate_and_override_the_run(tmp
         assert f"optim.lr={2.0 * settings['optim.lr']}" in nodenom and "train.max_steps=2400" in nodenom
         assert f"optim.lr={settings['optim.lr']}" in softmax
         assert [a for a in softmax if "max_steps" in a] == [f"train.max_steps={study.run['train.max_steps']}"]
+    # per_attention's run overrides may set a tower's attention (configs/study/released.yaml)
+    study.per_attention = {"linear_affine_nodenom": {"run": {"model.text_attention": "softmax"}}}
+    argv = next(j.argv for j in jobs_of(study, tmp_path, paths, seed=0) if j.attention == "linear_affine_nodenom")
+    assert "model.text_attention=softmax" in argv and "model.image_attention=linear_affine_nodenom" in argv
+    assert "model.text_attention=linear_affine_nodenom" not in argv
     (tmp_path / "bad.yaml").write_text(
         "sizes: {demo-w32: {}}\nattentions: [softmax]\ndata: {}\nper_attention: {softmax: {lr: 2}}\n"
     )
