@@ -5,7 +5,7 @@ from data import make_synthetic
 from scripts import rope_resolution
 
 
-def test_rope_resolution_trains_both_and_evaluates_each_size(tmp_path):
+def test_rope_resolution_trains_both_and_evaluates_each_size(tmp_path, quick_polls):
     make_synthetic(tmp_path / "data", train_samples=128, val_samples=16, eval_per_class=1, image_size=32, seed=0)
     argv = ["--data", str(tmp_path / "data"), "--steps", "3", "--eval-sizes", "64", "--finetune-steps", "2"]
     text = rope_resolution.main([*argv, "--out", str(tmp_path / "o")]).read_text()
