@@ -12,6 +12,8 @@
 | hedgehog               | hedgehog.py   | reference.hedgehog   |
 | retention              | decay.py      | reference.retention  |
 | retention_2d           | decay.py      | reference.retention_2d |
+| ssd                    | gated.py      | reference.gated      |
+| gla                    | gated.py      | reference.gated      |
 | fastmax_released       | fastmax.py    | fastmax.reference    |
 
 Rotary positions (model.*_pos_embed: rope) turn q and k before any of them: rope.py, reference.rope.
@@ -21,6 +23,7 @@ from models.attention import (  # noqa: F401
     continuum,
     decay,
     fastmax,
+    gated,
     hedgehog,
     linear,
     linformer,

@@ -294,3 +294,23 @@ def retention_2d(
     distance = (r[:, None] - r[None]).abs() + (c[:, None] - c[None]).abs()
     distance = distance.masked_fill((p[:, None] < 0) | (p[None] < 0), 0)
     return decayed(q, k, v, distance, allowed(q, k, False, key_mask))
+
+
+def gated(
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor, *, causal: bool = False, key_mask: Tensor | None = None
+) -> Tensor:
+    """Data-dependent decay (models/attention/gated.py): o_i = sum_n sum_d q_id k_nd M_ind v_n / sqrt(D) with
+    M_ind = prod_{t=n+1..i} a_td for n <= i and prod_{t=i+1..n} a_td for n > i (LION's reversed pass), n <= i when
+    causal; g = log a [B, H, N, 1] (ssd, Dao & Gu 2024) or [B, H, N, D] (gla, Yang et al. 2024). A padded token's
+    decay is 1: it leaves the sequence."""
+    dtype, (q, k, v, g) = q.dtype, upcast(q, k, v, g)
+    ok = allowed(q, k, causal, key_mask)
+    if key_mask is not None:
+        g = g.masked_fill(~key_mask[:, None, :, None], 0)
+    total = g.cumsum(2)  # [B, H, N, 1 or D]: log prod_{t <= i} a_t
+    diff = total[:, :, :, None] - total[:, :, None, :]  # [B, H, N, N, 1 or D]: log prod_{t=n+1..i} a_t for n <= i
+    n = q.shape[-2]
+    lower = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()[..., None]
+    decay = torch.where(lower, diff, -diff).exp()
+    sim = torch.einsum("bhid,bhnd,bhind->bhin", q, k, decay.expand(*diff.shape[:-1], q.shape[-1]))
+    return kernel_attention(sim / math.sqrt(q.shape[-1]), v, ok, normalise=False).to(dtype)

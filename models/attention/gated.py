@@ -1,0 +1,165 @@
+"""Data-dependent decay: Mamba-2's SSD (Dao & Gu 2024) and gated linear attention (Yang et al. 2024, GLA).
+
+    ssd  o_i = sum_j (prod_{t=j+1..i} a_t) (q_i . k_j / sqrt(D)) v_j,         a_t in (0, 1), one per head and token
+    gla  o_i = sum_j sum_d q_id k_jd (prod_{t=j+1..i} G_td) v_j / sqrt(D),  G_t in (0, 1)^D, one per key feature
+
+over j <= i when causal; that is the recurrence S_t = diag(G_t) S_{t-1} + k_t v_t^T, o_t = q_t S_t / sqrt(D) (a_t
+repeated over the D features for ssd). q is scaled by 1 / sqrt(D), as retention does here and fla's kernels do by
+default. There is no normaliser and no output gate or norm (the block does pre-LN and out_proj straight after).
+Two-sided (images): LION's construction (Afzal et al. 2025, LION-S), the causal pass plus the same pass on the
+reversed tokens over j > i with decays prod_{t=i+1..j}, the diagonal counted once; the matrix is then
+exp(-|L_i - L_j|) with L_t = sum_{s<=t} log a_s, which for a fixed a is retention's gamma^|i - j|.
+
+Where the decays come from: the layer's interface hands the token mixing q, k, v [B, H, N, D] (base.Attention), so
+each layer reads its decays from v, all heads' values of a token side by side ([C] = x_t W_v^T + b_v, a linear map
+of x_t; q and k are left out because RoPE turns them first, which would put positions into the decay):
+
+    ssd  log a_t = -softplus(v_t W_a + b_a)                    W_a [C, H] (`decay_proj`); Mamba-2's a = exp(-dt A)
+                                                               with A = 1 and dt = softplus(.); b_a makes dt log-spaced
+                                                               over the heads in [0.001, 0.1], Mamba-2's dt range
+    gla  log G_t = logsigmoid(v_t W_1 W_2 + b) / temperature   W_1 [C, r], W_2 [r, C] (`gate_down`, `gate_up`), GLA's
+                                                               low-rank gate, r = `gate_rank` = 16, temperature 16
+
+Mamba-2's other parts (its own B, C per group, the dt scaling of x, the D skip, the convolution) are not here: q, k,
+v are the block's projections as for every variant. Padded tokens (key_mask False) leave the sequence: their k and v
+are zeroed and their decay is 1, so a padded input gives exactly the input without the padding.
+
+Fast path (`chunk_scan`), O(N) in memory, never N x N: chunks of `chunk_size` tokens (ssd 64, gla 16); inside a
+chunk the decayed [C, C] matrix (gla: [C, C, D], its decay per feature) from cumulative log decays, every exponent
+<= 0; across chunks a D x D state carried in a loop, decayed by the chunk's total. Memory: N C (gla: N C D) for
+the chunks' matrices, N D^2 / C for the states.
+
+On CUDA the fused kernels of flash-linear-attention would replace `chunk_scan` in `gated_attention` (not a dependency
+here): gla `fla.ops.gla.chunk_gla(q, k, v, g=log G)`, ssd `fla.ops.simple_gla.chunk_simple_gla(q, k, v, g=log a)` (fla
+maps Mamba-2's SSD to simple_gla), on [B, N, H, D] with scale D^-0.5; two-sided as a second call on the reversed
+tokens and shifted decays, less the diagonal (q_i . k_i) v_i / sqrt(D) that both calls count.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from models.attention import reference
+from models.attention.base import Attention
+from models.attention.decay import check_options, prepare
+from models.attention.ops.common import compute_dtype
+from models.attention.registry import register_attention
+
+
+def chunk_scan(q: Tensor, k: Tensor, v: Tensor, log_decay: Tensor, chunk_size: int, strict: bool) -> Tensor:
+    """o_i = sum_{j <= i} (j < i when `strict`) sum_d q_id k_jd exp(L_id - L_jd) v_j, L the cumulative sum of
+    log_decay over the tokens: q, k [B, H, N, D], v [B, H, N, E], log_decay [B, H, N, 1 or D] (<= 0) -> [B, H, N, E]."""
+    N = q.shape[2]
+    C = min(chunk_size, N)
+    chunks, pad = -(-N // C), -N % C
+    q, k, v, g = (F.pad(t, (0, 0, 0, pad)).unflatten(2, (chunks, C)) for t in (q, k, v, log_decay))
+    b = g.cumsum(3)  # [B, H, chunks, C, 1 or D]: log decay from the chunk's start through token i
+    i = torch.arange(C, device=q.device)
+    keep = (i[:, None] > i[None]) if strict else (i[:, None] >= i[None])
+    # within a chunk: exp(b_i - b_j) for the keys a query sees, masked before exp so no exponent is positive
+    decay = torch.where(keep[:, :, None], b[..., :, None, :] - b[..., None, :, :], float("-inf")).exp()
+    if g.shape[-1] == 1:
+        scores = (q @ k.transpose(-1, -2)) * decay[..., 0]  # [B, H, chunks, C, C]
+    else:
+        scores = torch.einsum("...id,...jd,...ijd->...ij", q, k, decay)
+    out = scores @ v
+    # across chunks: each chunk's keys as one D x E state, decayed to the chunk's last token
+    last = b[..., -1:, :]  # [B, H, chunks, 1, 1 or D]
+    kv = (k * (last - b).exp()).transpose(-1, -2) @ v  # [B, H, chunks, D, E]
+    state, states = torch.zeros_like(kv[:, :, 0]), []
+    for kv_chunk, total in zip(kv.unbind(2), last.exp().transpose(-1, -2).unbind(2)):
+        states.append(state)
+        state = state * total + kv_chunk
+    out = out + (q * b.exp()) @ torch.stack(states, 2)
+    return out.flatten(2, 3)[:, :, :N]
+
+
+def gated_attention(
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor, *, causal: bool = False, key_mask: Tensor | None = None, chunk_size=64
+) -> Tensor:
+    """The module docstring's ssd (g = log a [B, H, N, 1]) or gla (g = log G [B, H, N, D]) on q, k, v [B, H, N, D]
+    -> [B, H, N, D] in the dtype of q; two-sided unless `causal`. Padded tokens' k, v are zeroed, their decay is 1."""
+    dtype, (q, k, v) = q.dtype, prepare(q, k, v, key_mask)
+    g = g.to(q.dtype)
+    if key_mask is not None:
+        g = g.masked_fill(~key_mask[:, None, :, None], 0)
+    out = chunk_scan(q, k, v, g, chunk_size, strict=False)
+    if not causal:
+        # reversed tokens: token t' = N - 1 - t carries the decay of t + 1, so key j > i is decayed by a_{i+1..j}
+        g_reversed = F.pad(g.flip(2)[:, :, :-1], (0, 0, 1, 0))
+        out = out + chunk_scan(q.flip(2), k.flip(2), v.flip(2), g_reversed, chunk_size, strict=True).flip(2)
+    return out.to(dtype)
+
+
+def tokens(v: Tensor) -> Tensor:
+    """v [B, H, N, D] -> [B, N, H * D] in the compute dtype: every head's values of a token side by side."""
+    B, H, N, D = v.shape
+    return v.to(compute_dtype(v)).transpose(1, 2).reshape(B, N, H * D)
+
+
+def linear(x: Tensor, layer: nn.Linear) -> Tensor:
+    bias = None if layer.bias is None else layer.bias.to(x.dtype)
+    return F.linear(x, layer.weight.to(x.dtype), bias)
+
+
+class GatedAttention(Attention):
+    """A layer whose decays come from its own projections of v (`log_decay`); it takes the options in `known`."""
+
+    known: tuple[str, ...] = ("chunk_size",)
+    default_chunk = 64
+
+    def __init__(self, dim: int, num_heads: int, *, causal: bool = False, qkv_bias: bool = True, **options):
+        check_options(self.name, options, self.known)
+        super().__init__(dim, num_heads, causal=causal, qkv_bias=qkv_bias)
+        self.chunk_size = options.get("chunk_size", self.default_chunk)
+
+    def log_decay(self, v: Tensor) -> Tensor:
+        """v [B, H, N, D] -> log decays [B, H, N, 1 or D], <= 0, in the compute dtype."""
+        raise NotImplementedError
+
+    def attention(self, q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None) -> Tensor:
+        g = self.log_decay(v)
+        return gated_attention(q, k, v, g, causal=self.causal, key_mask=key_mask, chunk_size=self.chunk_size)
+
+    def attention_reference(self, q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None) -> Tensor:
+        return reference.gated(q, k, v, self.log_decay(v), causal=self.causal, key_mask=key_mask)
+
+
+@register_attention("ssd")
+class SsdAttention(GatedAttention):
+    """Dao & Gu 2024 (Mamba-2, SSD): a scalar decay a_t = exp(-softplus(v_t W_a + b_a)) per head and token; option
+    chunk_size (64)."""
+
+    def __init__(self, dim: int, num_heads: int, *, causal: bool = False, qkv_bias: bool = True, **options):
+        super().__init__(dim, num_heads, causal=causal, qkv_bias=qkv_bias, **options)
+        self.decay_proj = nn.Linear(dim, num_heads)
+        dt = torch.logspace(math.log10(0.1), math.log10(0.001), num_heads) if num_heads > 1 else torch.tensor([0.01])
+        with torch.no_grad():
+            self.decay_proj.bias.copy_(dt + torch.log(-torch.expm1(-dt)))  # softplus^-1(dt), as Mamba-2's dt_bias
+
+    def log_decay(self, v: Tensor) -> Tensor:
+        return -F.softplus(linear(tokens(v), self.decay_proj)).transpose(1, 2)[..., None]  # [B, H, N, 1]
+
+
+@register_attention("gla")
+class GlaAttention(GatedAttention):
+    """Yang et al. 2024 (GLA): gates G_t = sigmoid(v_t W_1 W_2 + b)^(1 / temperature) per key feature; options
+    chunk_size (16), gate_rank (16), gate_temperature (16)."""
+
+    known = ("chunk_size", "gate_rank", "gate_temperature")
+    default_chunk = 16
+
+    def __init__(self, dim: int, num_heads: int, *, causal: bool = False, qkv_bias: bool = True, **options):
+        super().__init__(dim, num_heads, causal=causal, qkv_bias=qkv_bias, **options)
+        self.temperature = options.get("gate_temperature", 16)
+        self.gate_down = nn.Linear(dim, options.get("gate_rank", 16), bias=False)
+        self.gate_up = nn.Linear(self.gate_down.out_features, dim)
+
+    def log_decay(self, v: Tensor) -> Tensor:
+        B, H, N, D = v.shape
+        logits = linear(linear(tokens(v), self.gate_down), self.gate_up)  # [B, N, H * D]
+        return (F.logsigmoid(logits) / self.temperature).view(B, N, H, D).transpose(1, 2)

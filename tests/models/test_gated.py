@@ -1,0 +1,146 @@
+"""ssd and gla (models/attention/gated.py): the chunked scan against the quadratic reference (causal and not, awkward
+lengths, padded keys), the recurrence written out by hand, LION's reversed pass, gradients (gradcheck, fp32 against
+fp64, the decay projections included), no N x N saved for the backward, a tiny CLIP with each in both towers."""
+
+import pytest
+import torch
+
+from models import create_model
+from models.attention import build_attention, reference
+from models.attention.gated import chunk_scan, gated_attention
+from tests.models.test_attention import rel_err
+from tests.models.test_clip import batch, clip_loss, one_line_error
+from tests.models.test_decay import padded, qkv
+
+KINDS = {"ssd": 1, "gla": None}  # features of the decay: one per head, or one per key feature (None: D)
+
+
+def log_decay(kind, b, h, n, d=8, seed=1, dtype=torch.float64):
+    """Log decays in (-inf, 0): spread from near 0 to about -3 per token, so the decays span 0.05 .. 1."""
+    g = torch.Generator().manual_seed(seed)
+    return -3 * torch.rand(b, h, n, KINDS[kind] or d, generator=g, dtype=dtype) ** 2
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize(
+    "b,h,n,chunk", [(1, 1, 1, 64), (2, 3, 7, 4), (1, 2, 65, 16), (3, 4, 130, 64), (2, 5, 50, 1), (1, 2, 33, 16)]
+)
+def test_chunked_equals_reference(kind, causal, b, h, n, chunk):
+    q, k, v = qkv(b, h, n)
+    g, mask = log_decay(kind, b, h, n), padded(b, n)
+    ours = gated_attention(q, k, v, g, causal=causal, key_mask=mask, chunk_size=chunk)
+    expected = reference.gated(q, k, v, g, causal=causal, key_mask=mask)
+    torch.testing.assert_close(ours, expected, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_recurrence_written_out(kind):
+    """Causal: S_t = diag(G_t) S_{t-1} + k_t v_t^T, o_t = q_t S_t / sqrt(D); two-sided: plus the same recurrence run
+    from the end, S'_t = diag(G_{t+1}) (S'_{t+1} + k_{t+1} v_{t+1}^T), o_t += q_t S'_t / sqrt(D)."""
+    q, k, v = qkv(2, 3, 9, d=4)
+    g = log_decay(kind, 2, 3, 9, d=4)
+    gate = g.exp().expand_as(k)
+    down, up, state = torch.zeros_like(q), torch.zeros_like(q), torch.zeros(2, 3, 4, 4, dtype=q.dtype)
+    for t in range(9):
+        state = gate[:, :, t, :, None] * state + k[:, :, t, :, None] * v[:, :, t, None, :]
+        down[:, :, t] = (q[:, :, t, None, :] @ state)[:, :, 0] / 2
+    state = torch.zeros_like(state)
+    for t in reversed(range(8)):
+        state = gate[:, :, t + 1, :, None] * (state + k[:, :, t + 1, :, None] * v[:, :, t + 1, None, :])
+        up[:, :, t] = (q[:, :, t, None, :] @ state)[:, :, 0] / 2
+    for fn in (gated_attention, reference.gated):
+        torch.testing.assert_close(fn(q, k, v, g, causal=True), down)
+        torch.testing.assert_close(fn(q, k, v, g), down + up)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_reversed_pass_is_the_strict_upper_triangle(kind):
+    """LION: the scan of the reversed tokens (each carrying its right neighbour's decay, strict) is the masked
+    quadratic form's strictly upper triangle, the forward scan its lower triangle with the diagonal."""
+    q, k, v = qkv(2, 3, 37)
+    g = log_decay(kind, 2, 3, 37)
+    full, lower = reference.gated(q, k, v, g), reference.gated(q, k, v, g, causal=True)
+    scaled = q / 8**0.5
+    g_reversed = torch.nn.functional.pad(g.flip(2)[:, :, :-1], (0, 0, 1, 0))
+    up = chunk_scan(scaled.flip(2), k.flip(2), v.flip(2), g_reversed, 8, strict=True).flip(2)
+    torch.testing.assert_close(chunk_scan(scaled, k, v, g, 8, strict=False), lower)
+    torch.testing.assert_close(up, full - lower)
+
+
+def test_constant_ssd_decay_is_retention():
+    """a_t = gamma_h for every token: the two-sided matrix is gamma_h^|i - j|, retention's."""
+    q, k, v = qkv(2, 3, 20)
+    g = torch.log1p(-(2.0 ** (-5.0 - torch.arange(3.0, dtype=torch.float64))))[None, :, None, None].expand(2, 3, 20, 1)
+    for causal in (False, True):
+        expected = reference.retention(q, k, v, causal=causal)
+        torch.testing.assert_close(gated_attention(q, k, v, g, causal=causal, chunk_size=8), expected)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("causal", [False, True])
+def test_gradcheck(kind, causal):
+    inputs = [t.requires_grad_() for t in [*qkv(1, 2, 8, d=3), log_decay(kind, 1, 2, 8, d=3)]]
+    mask = padded(1, 8)
+    assert torch.autograd.gradcheck(
+        lambda q, k, v, g: gated_attention(q, k, v, g, causal=causal, key_mask=mask, chunk_size=3), inputs
+    )
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("causal", [False, True])
+def test_fp32_layer_gradients_equal_fp64_reference(kind, causal):
+    """The layer's chunked path in fp32 against its quadratic reference in fp64: q, k, v and every parameter of the
+    decay projection, 145 tokens (several chunks and a partial one)."""
+    torch.manual_seed(0)
+    fast = build_attention(kind, 64, 4, causal=causal)
+    exact = build_attention(kind, 64, 4, causal=causal).double()
+    exact.load_state_dict(fast.state_dict())
+    base, mask = qkv(2, 4, 145, d=16), padded(2, 145)
+    ins32, ins64 = [t.float().requires_grad_() for t in base], [t.clone().requires_grad_() for t in base]
+    grad = torch.randn(base[0].shape, dtype=torch.float64)
+    out, ref = fast.attention(*ins32, mask), exact.attention_reference(*ins64, mask)
+    assert rel_err(out, ref) <= 1e-5
+    out.backward(grad.float())
+    ref.backward(grad)
+    for name, a, r in zip("qkv", ins32, ins64):
+        assert rel_err(a.grad, r.grad) <= 1e-4, f"grad of {name}"
+    for (name, a), r in zip(fast.named_parameters(), exact.parameters()):
+        if a.grad is not None:
+            assert rel_err(a.grad, r.grad) <= 1e-4, f"grad of {name}"
+    assert any("gate" in n or "decay" in n for n, p in fast.named_parameters() if p.grad is not None)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("causal", [False, True])
+def test_no_n_by_n_tensor_is_saved(kind, causal):
+    """What the backward keeps is [N, C] (gla: [N, C, D]) matrices and D x D states, never [N, N]."""
+    n, largest = 2048, []
+    m = build_attention(kind, 8, 1, causal=causal)
+    q, k, v = (t.requires_grad_() for t in qkv(1, 1, n, dtype=torch.float32))
+
+    def pack(t):
+        largest.append(t.numel())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = m.attention(q, k, v, None)
+    out.sum().backward()
+    assert max(largest) <= n * n / 8, max(largest)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_tiny_clip_trains_with_it_in_both_towers(kind):
+    model = create_model("tiny-s", image_attention=kind, text_attention=kind)
+    images, text = batch(model, trim=True)
+    clip_loss(model, images, text).backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), name
+        if "gate" in name or "decay" in name:
+            assert p.grad.abs().sum() > 0, name
+
+
+def test_one_line_errors():
+    one_line_error(lambda: build_attention("ssd", 32, 4, gate_rank=4), "unknown options gate_rank; it takes chunk_size")
+    one_line_error(lambda: build_attention("gla", 32, 4, chunk_size=0), "option chunk_size=0 must be an integer >= 1")
+    one_line_error(lambda: build_attention("sdd", 32, 4), "known attentions: ", "gla", "ssd", "did you mean 'ssd'?")
