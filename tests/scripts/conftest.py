@@ -1,34 +1,9 @@
-import gc
-import time
-
 import pytest
 
-from train import study_local
+from tests.speed import frozen_heap, quick_polls  # noqa: F401 (fixtures: named by the script tests)
 
 
 @pytest.fixture(autouse=True)
-def _frozen_heap():
-    """The objects alive before each test (torch, pandas, matplotlib, pytest: ~500k) kept out of the gc.collect()
-    the benchmarks' probes run around every point (train/bench/probes.py): 0.2 s a call otherwise, most of a quick
-    benchmark (scripts.bench_attention, bench_long, bench_train, and scripts.demo's analysis). Garbage made during
-    the test is still collected."""
-    gc.freeze()
-    yield
-    gc.unfreeze()
-
-
-class _QuickPolls:
-    """train.study_local's `time`, its wait between two looks at the running runs cut from 1 s to 0.1 s."""
-
-    perf_counter = staticmethod(time.perf_counter)
-
-    @staticmethod
-    def sleep(seconds: float) -> None:
-        time.sleep(min(seconds, 0.1))
-
-
-@pytest.fixture
-def quick_polls(monkeypatch):
-    """run_jobs (scripts.demo, its linearisation arm, scripts.rope_resolution) sees a finished run within 0.1 s
-    instead of 1 s, so the next run starts and the study ends up to 0.9 s sooner each time."""
-    monkeypatch.setattr(study_local, "time", _QuickPolls)
+def _every_script_test_with_the_heap_frozen(request):
+    """Their benchmarks' gc.collect() calls skip the heap alive before the test (tests/speed.py: frozen_heap)."""
+    request.getfixturevalue("frozen_heap")

@@ -6,9 +6,11 @@ import csv
 import json
 import re
 
+import pytest
 import yaml
 
 from scripts import demo
+from tests.speed import frozen_heap, quick_polls  # noqa: F401 (fixtures)
 from train.lr_sweep import grid, sweep_jobs
 from train.study import data_paths, jobs_of, load_study
 from train.study_local import run_jobs
@@ -62,6 +64,7 @@ def test_the_grid_is_the_local_runners_grid_with_budget_branches_chained_per_tas
     assert [re.search(r"train.run_dir=\S+/runs/(\S+)", r).group(1) for _, r in runs] == [j.run_dir.name for j in mains]
 
 
+@pytest.mark.usefixtures("frozen_heap", "quick_polls")  # tests/speed.py: the analysis's benchmark, the polls
 def test_a_study_with_a_sweep_submits_the_sweep_then_the_grid_with_the_chosen_rates(tmp_path, capsys, fake_sbatch):
     path, out = write_study(tmp_path, sweep=True), tmp_path / "study"
     main(["study", str(path), "--out", str(out), *CPU])
