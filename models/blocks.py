@@ -1,8 +1,8 @@
 """Pre-LN transformer blocks whose attention comes from the registry, named as open_clip names them.
 
 Keys: `resblocks.{i}.ln_1`, `.attn.in_proj_weight`, `.attn.in_proj_bias`, `.attn.out_proj`, `.ln_2`,
-`.mlp.c_fc`, `.mlp.c_proj` -- the same as open_clip's `ResidualAttentionBlock` without layer scale, so
-state dicts move between the two unchanged.
+`.mlp.c_fc`, `.mlp.c_proj`, and with layer scale `.ls_1.gamma`, `.ls_2.gamma` -- the same as open_clip's
+`ResidualAttentionBlock`, so state dicts move between the two unchanged.
 """
 
 from __future__ import annotations
@@ -23,6 +23,17 @@ class QuickGELU(nn.Module):
         return x * torch.sigmoid(1.702 * x)
 
 
+class LayerScale(nn.Module):
+    """x * gamma, gamma [C] initialised to `init` (Touvron et al. 2021, CaiT; open_clip's ls_init_value)."""
+
+    def __init__(self, width: int, init: float):
+        super().__init__()
+        self.gamma = nn.Parameter(init * torch.ones(width))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x * self.gamma
+
+
 class Block(nn.Module):
     """x + attn(ln_1(x)), then x + mlp(ln_2(x)); [B, N, C] -> [B, N, C] (Radford et al. 2021, CLIP)."""
 
@@ -36,11 +47,17 @@ class Block(nn.Module):
         options: dict,
         mlp_ratio: float = 4.0,
         quick_gelu: bool = False,
+        layer_scale: float | None = None,
+        qk_norm: bool = False,
     ):
         super().__init__()
         hidden = int(width * mlp_ratio)
         self.ln_1 = nn.LayerNorm(width)
         self.attn = build_attention(attention, width, heads, causal=causal, **options)
+        if qk_norm:
+            self.attn.enable_qk_norm()
+        self.ls_1 = LayerScale(width, layer_scale) if layer_scale is not None else nn.Identity()
+        self.ls_2 = LayerScale(width, layer_scale) if layer_scale is not None else nn.Identity()
         self.ln_2 = nn.LayerNorm(width)
         self.mlp = nn.Sequential(
             OrderedDict(
@@ -53,8 +70,8 @@ class Block(nn.Module):
         )
 
     def forward(self, x: Tensor, key_mask: Tensor | None = None, rope: tuple[Tensor, Tensor] | None = None) -> Tensor:
-        x = x + self.attn(self.ln_1(x), key_mask, rope)
-        return x + self.mlp(self.ln_2(x))
+        x = x + self.ls_1(self.attn(self.ln_1(x), key_mask, rope))
+        return x + self.ls_2(self.mlp(self.ln_2(x)))
 
 
 class Transformer(nn.Module):
@@ -70,15 +87,15 @@ class Transformer(nn.Module):
         causal: bool,
         mlp_ratio: float = 4.0,
         quick_gelu: bool = False,
+        layer_scale: float | None = None,
+        qk_norm: bool = False,
     ):
         super().__init__()
         self.width, self.layers = width, len(attentions)
         self.grad_checkpointing = False
+        block = dict(mlp_ratio=mlp_ratio, quick_gelu=quick_gelu, layer_scale=layer_scale, qk_norm=qk_norm)
         self.resblocks = nn.ModuleList(
-            [
-                Block(width, heads, name, causal=causal, options=opts, mlp_ratio=mlp_ratio, quick_gelu=quick_gelu)
-                for name, opts in zip(attentions, options)
-            ]
+            [Block(width, heads, name, causal=causal, options=opts, **block) for name, opts in zip(attentions, options)]
         )
 
     def forward(self, x: Tensor, key_mask: Tensor | None = None, rope: tuple[Tensor, Tensor] | None = None) -> Tensor:

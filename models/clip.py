@@ -109,6 +109,9 @@ def build_clip(cfg: ModelConfig) -> CLIP:
         quick_gelu=quick_gelu,
         patch_dropout=cfg.patch_dropout or v.get("patch_dropout", 0.0),
         pos_embed=cfg.image_pos_embed,
+        pool=cfg.image_pool,
+        layer_scale=cfg.layer_scale,
+        qk_norm=cfg.qk_norm,
     )
     text = dict(
         context_length=t["context_length"],
@@ -120,6 +123,8 @@ def build_clip(cfg: ModelConfig) -> CLIP:
         mlp_ratio=t.get("mlp_ratio", 4.0),
         quick_gelu=quick_gelu,
         pos_embed=cfg.text_pos_embed,
+        layer_scale=cfg.layer_scale,
+        qk_norm=cfg.qk_norm,
     )
     model = CLIP(embed_dim=size["embed_dim"], visual=visual, text=text, config=cfg)
     model.set_grad_checkpointing(cfg.grad_checkpointing)

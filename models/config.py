@@ -107,6 +107,12 @@ class ModelConfig:
     pretrained_fresh: list[str] = field(default_factory=list)  # glob patterns: tensors of another shape start fresh
     image_pos_embed: str = "learnable"  # or rope: 2-D axial rotary positions on the patch grid, no table
     text_pos_embed: str = "learnable"  # or rope: 1-D rotary positions over the tokens (models/attention/rope.py)
+    # options that shape attention maps (issue 47): LayerScale in every block of both towers, initialised to this
+    # (open_clip's ls_init_value; null: none); a LayerNorm on each head's q and k in both towers (before RoPE and
+    # any feature map); the image embedding from the class token (cls) or the mean of the patch tokens (mean)
+    layer_scale: float | None = None
+    qk_norm: bool = False
+    image_pool: str = "cls"
 
 
 def tiny_model_names() -> list[str]:

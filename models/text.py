@@ -35,6 +35,8 @@ class TextTower(nn.Module):
         mlp_ratio: float = 4.0,
         quick_gelu: bool = False,
         pos_embed: str = "learnable",
+        layer_scale: float | None = None,
+        qk_norm: bool = False,
     ):
         super().__init__()
         rope.check("text", pos_embed, width // heads)
@@ -43,9 +45,8 @@ class TextTower(nn.Module):
         self.token_embedding = nn.Embedding(vocab_size, width)
         if pos_embed == "learnable":  # with RoPE the positions turn q and k in every layer instead (no table)
             self.positional_embedding = nn.Parameter(torch.empty(context_length, width))
-        self.transformer = Transformer(
-            width, heads, attentions, options, causal=True, mlp_ratio=mlp_ratio, quick_gelu=quick_gelu
-        )
+        block = dict(mlp_ratio=mlp_ratio, quick_gelu=quick_gelu, layer_scale=layer_scale, qk_norm=qk_norm)
+        self.transformer = Transformer(width, heads, attentions, options, causal=True, **block)
         self.ln_final = nn.LayerNorm(width)
         self.text_projection = nn.Parameter(torch.empty(width, output_dim))
         self.init_text_parameters()

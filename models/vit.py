@@ -1,7 +1,8 @@
 """The image tower: a ViT (Dosovitskiy et al. 2021) pooled at the class token, as open_clip builds it.
 
 Keys match open_clip's `VisionTransformer`: conv1.weight (no bias), class_embedding,
-positional_embedding, ln_pre, transformer.resblocks.*, ln_post, proj. The image tower never pads,
+positional_embedding, ln_pre, transformer.resblocks.*, ln_post, proj. `pool` mean is open_clip's pool_type avg
+(ln_post on every token, then the mean of the patches); `layer_scale` its ls_init_value. The image tower never pads,
 so its attention is called with key_mask=None and is never causal.
 """
 
@@ -12,6 +13,8 @@ from torch import Tensor, nn
 
 from models.attention import rope
 from models.blocks import Transformer
+
+POOLS = ("cls", "mean")  # open_clip's pool_type tok and avg: the class token, or the mean of the patch tokens
 
 
 def patch_dropout(x: Tensor, prob: float) -> Tensor:
@@ -51,9 +54,15 @@ class VisionTransformer(nn.Module):
         quick_gelu: bool = False,
         patch_dropout: float = 0.0,
         pos_embed: str = "learnable",
+        pool: str = "cls",
+        layer_scale: float | None = None,
+        qk_norm: bool = False,
     ):
         super().__init__()
         rope.check("image", pos_embed, width // heads)
+        if pool not in POOLS:
+            raise ValueError(f"image tower: pool={pool!r} is not one of {', '.join(POOLS)}")
+        self.pool = pool
         if image_size % patch_size:
             raise ValueError(
                 f"image tower: image size {image_size} is not a multiple of patch size {patch_size}; change one of them"
@@ -75,9 +84,8 @@ class VisionTransformer(nn.Module):
             grid = self.grid_size[0] * self.grid_size[1]
             self.positional_embedding = nn.Parameter(scale * torch.randn(grid + 1, width))
         self.ln_pre = nn.LayerNorm(width)
-        self.transformer = Transformer(
-            width, heads, attentions, options, causal=False, mlp_ratio=mlp_ratio, quick_gelu=quick_gelu
-        )
+        block = dict(mlp_ratio=mlp_ratio, quick_gelu=quick_gelu, layer_scale=layer_scale, qk_norm=qk_norm)
+        self.transformer = Transformer(width, heads, attentions, options, causal=False, **block)
         self.ln_post = nn.LayerNorm(width)
         self.proj = nn.Parameter(scale * torch.randn(width, output_dim))
 
@@ -103,4 +111,5 @@ class VisionTransformer(nn.Module):
         if idx is not None:
             x = keep_patches(x, idx)
         x = self.transformer(self.ln_pre(x), rope=self.rope_table(image, idx) if self.pos_embed == "rope" else None)
-        return self.ln_post(x[:, 0]) @ self.proj
+        pooled = self.ln_post(x[:, 0]) if self.pool == "cls" else self.ln_post(x[:, 1:]).mean(1)
+        return pooled @ self.proj

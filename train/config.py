@@ -37,6 +37,7 @@ from models import ModelConfig
 from models.attention import get_attention, rope
 from models.attention.ops.dispatch import IMPL_NAMES
 from models.config import resolved_size
+from models.vit import POOLS
 
 TRANSFER_SHARE = 0.25  # of train.max_steps: attention transfer's when a teacher comes without distill.stage
 log = logging.getLogger(__name__)
@@ -395,6 +396,7 @@ RANGES = {
     ("data", "train_num_samples"): at_least(1),
     ("data", "seed"): (lambda v: 0 <= v < 2**32, "in [0, 2**32)"),
     ("model", "patch_dropout"): (lambda v: 0 <= v < 1, "in [0, 1)"),
+    ("model", "layer_scale"): above(0),
     ("train", "max_steps"): at_least(1),
     ("train", "accum_freq"): at_least(1),
     ("train", "keep_last"): at_least(1),
@@ -497,6 +499,8 @@ def check_model_names(cfg: Config) -> None:
         kind = getattr(cfg.model, f"{tower}_pos_embed")
         if kind not in rope.KINDS:
             raise ConfigError(f"model.{tower}_pos_embed={kind!r} is not known; use one of {', '.join(rope.KINDS)}")
+    if cfg.model.image_pool not in POOLS:
+        raise ConfigError(f"model.image_pool={cfg.model.image_pool!r} is not known; use one of {', '.join(POOLS)}")
 
 
 def check_impl(model: ModelConfig) -> None:

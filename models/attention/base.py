@@ -49,11 +49,18 @@ class Attention(nn.Module):
         self.check_causal(causal)
         self.dim, self.num_heads, self.head_dim, self.causal = dim, num_heads, dim // num_heads, causal
         self.options = options
+        # model.qk_norm: a LayerNorm over each head's q and k (timm's q_norm / k_norm), before RoPE and any feature map
+        self.q_norm: nn.Module | None = None
+        self.k_norm: nn.Module | None = None
         self.in_proj_weight = nn.Parameter(torch.empty(3 * dim, dim))
         self.in_proj_bias = nn.Parameter(torch.zeros(3 * dim)) if qkv_bias else None
         self.out_proj = nn.Linear(dim, dim)
         nn.init.xavier_uniform_(self.in_proj_weight)
         nn.init.zeros_(self.out_proj.bias)
+
+    def enable_qk_norm(self) -> None:
+        """Normalise q and k per head (Dehghani et al. 2023, ViT-22B; timm's qk_norm) in every forward from now on."""
+        self.q_norm, self.k_norm = nn.LayerNorm(self.head_dim), nn.LayerNorm(self.head_dim)
 
     @classmethod
     def check_causal(cls, causal: bool) -> None:
@@ -74,6 +81,8 @@ class Attention(nn.Module):
         B, N, C = x.shape
         qkv = F.linear(x, self.in_proj_weight, self.in_proj_bias)  # [B, N, 3C]
         q, k, v = qkv.view(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # 3 x [B, H, N, D]
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         with autocast_off(x.device.type, not self.under_autocast):
             if rope is None:
                 o = self.attention(q, k, v, key_mask)

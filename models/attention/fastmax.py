@@ -162,6 +162,13 @@ class FastmaxReleasedAttention(Attention):
         if not projections:
             del self.in_proj_weight, self.in_proj_bias, self.out_proj
 
+    def enable_qk_norm(self) -> None:
+        if not self.projections:
+            raise ValueError(
+                "attention 'fastmax_released' with projections=false has no q and k to normalise: drop model.qk_norm"
+            )
+        super().enable_qk_norm()
+
     def forward(self, x: Tensor, key_mask: Tensor | None = None, rope: tuple[Tensor, Tensor] | None = None) -> Tensor:
         """x [B, N, C] -> [B, N, C]; without projections x itself is q, k and v (RoPE turns q and k)."""
         if self.projections:
