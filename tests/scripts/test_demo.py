@@ -44,6 +44,8 @@ def test_demo_quick_writes_the_report(tmp_path, quick_polls):
     for r in runs:
         assert 0 <= r["top1"] <= r["top5"] <= 1 and r["val_loss"] > 0 and r["cpu_seconds"] > 0
         assert f"{100 * r['top1']:.1f}%" in report
+        # the 1-shot probe beside zero-shot (2 eval images per class: 5-shot would leave no test image)
+        assert list(r["fewshot"]) == ["1shot"] and f"| {100 * r['fewshot']['1shot']:.1f}% |" in report
         run_dir = Path(r["run_dir"])
         assert json.loads((run_dir / "summary.json").read_text())["image_attention"] == r["attention"]
         assert [s for s, _ in r["curve"]] == [s for s, _ in r["val_curve"]] == [32, 64]  # eval at steps 2 and 4
@@ -57,7 +59,7 @@ def test_demo_quick_writes_the_report(tmp_path, quick_polls):
         assert (out / f"{png}.png").stat().st_size > 0, png
         assert f"({png}.png)" in report or png == "bench_attention"
     assert_figures_linked(out, report)
-    assert "| 77 |" in report
+    assert "| 77 |" in report and "| 1-shot probe |" in report
     assert "- linear_affine_nodenom: the largest run (demo-w48, 64 samples)" in report
     assert "| attention | size | target error | samples to it |" in report and "| (d) LA needs more epochs" in report
     assert sum(line.startswith("# ") for line in report.splitlines()) == 1  # the embedded benchmark's headings nest
