@@ -209,10 +209,9 @@ def evaluate_set(
         raise EvalInputError(
             f"no readable images in {evalset.info.get('dataset')} ({num_skipped} unreadable); check the dataset path"
         )
-    if fewshot:
-        result["fewshot"] = probe_accuracies(kept, shard, fewshot)
     return {
         **result,
+        **({"fewshot": probe_accuracies(kept, shard, fewshot)} if fewshot else {}),
         "skipped": num_skipped,
         "skipped_examples": skipped,
         "num_classes": len(evalset.classnames),

@@ -27,6 +27,7 @@ KEYS = (
     "params_image",
     "params_text",
     "params_without_token_embedding",
+    "params_trainable",
     "image_gmacs",
     "text_gmacs",
     "gmacs_per_sample",
@@ -65,6 +66,7 @@ def summary(model: nn.Module, macs: bool = True) -> dict:
         "params_image": image,
         "params_text": total - image - scalars,
         "params_without_token_embedding": total - token_embedding_params(model),
+        "params_trainable": count(p for p in model.parameters() if p.requires_grad),  # less with optim.lock_*
     }
     if macs:
         out.update(gmacs_per_sample(model))

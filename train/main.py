@@ -101,7 +101,6 @@ def fit(cfg: Config, stop: StopFlag) -> int:
     objective = distill.objective(cfg, model, accelerator) if cfg.distill.teacher else None
     towers.lock_towers(model, cfg.optim)  # optim.lock_image / lock_text: requires_grad=False, no optimizer state
     sizes = summary(model)  # before sharding: whole-model parameter counts and GMACs
-    sizes["params_trainable"] = sum(p.numel() for p in model.parameters() if p.requires_grad)
     trainable = towers.trainable_line(model)
     ema = weights_ema.make_ema(model, cfg.train, accelerator)  # before sharding: FSDP modules cannot be copied
     if accelerator.distributed_type.name == "FSDP":

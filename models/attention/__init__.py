@@ -15,6 +15,7 @@
 | ssd                    | gated.py      | reference.gated      |
 | gla                    | gated.py      | reference.gated      |
 | fastmax_released       | fastmax.py    | fastmax.reference    |
+| deltanet (causal only) | delta.py      | delta.recurrent      |
 
 Rotary positions (model.*_pos_embed: rope) turn q and k before any of them: rope.py, reference.rope.
 """
@@ -22,6 +23,7 @@ Rotary positions (model.*_pos_embed: rope) turn q and k before any of them: rope
 from models.attention import (  # noqa: F401
     continuum,
     decay,
+    delta,
     fastmax,
     gated,
     hedgehog,

@@ -29,6 +29,9 @@ class Attention(nn.Module):
     name: ClassVar[str] = ""
     supports_causal: ClassVar[bool] = True
     why_not_causal: ClassVar[str] = ""
+    # a causal-only variant (the delta rule) refuses the image tower, which attends both ways
+    supports_bidirectional: ClassVar[bool] = True
+    why_not_bidirectional: ClassVar[str] = ""
     function: ClassVar[Callable | None] = None
     reference: ClassVar[Callable | None] = None
     # Under torch.autocast the token mixing runs with autocast off: the variants accumulate in fp32
@@ -66,6 +69,11 @@ class Attention(nn.Module):
     def check_causal(cls, causal: bool) -> None:
         if causal and not cls.supports_causal:
             raise ValueError(f"attention {cls.name!r} cannot be causal: {cls.why_not_causal}")
+        if not causal and not cls.supports_bidirectional:
+            raise ValueError(
+                f"attention {cls.name!r} is causal only (text tower): {cls.why_not_bidirectional}; "
+                "pick another image attention"
+            )
 
     def attention(self, q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None) -> Tensor:
         """[B, H, N, D] x3 -> [B, H, N, D]: the fast path."""

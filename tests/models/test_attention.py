@@ -8,7 +8,13 @@ from models.attention import ATTENTIONS, attend, build_attention, get_attention
 
 DIM, HEADS = 32, 4
 NAMES = sorted(ATTENTIONS)
-MODES = [(n, c) for n in NAMES for c in (False, True) if not c or ATTENTIONS[n].supports_causal]
+# every variant in each direction it supports (deltanet is causal only, efficient and others non-causal only)
+MODES = [
+    (n, c)
+    for n in NAMES
+    for c in (False, True)
+    if (ATTENTIONS[n].supports_causal if c else ATTENTIONS[n].supports_bidirectional)
+]
 
 
 def ids(mode):
@@ -135,6 +141,12 @@ def test_unknown_name_lists_known_ones():
 def test_non_causal_variant_refuses_causal(name):
     with pytest.raises(ValueError, match=f"attention '{name}' cannot be causal: .+"):
         build_attention(name, DIM, HEADS, causal=True)
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if not ATTENTIONS[n].supports_bidirectional])
+def test_causal_only_variant_refuses_both_ways(name):
+    with pytest.raises(ValueError, match=f"attention '{name}' is causal only \\(text tower\\): .+"):
+        build_attention(name, DIM, HEADS, causal=False)
 
 
 @pytest.mark.parametrize("name", [n for n in NAMES if ATTENTIONS[n].function is not None])

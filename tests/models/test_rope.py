@@ -11,7 +11,12 @@ from models.attention.ops import dispatch
 
 DIM, HEADS = 32, 4
 HEAD = DIM // HEADS
-MODES = [(n, c) for n in sorted(ATTENTIONS) for c in (False, True) if not c or ATTENTIONS[n].supports_causal]
+MODES = [
+    (n, c)
+    for n in sorted(ATTENTIONS)
+    for c in (False, True)
+    if (ATTENTIONS[n].supports_causal if c else ATTENTIONS[n].supports_bidirectional)
+]
 
 
 def theta_of(table) -> torch.Tensor:

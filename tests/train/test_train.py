@@ -135,8 +135,12 @@ def test_siglip_trains_with_its_own_bias_and_scale(tmp_path, synthetic):
 
 
 def attention_pairs():
-    """Every registered variant in the image tower; in the text tower too when it can be causal."""
-    return [(name, name if cls.supports_causal else "softmax") for name, cls in sorted(ATTENTIONS.items())]
+    """Every registered variant in the image tower when it can attend both ways, in the text tower when it can be
+    causal (softmax in the other tower)."""
+    return [
+        (name if cls.supports_bidirectional else "softmax", name if cls.supports_causal else "softmax")
+        for name, cls in sorted(ATTENTIONS.items())
+    ]
 
 
 @pytest.mark.parametrize("image_attention, text_attention", attention_pairs())

@@ -277,7 +277,8 @@ def run(args) -> tuple[pd.DataFrame, dict]:
         print(line, flush=True)
     for name in names:
         sizes = args.sizes + (args.long_sizes if issubclass(ATTENTIONS[name], LinearAttention) else [])
-        for causal in (False, True) if ATTENTIONS[name].supports_causal else (False,):
+        cls = ATTENTIONS[name]
+        for causal in [c for c in (False, True) if (cls.supports_causal if c else cls.supports_bidirectional)]:
             for dtype, max_n in dtypes_for(name, args):
                 if (dtype_name := str(dtype).removeprefix("torch.")) in emulated:  # one line, in the report too
                     if dtype_name not in info["skipped"]:

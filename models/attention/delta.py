@@ -1,0 +1,109 @@
+"""The delta rule (Schlag et al. 2021; DeltaNet as parallelised by Yang et al. 2024): a fast-weight state that each
+token corrects towards its own value instead of only adding to it.
+
+    S_t = S_{t-1} + beta_t (v_t - S_{t-1} k_t) k_t^T        S [D_v, D_k], S_0 = 0
+    o_t = S_t q_t
+
+with q and k L2-normalised per head (so each correction is a projection of strength beta_t <= 1, which keeps the
+state bounded) and beta_t = sigmoid(v_t W_b + b_b) in (0, 1), one per head and token, from the layer's own projection
+of all heads' values of the token (as ssd and gla take their decays: models/attention/gated.py says why v). Causal
+only: the state at t depends on the order of every earlier correction, and no sound two-sided form is known (a
+forward plus a reversed pass would be two different recurrences, not one attention), so the registry refuses it in
+the image tower in one line. Padded tokens (key_mask False) get k = 0: their correction is zero.
+
+Reference (`recurrent`): the recurrence itself, token by token. Fast path (`chunked`): Yang et al.'s
+chunkwise form. Within a chunk of C tokens, with S the state before it, the corrections u_t = beta_t (v_t - S_{t-1}
+k_t) solve the unit lower-triangular system (I + diag(beta) StrictTril(K K^T)) U = diag(beta) (V - K S^T), so
+
+    W = T K, U' = T V with T = (I + diag(beta) StrictTril(K K^T))^-1 diag(beta)   (all chunks at once)
+    U = U' - W S^T,  O = Q S^T + (Q K^T masked to j <= i) U,  S <- S + U^T K        (a loop over chunks)
+
+O(N) memory (the chunks' C x C matrices and a D x D state per chunk). On CUDA flash-linear-attention's
+`fla.ops.delta_rule.chunk_delta_rule` computes the same (not a dependency here).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from models.attention.base import Attention
+from models.attention.decay import check_options
+from models.attention.gated import linear, tokens
+from models.attention.ops.common import check_key_mask, compute_dtype
+from models.attention.registry import register_attention
+
+
+def normalised(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, key_mask: Tensor | None):
+    """q^, k^ (L2 per head), v, beta in the compute dtype; padded keys' k zeroed."""
+    check_key_mask(key_mask, q)
+    dtype = compute_dtype(q)
+    q, k, v, beta = (F.normalize(q.to(dtype), dim=-1), F.normalize(k.to(dtype), dim=-1), v.to(dtype), beta.to(dtype))
+    if key_mask is not None:
+        k = k.masked_fill(~key_mask[:, None, :, None], 0)
+    return q, k, v, beta
+
+
+def recurrent(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, *, key_mask: Tensor | None = None) -> Tensor:
+    """The definition, token by token: q, k, v [B, H, N, D], beta [B, H, N] -> [B, H, N, D] in the dtype of q."""
+    dtype, (q, k, v, beta) = q.dtype, normalised(q, k, v, beta, key_mask)
+    B, H, N, D = q.shape
+    state, out = q.new_zeros(B, H, v.shape[-1], D), []
+    for t in range(N):
+        kt = k[:, :, t]
+        correction = beta[:, :, t, None] * (v[:, :, t] - (state @ kt[..., None])[..., 0])
+        state = state + correction[..., None] * kt[..., None, :]
+        out.append((state @ q[:, :, t, :, None])[..., 0])
+    return torch.stack(out, 2).to(dtype)
+
+
+def chunked(
+    q: Tensor, k: Tensor, v: Tensor, beta: Tensor, *, key_mask: Tensor | None = None, chunk_size: int = 64
+) -> Tensor:
+    """The module docstring's chunkwise form: q, k, v [B, H, N, D], beta [B, H, N] -> [B, H, N, D]."""
+    dtype, (q, k, v, beta) = q.dtype, normalised(q, k, v, beta, key_mask)
+    N = q.shape[2]
+    C = min(chunk_size, N)
+    chunks, pad = -(-N // C), -N % C
+    q, k, v = (F.pad(t, (0, 0, 0, pad)).unflatten(2, (chunks, C)) for t in (q, k, v))
+    beta = F.pad(beta, (0, pad)).unflatten(2, (chunks, C))[..., None]  # [B, H, chunks, C, 1]
+    i = torch.arange(C, device=q.device)
+    strict, inclusive = i[:, None] > i[None], i[:, None] >= i[None]
+    system = torch.eye(C, dtype=q.dtype, device=q.device) + beta * (k @ k.transpose(-1, -2)) * strict
+    w = torch.linalg.solve_triangular(system, beta * k, upper=False, unitriangular=True)  # T K
+    u_v = torch.linalg.solve_triangular(system, beta * v, upper=False, unitriangular=True)  # T V
+    scores = (q @ k.transpose(-1, -2)) * inclusive  # [B, H, chunks, C, C]
+    state, out = q.new_zeros(*q.shape[:2], v.shape[-1], q.shape[-1]), []
+    for c in range(chunks):
+        u = u_v[:, :, c] - w[:, :, c] @ state.transpose(-1, -2)  # [B, H, C, Dv]
+        out.append(q[:, :, c] @ state.transpose(-1, -2) + scores[:, :, c] @ u)
+        state = state + u.transpose(-1, -2) @ k[:, :, c]
+    return torch.stack(out, 2).flatten(2, 3)[:, :, :N].to(dtype)
+
+
+@register_attention("deltanet")
+class DeltaNetAttention(Attention):
+    """Schlag et al. 2021 / Yang et al. 2024 (DeltaNet): the delta rule with beta_t = sigmoid(v_t W_b + b_b) per head
+    and token; q, k L2-normalised; causal only; option chunk_size (64)."""
+
+    supports_bidirectional = False
+    why_not_bidirectional = (
+        "the delta rule's state depends on the order of every earlier correction; it has no two-sided form"
+    )
+
+    def __init__(self, dim: int, num_heads: int, *, causal: bool = True, qkv_bias: bool = True, **options):
+        check_options(self.name, options, ("chunk_size",))
+        super().__init__(dim, num_heads, causal=causal, qkv_bias=qkv_bias)
+        self.chunk_size = options.get("chunk_size", 64)
+        self.beta_proj = nn.Linear(dim, num_heads)
+
+    def beta(self, v: Tensor) -> Tensor:
+        """v [B, H, N, D] -> beta [B, H, N] in (0, 1)."""
+        return torch.sigmoid(linear(tokens(v), self.beta_proj)).transpose(1, 2)
+
+    def attention(self, q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None) -> Tensor:
+        return chunked(q, k, v, self.beta(v), key_mask=key_mask, chunk_size=self.chunk_size)
+
+    def attention_reference(self, q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None) -> Tensor:
+        return recurrent(q, k, v, self.beta(v), key_mask=key_mask)

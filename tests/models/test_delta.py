@@ -1,0 +1,68 @@
+"""The delta rule (deltanet, models/attention/delta.py): the chunkwise form equals the token-by-token recurrence,
+forward and backward; a tiny CLIP trains with it in the text tower; the image tower refuses it in one line."""
+
+import pytest
+import torch
+
+from models import ModelConfig, build_clip, tokenizer
+from models.attention import build_attention
+from models.attention.delta import chunked, recurrent
+from train.config import ConfigError, build_config
+
+
+def inputs(B, H, N, D, dtype=torch.float64, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(B, H, N, D, generator=generator, dtype=dtype) for _ in range(3))
+    beta = torch.rand(B, H, N, generator=generator, dtype=dtype)
+    mask = torch.rand(B, N, generator=generator) > 0.25
+    mask[:, 0] = True
+    return q, k, v, beta, mask
+
+
+@pytest.mark.parametrize("B, H, N, D, chunk", [(1, 1, 1, 4, 64), (2, 3, 7, 8, 4), (2, 2, 33, 8, 8), (1, 2, 70, 16, 64)])
+def test_chunks_equal_the_recurrence(B, H, N, D, chunk):
+    q, k, v, beta, mask = inputs(B, H, N, D)
+    for key_mask in (None, mask):
+        expected = recurrent(q, k, v, beta, key_mask=key_mask)
+        assert (chunked(q, k, v, beta, key_mask=key_mask, chunk_size=chunk) - expected).abs().max() < 1e-10
+
+
+def test_a_padded_key_changes_nothing_and_each_correction_is_a_projection():
+    q, k, v, beta, _ = inputs(1, 1, 5, 4)
+    mask = torch.tensor([[True, True, False, True, True]])
+    keep = [0, 1, 3, 4]
+    padded = recurrent(q, k, v, beta, key_mask=mask)[:, :, keep]
+    dropped = recurrent(q[:, :, keep], k[:, :, keep], v[:, :, keep], beta[:, :, keep])
+    assert torch.allclose(padded, dropped)
+    one = recurrent(q[:, :, :1], k[:, :, :1], v[:, :, :1], torch.ones(1, 1, 1, dtype=torch.float64))
+    unit = lambda t: t / t.norm(dim=-1, keepdim=True)  # noqa: E731
+    # beta = 1 on the first token: S = v k^T, so o = v (k^ . q^)
+    assert torch.allclose(one, v[:, :, :1] * (unit(k[:, :, :1]) * unit(q[:, :, :1])).sum(-1, keepdim=True))
+
+
+def test_gradients_of_the_chunks_are_the_recurrences():
+    q, k, v, beta, mask = inputs(1, 2, 11, 4)
+    args = [t.requires_grad_() for t in (q, k, v, beta)]
+    torch.autograd.gradcheck(lambda *a: chunked(*a, key_mask=mask, chunk_size=4), args)
+    q32, k32, v32, b32 = (t.detach().float().requires_grad_() for t in args)
+    out = chunked(q32, k32, v32, b32, key_mask=mask, chunk_size=4)
+    grads = torch.autograd.grad(out.square().sum(), (q32, k32, v32, b32))
+    reference = torch.autograd.grad(recurrent(*args, key_mask=mask).square().sum(), args)
+    for got, want in zip(grads, reference):
+        assert (got.double() - want).abs().max() <= 1e-4 * want.abs().max()
+
+
+def test_a_tiny_clip_trains_with_deltanet_in_the_text_tower_and_the_image_tower_refuses_it():
+    torch.manual_seed(0)
+    model = build_clip(ModelConfig(name="tiny-s", text_attention="deltanet"))
+    text = tokenizer("tiny-s")(["a red circle", "two blue squares"])
+    images = torch.randn(2, 3, 32, 32)
+    image_features, text_features, scale = model(images, text)[:3]
+    (scale * image_features @ text_features.T).logsumexp(1).sum().backward()
+    assert model.transformer.resblocks[0].attn.beta_proj.weight.grad.abs().sum() > 0
+    with pytest.raises(
+        ConfigError, match=r"^model.image_attention: attention 'deltanet' is causal only \(text tower\)"
+    ):
+        build_config({"model": {"image_attention": "deltanet"}})
+    with pytest.raises(ValueError, match="unknown options width; it takes chunk_size"):
+        build_attention("deltanet", 32, 4, causal=True, width=3)
