@@ -22,6 +22,7 @@ def test_sigusr1_during_a_stalled_shard_ends_in_a_checkpoint_and_exit_75(tmp_pat
     # shard 0 sends 20,000 bytes, then nothing: data.shard_timeout_s ends each of its reads
     shards = f"pipe:head -c 20000 {folder}/00000.tar; touch {stalled}; {sleep}::{folder}/{{00001..00023}}.tar"
     data = {"train_shards": shards, "train_num_samples": 23 * 64, "workers": workers, "shard_timeout_s": 2}
+    data["shard_retries"] = 0  # the stall ends after one timeout (retries: tests/data/test_streams.py)
     proc = cli([str(tiny_config(tmp_path, synthetic, data=data, train={"max_steps": 1000}))])
     deadline = time.monotonic() + 120
     while not stalled.exists():
