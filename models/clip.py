@@ -15,10 +15,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from models import layout
-from models.config import ModelConfig, layer_attentions, layer_options, resolved_size
+from models.config import ModelConfig, layer_attentions, layer_options, open_clip_with_sizes, resolved_size
 from models.pretrained import load_pretrained, read_state_dict
 from models.text import TextTower
 from models.vit import VisionTransformer
+
+open_clip_with_sizes()  # the tiny sizes of configs/models/ known to open_clip (create_model, get_tokenizer)
 
 
 class CLIP(TextTower):

@@ -1,31 +1,45 @@
 """The model section of a run config, and the sizes it names (open_clip's JSON model configs).
 
-Sizes are data: `ViT-S-16`, `ViT-B-16`, `ViT-L-16` ... come from open_clip's own model configs, the tiny
-ones from configs/models/*.json in the same format. That folder is registered with open_clip on import,
-so `open_clip.get_tokenizer("tiny-s")` and `open_clip.create_model("tiny-s")` know them too. Where open_clip
-is not installed (a GPU machine running scripts/gpu_train_check.py on synthetic batches), sizes come from
-configs/models/*.json and configs/models/open_clip/*.json, copies of open_clip's ViT-S/B/L-16 (a test checks
-that they equal open_clip's).
+Sizes are data: `ViT-S-16`, `ViT-B-16`, `ViT-L-16` ... are open_clip's own model configs, the tiny ones
+configs/models/*.json in the same format. Both are read from their JSON files, so a config check needs no open_clip
+import (seconds: it brings torchvision and timm); `open_clip_with_sizes()` registers configs/models/ with open_clip
+(models.clip calls it on import), so `open_clip.get_tokenizer("tiny-s")` and `open_clip.create_model("tiny-s")` know
+them too, and a size registered with open_clip by the user is found once open_clip is imported. Where open_clip is
+not installed (a GPU machine running scripts/gpu_train_check.py on synthetic batches), configs/models/open_clip/*.json
+are copies of open_clip's ViT-S/B/L-16 (a test checks that they equal open_clip's).
 """
 
 from __future__ import annotations
 
 import copy
+import functools
+import importlib.util
 import inspect
 import json
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from models.attention import get_attention
-
 TINY_CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs" / "models"
 OPEN_CLIP_COPIES = TINY_CONFIG_DIR / "open_clip"  # ViT-S/B/L-16 as open_clip has them, used without open_clip
-try:
-    import open_clip
-except ImportError:
-    open_clip = None
-else:
+
+
+@functools.cache
+def open_clip_with_sizes():
+    """open_clip with configs/models/ registered (the tiny sizes), or None where it is not installed."""
+    try:
+        import open_clip
+    except ImportError:
+        return None
     open_clip.add_model_config(TINY_CONFIG_DIR)
+    return open_clip
+
+
+def open_clip_config_dir() -> Path | None:
+    """open_clip's model_configs folder, found without importing open_clip."""
+    spec = importlib.util.find_spec("open_clip")
+    return Path(spec.origin).parent / "model_configs" if spec is not None and spec.origin else None
+
 
 # The open_clip config keys this CLIP reads; any other key must hold open_clip's default value.
 READ = {
@@ -121,7 +135,9 @@ def tiny_model_names() -> list[str]:
 
 def size_config(name: str) -> dict:
     """open_clip's model config dict for `name` (embed_dim, vision_cfg, text_cfg), checked for what we build."""
-    cfg = open_clip.get_model_config(name) if open_clip is not None else local_size_config(name)
+    cfg = json_size_config(name)
+    if cfg is None and "open_clip" in sys.modules and open_clip_with_sizes() is not None:
+        cfg = open_clip_with_sizes().get_model_config(name)  # a size the user registered with open_clip
     if cfg is None:
         raise ValueError(
             f"unknown model size {name!r}; use one of {', '.join(tiny_model_names())} "
@@ -157,9 +173,9 @@ def resolved_size(cfg: ModelConfig) -> dict:
     return size
 
 
-def local_size_config(name: str) -> dict | None:
-    """A size from the JSON files of configs/models/ (or its open_clip/ copies), when open_clip is not installed."""
-    for folder in (TINY_CONFIG_DIR, OPEN_CLIP_COPIES):
+def json_size_config(name: str) -> dict | None:
+    """A size from the JSON files of configs/models/, open_clip's model_configs, or (without open_clip) the copies."""
+    for folder in (TINY_CONFIG_DIR, open_clip_config_dir() or OPEN_CLIP_COPIES):
         if (folder / f"{name}.json").is_file():
             return json.loads((folder / f"{name}.json").read_text())
     return None
@@ -186,6 +202,8 @@ def check_supported(name: str, section: str, cfg: dict) -> None:
 
 def layer_attentions(tower: str, attention: str | list[str], layers: int, causal: bool) -> list[str]:
     """One registry name per layer, checked against the registry and the tower's causality."""
+    from models.attention import get_attention  # torch: the model section loads without it
+
     if not isinstance(attention, (str, list, tuple)):
         raise ValueError(f"{tower} tower: attention must be a registry name or a list of names, got {attention!r}")
     names = [attention] * layers if isinstance(attention, str) else list(attention)
@@ -208,6 +226,8 @@ def layer_options(tower: str, names: list[str], options: dict, seq_len: int, imp
     A variant with a `max_length` option (a fixed-length projection, e.g. Linformer) gets the tower's
     sequence length unless the options set it; one with an `impl` option gets `impl` unless they set it.
     """
+    from models.attention import get_attention  # torch: the model section loads without it
+
     per_name = bool(options) and all(k in names and isinstance(v, dict) for k, v in options.items())
     per_layer = [dict(options.get(n, {})) if per_name else dict(options) for n in names]
     for name, opts in zip(names, per_layer):

@@ -4,7 +4,7 @@
 
 RUN_OR_CHECKPOINT: a run directory (its newest complete checkpoint) or a checkpoint folder. OUT: a .safetensors
 file, or any other name for torch.save. open_clip then loads it with
-`open_clip.create_model(NAME, pretrained=OUT)` (tiny sizes after `import models`). Softmax models only: open_clip
+`open_clip.create_model(NAME, pretrained=OUT)` (tiny sizes after `import models.clip`). Softmax models only: open_clip
 has no other attention (models.export_open_clip).
 """
 

@@ -34,10 +34,7 @@ import yaml
 
 from data import DataConfig
 from models import ModelConfig
-from models.attention import get_attention, rope
-from models.attention.ops.dispatch import IMPL_NAMES
 from models.config import resolved_size
-from models.vit import POOLS
 
 TRANSFER_SHARE = 0.25  # of train.max_steps: attention transfer's when a teacher comes without distill.stage
 log = logging.getLogger(__name__)
@@ -207,8 +204,12 @@ class Config:
 SECTIONS = typing.get_type_hints(Config)  # section name -> dataclass
 
 
-def load_config(argv: list[str]) -> Config:
-    """`[CONFIG.yaml, key=value, ...]` -> a validated Config."""
+def load_config(argv: list[str], warn: bool = True) -> Config:
+    """`[CONFIG.yaml, key=value, ...]` -> a validated Config (warnings on stderr unless `warn` is False).
+
+    Keys, types and ranges are checked before torch is imported, the names of attentions and impls with torch and
+    the registry alone: `python -m train` runs this before it imports open_clip, torchvision, timm and accelerate,
+    so an error shows in under a second or two (train/__main__.py), not after the training code's imports."""
     if not argv or "=" in argv[0]:
         raise ConfigError(
             "usage: python -m train CONFIG.yaml [section.key=value ...]; "
@@ -219,7 +220,7 @@ def load_config(argv: list[str]) -> Config:
         apply_override(raw, item)
     cfg = build_config(raw)
     warning = warmup_warning(cfg)
-    if warning:
+    if warning and warn:
         print(warning, file=sys.stderr)
     return cfg
 
@@ -316,9 +317,9 @@ def build_config(raw: dict) -> Config:
     check_finite(cfg)
     check_ranges(cfg)
     check_caches(cfg)
-    check_model_names(cfg)
-    check_impl(cfg.model)
     check_model_size(cfg.model)
+    check_model_names(cfg)  # these two import torch and the attention registry
+    check_impl(cfg.model)
     if cfg.train.ema.decay and cfg.train.distributed == "fsdp" and cfg.train.ema.device == "cpu":
         raise ConfigError(
             "train.ema.device=cpu cannot hold the EMA of a model sharded with train.distributed=fsdp (it is sharded "
@@ -490,6 +491,9 @@ def tower_names(model: ModelConfig, tower: str) -> list[str]:
 def check_model_names(cfg: Config) -> None:
     """Attention and position names known to the registry (and causal where the text tower needs it), so a
     sweep or a Slurm job with a typo fails at submission, not on the cluster."""
+    from models.attention import get_attention, rope  # torch: the checks before this one answer without it
+    from models.vit import POOLS
+
     for tower, causal in (("image", False), ("text", True)):
         for name in tower_names(cfg.model, tower):
             try:
@@ -507,6 +511,9 @@ def check_impl(model: ModelConfig) -> None:
     """model.attention_impl one of the dispatcher's (models/attention/ops/dispatch.py). With RoPE, a variant with a
     rope_feature_map (linear_elu) runs rope.rotated_linear in PyTorch ops whatever its impl says (Attention.forward),
     so an impl other than auto or torch, from attention_impl or the tower's options, is refused, not ignored."""
+    from models.attention import get_attention
+    from models.attention.ops.dispatch import IMPL_NAMES
+
     impl = model.attention_impl
     if impl not in IMPL_NAMES:
         known = ", ".join(IMPL_NAMES) + did_you_mean(impl, IMPL_NAMES)

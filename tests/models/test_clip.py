@@ -178,7 +178,7 @@ def test_summary_is_one_vocabulary_for_our_models_and_open_clip_models():
     gives the same numbers as ours, both counted on the meta device."""
     import open_clip
 
-    from models.summary import KEYS
+    from models.counts import KEYS
 
     ours = models.summary(create_model("tiny-s", image_attention="softmax", text_attention="softmax"))
     theirs = models.summary(open_clip.create_model("tiny-s"))

@@ -159,7 +159,8 @@ def test_sizes_without_open_clip_are_open_clips(name, monkeypatch):
     import models.config
 
     theirs = open_clip.get_model_config(name)
-    monkeypatch.setattr(models.config, "open_clip", None)
+    monkeypatch.setattr(models.config, "open_clip_config_dir", lambda: None)  # as where open_clip is not installed
+    monkeypatch.setattr(models.config, "open_clip_with_sizes", lambda: None)
     assert size_config(name) == theirs
     with pytest.raises(ValueError, match="unknown model size 'ViT-H-14'"):
         size_config("ViT-H-14")

@@ -9,7 +9,7 @@ from safetensors.torch import load_file
 from eval.scaling import main as scaling_main
 from eval.val_loss import validation_loss
 from models import create_model, summary, tokenizer, transforms
-from models.summary import KEYS
+from models.counts import KEYS
 from tests.train.common import TORCHRUN, checkpoints, cli, finish, metrics, run, tiny_config, train_records
 from train.loss import build_loss
 
