@@ -2,7 +2,7 @@
 
 Our checkpoint folder (written by train/): `model.safetensors` (open_clip key names) and `meta.json`
 {"step", "samples_seen", "config": {"model": {...}, ...}}; for a run directory the newest complete checkpoint is
-used, the same one `train.resume=auto` would pick (models/layout.py owns the layout and the verification). The
+used, the same one `train.resume=auto` would pick (models/run_folder.py owns the layout and the verification). The
 model is rebuilt from the config stored with the weights, so nothing else is needed.
 """
 
@@ -22,9 +22,10 @@ import torch
 
 import models
 from eval.datasets import EvalInputError
-from models import layout
-from models.layout import CheckpointError
+from models import run_folder
+from models.config import open_clip_with_sizes
 from models.pretrained import match_scalars
+from models.run_folder import CheckpointError
 
 
 @dataclass
@@ -65,9 +66,9 @@ def missing_path_error(path, give: str) -> EvalInputError:
 
 
 def resolve_checkpoint_folder(path: Path) -> Path:
-    """A checkpoint folder itself, or the newest complete one of a run directory; verified (models.layout)."""
+    """A checkpoint folder itself, or the newest complete one of a run directory; verified (models.run_folder)."""
     try:
-        return layout.find_checkpoint(path)
+        return run_folder.find_checkpoint(path)
     except CheckpointError as e:
         hint = "; for an open_clip file pass --open-clip-model NAME" if "is neither" in str(e) else ""
         raise EvalInputError(f"{e}{hint}") from None
@@ -101,7 +102,7 @@ def load_weights(model: torch.nn.Module, state: dict, source, model_name: str) -
 def load_ours(path: Path, device, image_size: int | None = None, context_length: int | None = None) -> LoadedModel:
     """Rebuild `ModelConfig(**meta["config"]["model"])` -> build_clip -> load model.safetensors."""
     folder = resolve_checkpoint_folder(path)
-    meta = layout.read_meta(folder)
+    meta = run_folder.read_meta(folder)
     try:
         # the weights come from model.safetensors, so no pretrained file named in the config is read again
         cfg = models.ModelConfig(**{**meta["config"]["model"], "pretrained": None})
@@ -109,14 +110,14 @@ def load_ours(path: Path, device, image_size: int | None = None, context_length:
         cfg.image_size, cfg.context_length = image_size or cfg.image_size, context_length or cfg.context_length
     except (KeyError, TypeError) as e:
         raise EvalInputError(
-            f"{folder / layout.META} has no usable config.model ({e}); it was not written by this project's trainer"
+            f"{folder / run_folder.META} has no usable config.model ({e}); it was not written by this project's trainer"
         ) from None
     try:
         model = models.build_clip(cfg)
     except ValueError as e:
         raise EvalInputError(str(e).replace("model.image_size", "--image-size")) from None
     # the same loader as model.pretrained (models/pretrained.py)
-    state = models.read_state_dict(folder / layout.MODEL)
+    state = models.read_state_dict(folder / run_folder.MODEL)
     notes = context_notes(model, state)
     state = models.resample_positions(model, state, cfg.text_pos_keep)
     load_weights(model, state, folder, cfg.name)
@@ -153,8 +154,9 @@ def load_open_clip(
 ) -> LoadedModel:
     """An open_clip architecture by name, random init or with weights from a file (.safetensors, .pt, .bin).
 
-    Importing models registers this project's tiny sizes (configs/models/*.json) with open_clip too.
+    This project's tiny sizes (configs/models/*.json) are registered with open_clip first (models.config).
     """
+    open_clip_with_sizes()
     if name not in open_clip.list_models():
         raise EvalInputError(f"unknown open_clip model {name!r}; see open_clip.list_models() or register a config")
     if checkpoint and not Path(checkpoint).exists():

@@ -43,11 +43,25 @@ def command(module: str, argv: list[str] | None) -> str:
     return " ".join(["python -m", module, *([shlex.join(argv)] if argv else [])])
 
 
-def header(title: str, what_ran: str, device: str = "cpu", load: float | None = None, where: str = "") -> str:
-    """The page's title line and its one header sentence (ends with a newline); `where`: the machine as the caller's
-    probe described it (default: machine.describe(device))."""
+def stamp(device: str = "cpu", load: float | None = None, where: str = "") -> dict:
+    """What a page's header says of what made it: commit, date, machine (as `where` or machine.describe(device)) and
+    the 1-minute load average at the end. Saved with a page's data, so the page can be written again from its data."""
     load = os.getloadavg()[0] if load is None else load
+    return {
+        "commit": commit(),
+        "date": f"{datetime.now(UTC):%Y-%m-%d}",
+        "machine": where or machine.describe(device),
+        "load": load,
+    }
+
+
+def header(
+    title: str, what_ran: str, device: str = "cpu", load: float | None = None, where: str = "", made: dict | None = None
+) -> str:
+    """The page's title line and its one header sentence (ends with a newline); `where`: the machine as the caller's
+    probe described it (default: machine.describe(device)); `made`: a saved stamp() instead of this machine's now."""
+    made = made or stamp(device, load, where)
     return (
-        f"# {title}\n\n`{what_ran}`; commit {commit()}; {datetime.now(UTC):%Y-%m-%d}; "
-        f"{where or machine.describe(device)}; load average {load:.1f} at the end.\n"
+        f"# {title}\n\n`{what_ran}`; commit {made['commit']}; {made['date']}; "
+        f"{made['machine']}; load average {made['load']:.1f} at the end.\n"
     )

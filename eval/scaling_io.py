@@ -43,7 +43,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from models import layout
+from models import run_folder
 
 
 class ScalingInputError(ValueError):
@@ -84,11 +84,11 @@ def _read_json_object(path: Path) -> dict:
 
 
 def _read_config(run: Path) -> dict:
-    if (run / layout.CONFIG).is_file():
+    if (run / run_folder.CONFIG).is_file():
         try:
-            config = yaml.safe_load((run / layout.CONFIG).read_text()) or {}
+            config = yaml.safe_load((run / run_folder.CONFIG).read_text()) or {}
         except yaml.YAMLError as err:
-            raise ScalingInputError(f"cannot parse {run / layout.CONFIG}: {err}".replace("\n", " ")) from None
+            raise ScalingInputError(f"cannot parse {run / run_folder.CONFIG}: {err}".replace("\n", " ")) from None
         return flatten(config) if isinstance(config, dict) else {}
     if (run / "config.json").is_file():
         return _read_json_object(run / "config.json")
@@ -119,14 +119,14 @@ def _records(run: Path) -> list[dict]:
     """A run's records: the lines of metrics.jsonl in order, then its eval JSON files oldest first."""
     files = sorted({p for pattern in EVAL_JSON_PATTERNS for p in run.glob(pattern) if p.is_file()})
     evals = [obj for _, obj in sorted(((p, _read_json_object(p)) for p in files), key=_eval_order)]
-    return _read_metrics(run / layout.METRICS) + evals
+    return _read_metrics(run / run_folder.METRICS) + evals
 
 
 def _run_columns(run: Path) -> dict:
     """What holds for every point of a run: its config and its model summary."""
     columns = _read_config(run)
-    if (run / layout.SUMMARY).is_file():
-        columns.update(_read_json_object(run / layout.SUMMARY))
+    if (run / run_folder.SUMMARY).is_file():
+        columns.update(_read_json_object(run / run_folder.SUMMARY))
     return columns
 
 
@@ -168,7 +168,7 @@ def read_run(run: Path, y: str | None = None, points: str = "last") -> list[dict
 
 
 def _run_dirs(path: Path) -> list[Path]:
-    runs = [path] if (path / layout.METRICS).is_file() else sorted(p.parent for p in path.rglob(layout.METRICS))
+    runs = [path] if (path / run_folder.METRICS).is_file() else sorted(p.parent for p in path.rglob(run_folder.METRICS))
     if not runs:
         raise ScalingInputError(
             f"no metrics.jsonl in or below directory {path}; pass run directories, JSON or CSV files"
@@ -195,7 +195,7 @@ def load_points(inputs, y: str | None = None, points: str = "last") -> pd.DataFr
     frames, rows = [], []
     for item in [inputs] if isinstance(inputs, (str, Path)) else inputs:
         path = Path(item)
-        if path.name == layout.METRICS and path.is_file():
+        if path.name == run_folder.METRICS and path.is_file():
             path = path.parent
         if path.is_dir():
             rows += [row for run in _run_dirs(path) for row in read_run(run, y, points)]

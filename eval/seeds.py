@@ -305,14 +305,17 @@ def exponent_table(seeds: list[Seed], attentions: list[str], fit: str, what: str
     return rows
 
 
-def report(seeds: list[Seed], targets: list[float], command: str, n_images: int | None = None) -> str:
+def report(
+    seeds: list[Seed], targets: list[float], command: str, n_images: int | None = None, made: dict | None = None
+) -> str:
+    """The page; `made`: the header's pages.stamp() (default: this machine now)."""
     best, alpha, frontier, mult, lrs = tables(seeds, targets)
     claims = ["| claim | verdict | numbers |", "|---|---|---|"]
     claims += [f"| {c} | **{v}** | {n} |" for c, v, n in claim_rows(seeds, targets, n_images)]
     folders = ", ".join(f"seed {s.seed}: `{s.folder}`" for s in seeds)
     return "\n".join(
         [
-            pages.header("The study over seeds", command),
+            pages.header("The study over seeds", command, made=made),
             f"From {len(seeds)} study folders "
             f"({folders}). Each number: its value per seed, then the mean over seeds with a 95% Student-t interval "
             f"over seeds ({len(seeds) - 1} degrees of freedom; multipliers on a log scale). '>' marks a mean with a "

@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from eval import study_plots, study_report
+from eval import pages, study_page, study_plots, study_report
 from eval.scaling import ScalingInputError, ScalingWarning, fit, format_table, load_points, plot
-from models import layout
+from models import run_folder
 
 ATTENTION, SIZE = study_plots.ATTENTION, study_plots.SIZE
 COMPUTE_LABEL = "compute (GMACs x samples seen)"
@@ -134,7 +134,7 @@ def run_rows(jobs, floor: float = 0.0) -> list[dict]:
 
 def throughput(run_dir: Path) -> float:
     """The run's median training samples per second over its logged steps (runs share the cores alike)."""
-    lines = (run_dir / layout.METRICS).read_text().splitlines()
+    lines = (run_dir / run_folder.METRICS).read_text().splitlines()
     rates = [r["samples_per_s"] for r in map(json.loads, lines) if "samples_per_s" in r]
     return float(np.median(rates)) if rates else float("nan")
 
@@ -209,7 +209,13 @@ def write_report(out: Path, study, runs, fits, classes: int, bench: str, clock: 
     )
     if found:
         study_plots.multiplier_figure(found, study.attentions, out / "multipliers.png")
-    text = study_report.report_md(runs, fits, FITS, bench, study, args, clock, format_table, classes, list(sweep))
+    made, titles = pages.stamp(), {name: spec[-1] for name, spec in FITS.items()}
+    errors = {name: f["error"] for name, f in fits.items() if "error" in f}
+    data = study_page.page_data(made, study, args, classes, bench, clock, sweep, titles, errors)
+    (out / "page.json").write_text(json.dumps(data, indent=2))  # what a docs page of this report is rebuilt from
+    text = study_report.report_md(
+        runs, fits, titles, bench, study, args, clock, format_table, classes, list(sweep), made=made
+    )
     (out / "report.md").write_text(text)
 
 

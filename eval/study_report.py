@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from eval import machine, pages
+from eval import pages
 from eval.claims import FLAT, claims, claims_table, flattened
 from eval.multiplier import multiplier
 from eval.scaling import poor_fit
@@ -280,7 +280,7 @@ def study_flag(args) -> str:
     return "" if name == "demo.yaml" else f" --study configs/study/{name}"
 
 
-def clock_sentence(clock: dict, study) -> str:
+def clock_sentence(clock: dict, study, where: str) -> str:
     """How long the study took, on what, under which load; a study trained by Slurm job arrays was not timed here."""
     if clock.get("elsewhere"):
         return (
@@ -290,22 +290,26 @@ def clock_sentence(clock: dict, study) -> str:
     loads = clock["load"]
     return (
         f"{study.jobs} runs at a time. The study took {clock['wall'] / 60:.1f} minutes wall and "
-        f"{clock['cpu'] / 60:.1f} CPU-minutes on {machine.describe()}; the 1-minute load average was "
+        f"{clock['cpu'] / 60:.1f} CPU-minutes on {where}; the 1-minute load average was "
         f"{np.mean(loads):.1f} on average (max {max(loads):.1f}) while it ran (the study's own {study.jobs} runs and "
         f"their data-loader workers count; a load well above {study.jobs * study.threads_per_job + study.jobs} means "
         "other jobs shared the cores).\n"
     )
 
 
-def report_md(runs, fits, specs, bench, study, args, clock, format_table, num_classes: int, sweep=()) -> str:
-    """The whole report.md."""
+def report_md(
+    runs, fits, titles, bench, study, args, clock, format_table, num_classes: int, sweep=(), made=None
+) -> str:
+    """The whole report.md; `titles`: each fit's section title in order; `made`: the header's pages.stamp()
+    (default: this machine now)."""
+    made = made or pages.stamp()
     targets = study.fits.get("targets", [0.5, 0.3])
     n_images = num_classes * study.data.get("eval_per_class", 1)
     found = multipliers(runs, targets, n_images, study.fits.get("n_boot", 1000))
     what_ran = f"python -m scripts.demo{' --quick' if args.quick else ''}{study_flag(args)} --seed {args.seed}"
-    head = pages.header("Softmax vs linear attention on the embedded synthetic data", what_ran) + (
-        f"\n{len(runs)} runs ({len(study.sizes)} sizes x "
-        f"{len(study.attentions)} attentions, the same attention in both towers). " + clock_sentence(clock, study)
+    head = pages.header("Softmax vs linear attention on the embedded synthetic data", what_ran, made=made) + (
+        f"\n{len(runs)} runs ({len(study.sizes)} sizes x {len(study.attentions)} attentions, the same attention in "
+        "both towers). " + clock_sentence(clock, study, made["machine"])
     )
     parts = [
         head,
@@ -347,7 +351,7 @@ def report_md(runs, fits, specs, bench, study, args, clock, format_table, num_cl
         "describe its points (marked), and a claim read from it is undetermined. Under each figure: the log "
         "residuals (ln y - ln fit) of the points fitted, against x.\n"
     )
-    for name, (_, _, _, _, _, title) in specs.items():
+    for name, title in titles.items():
         parts += fit_section(name, title, fits[name], format_table)
     parts += ["## Attention layers (forward + backward, B=1, H=6, D=64, fp32, this machine)\n", bench]
     return "\n".join(parts)

@@ -35,7 +35,7 @@ LAZY = {
 def __getattr__(name: str):
     if name in LAZY:
         return getattr(importlib.import_module(LAZY[name]), name)
-    try:  # a submodule (models.layout, models.attention) used as an attribute after `import models`
+    try:  # a submodule (models.run_folder, models.attention) used as an attribute after `import models`
         return importlib.import_module(f"models.{name}")
     except ModuleNotFoundError as e:
         if e.name != f"models.{name}":

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from models import layout
+from models import run_folder
 from models.config import ModelConfig, layer_attentions, layer_options, open_clip_with_sizes, resolved_size
 from models.pretrained import load_pretrained, read_state_dict
 from models.text import TextTower
@@ -153,13 +153,13 @@ def load_checkpoint(path, ema: bool = False) -> CLIP:
     """The CLIP of one of our checkpoint folders or run directories (its newest complete checkpoint), rebuilt from
     the config in its meta.json, with its weights (model.safetensors) or, with `ema`, the EMA of them that a run with
     train.ema keeps (ema.safetensors); each file checked against the manifest. A SigLIP model keeps its logit bias."""
-    folder = layout.find_checkpoint(Path(path))
-    name = layout.EMA if ema else layout.MODEL
-    problem = layout.file_problem(folder, name)
+    folder = run_folder.find_checkpoint(Path(path))
+    name = run_folder.EMA if ema else run_folder.MODEL
+    problem = run_folder.file_problem(folder, name)
     if problem:
         hint = " (the run kept no EMA of the weights: train.ema.decay=0)" if ema and problem == "is missing" else ""
-        raise layout.CheckpointError(f"checkpoint {folder}: {name} {problem}{hint}; pass another checkpoint")
-    cfg = ModelConfig(**{**layout.read_meta(folder)["config"]["model"], "pretrained": None})
+        raise run_folder.CheckpointError(f"checkpoint {folder}: {name} {problem}{hint}; pass another checkpoint")
+    cfg = ModelConfig(**{**run_folder.read_meta(folder)["config"]["model"], "pretrained": None})
     model, state = build_clip(cfg), read_state_dict(folder / name)
     if "logit_bias" in state:
         model.logit_bias = nn.Parameter(torch.empty_like(state["logit_bias"]))  # as train/main.py adds it

@@ -22,9 +22,9 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
-from models import layout
+from models import run_folder
 from models.attention import Attention
-from models.layout import CheckpointError
+from models.run_folder import CheckpointError
 
 log = logging.getLogger(__name__)
 # open_clip holds these as 0-dim tensors; our CLIP holds them as [1] (FSDP cannot shard 0-dim parameters)
@@ -33,7 +33,7 @@ OPEN_CLIP_SCALARS = ("logit_scale", "logit_bias")
 
 def read_state_dict(path: str | Path) -> dict[str, Tensor]:
     """A plain state dict from a safetensors or torch file (weights_only=True), or from our checkpoint folder or
-    run directory (its newest complete checkpoint's model.safetensors, verified by models.layout).
+    run directory (its newest complete checkpoint's model.safetensors, verified by models.run_folder).
 
     Accepts open_clip's checkpoints ({"state_dict": ...} or a bare dict, "module." prefixes from DDP,
     "_orig_mod." from torch.compile) and training checkpoints that hold the weights under "model".
@@ -41,7 +41,7 @@ def read_state_dict(path: str | Path) -> dict[str, Tensor]:
     """
     path = Path(path)
     if path.is_dir():
-        path = layout.find_checkpoint(path) / layout.MODEL
+        path = run_folder.find_checkpoint(path) / run_folder.MODEL
     if not path.is_file():
         raise CheckpointError(f"checkpoint {str(path)!r} does not exist; give a .safetensors or torch file path")
     try:
@@ -49,7 +49,7 @@ def read_state_dict(path: str | Path) -> dict[str, Tensor]:
     except Exception as e:  # a damaged file, or a pickle that weights_only refuses to run
         kind = "safetensors" if path.suffix == ".safetensors" else "torch (weights_only=True)"
         raise CheckpointError(
-            f"checkpoint {path} does not load as a {kind} file ({layout.first_line(e)}); "
+            f"checkpoint {path} does not load as a {kind} file ({run_folder.first_line(e)}); "
             "give a safetensors file or a torch file of plain tensors"
         ) from None
     for key in ("state_dict", "model"):

@@ -1,5 +1,5 @@
 """What verifying checkpoints costs: writing a checkpoint's files against hashing them into the manifest
-(`models.layout.finish`) and checking them before a resume (`models.layout.check`).
+(`models.run_folder.finish`) and checking them before a resume (`models.run_folder.check`).
 
     python -m scripts.bench_checkpoint [--params 62.3e6] [--rounds 3] [--dir /tmp]
 

@@ -15,7 +15,7 @@ import sys
 
 from models import export_open_clip
 from models.clip import load_checkpoint
-from models.layout import CheckpointError
+from models.run_folder import CheckpointError
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,6 +2,10 @@
 
 .venv/bin/python -m scripts.demo --seed 1 --out runs/demo-seed1      (one folder per seed; the main job is seed 0)
 .venv/bin/python -m scripts.study_seeds runs/demo runs/demo-seed1 runs/demo-seed2 --out docs/study_seeds.md
+
+With --out the page's data (each seed's runs.json, fits.json, lr_sweep.json, and seeds.json) go to
+docs/<page>/data/ and its figure to docs/<page>/curves.png, so the page can be rebuilt from them (eval/seeds_page.py);
+a "## Findings" section already on the page stays.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ import argparse
 from pathlib import Path
 
 from eval.seeds import SeedError, load_seed, report
+from eval.seeds_page import write_page
 from train.study import REPO, StudyError, load_study
 
 
@@ -27,11 +32,14 @@ def main(argv=None) -> str:
     classnames = seeds[0].folder / "data" / "eval" / "classnames.txt"
     n_images = len(classnames.read_text().splitlines()) * study.data["eval_per_class"] if classnames.is_file() else None
     command = "python -m scripts.study_seeds " + " ".join(str(f) for f in args.folders)
-    text = report(seeds, study.fits.get("targets", [0.2]), command, n_images)
+    targets = study.fits.get("targets", [0.2])
     if args.out:
-        args.out.write_text(text)
-    else:
-        print(text)
+        try:
+            return write_page(seeds, args.out, targets, command, n_images)
+        except SeedError as e:
+            raise SystemExit(f"error: {e}") from None
+    text = report(seeds, targets, command, n_images)
+    print(text)
     return text
 
 

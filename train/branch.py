@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from models.layout import CheckpointError
+from models.run_folder import CheckpointError
 from train.checkpoint import problem, read_meta, resolve
 from train.config import Config, ConfigError, OptimConfig, to_dict
 from train.optim import lr_multiplier, schedule_arguments

@@ -1,4 +1,4 @@
-"""Saving training checkpoints and resuming from them; the layout and what "complete" means are models/layout.py's.
+"""Saving training checkpoints and resuming from them; the layout and what "complete" means are models/run_folder.py's.
 
 Save: every rank writes into `checkpoints/.tmp_step_X/` (accelerate's `save_state`, its data position), rank 0
 the model and meta.json; rank 0 then finishes the folder (manifest with every file's SHA-256, fsync, rename,
@@ -10,7 +10,7 @@ checkpoint stays local until one is uploaded; train.max_failed_uploads of them i
 with one line (train/storage.py).
 
 Resume: rank 0 picks the checkpoint (`train.resume` auto | none | PATH | URL; auto = the newest that passes
-`models.layout.check`, each one skipped reported in one line that names the file) and tells the other ranks;
+`models.run_folder.check`, each one skipped reported in one line that names the file) and tells the other ranks;
 every rank then loads it. Nothing runs code from a file: the model is safetensors, accelerate 1.15 loads the
 rest with `torch.load(weights_only=True)`, the manifest check refuses a replaced file before that, and the
 pickles that FSDP's sharded state is read through are checked to hold only their own types (on every rank, again
@@ -36,8 +36,8 @@ from safetensors import SafetensorError
 from safetensors.torch import save_file
 from torch.distributed.checkpoint.api import CheckpointException
 
-from models import layout
-from models.layout import META, MODEL, STATE, CheckpointError, is_url, read_meta  # noqa: F401 - read_meta: API
+from models import run_folder
+from models.run_folder import META, MODEL, STATE, CheckpointError, is_url, read_meta  # noqa: F401 - read_meta: API
 from train.dist import sum_over_ranks
 from train.storage import RunStorage, UploadError
 
@@ -56,12 +56,12 @@ def save_checkpoint(
 ) -> Path:
     """Write a complete checkpoint for meta["step"] (call on every rank); returns its local folder.
     Checkpoints of `keep_steps` are never pruned (branch points of cooldown runs). `weights`: more safetensors files
-    rank 0 writes, by name (models.layout.EMA: train/ema.py's state_dict, {} on the other ranks). Storage that
+    rank 0 writes, by name (models.run_folder.EMA: train/ema.py's state_dict, {} on the other ranks). Storage that
     refuses a write (full, over quota, over the file-size limit, failing) raises CheckpointWriteError on every rank,
     after the temporary folder is removed."""
     storage = storage if isinstance(storage, RunStorage) else RunStorage.of(str(storage))
-    tmp = layout.tmp_folder(storage.local, meta["step"])
-    name = layout.step_name(meta["step"])
+    tmp = run_folder.tmp_folder(storage.local, meta["step"])
+    name = run_folder.step_name(meta["step"])
     state_dict = unwrapped_state_dict(accelerator, model)  # collective under FSDP: the full dict lands on rank 0
     broken = accelerator.is_main_process and not all(
         torch.isfinite(t).all() for t in state_dict.values() if t.is_floating_point()
@@ -90,7 +90,7 @@ def write_files(accelerator: Accelerator, tmp: Path, files: dict[str, dict], met
     except SafetensorError as e:  # safetensors removes a file it fails to write: accelerate's only such file
         e.filename = str(tmp / STATE / SAFE_WEIGHTS_NAME)
         raise
-    layout.write_json(tmp / layout.data_state_name(accelerator.process_index), data_state)
+    run_folder.write_json(tmp / run_folder.data_state_name(accelerator.process_index), data_state)
     if accelerator.is_main_process:
         for name, state_dict in files.items():
             try:
@@ -98,16 +98,16 @@ def write_files(accelerator: Accelerator, tmp: Path, files: dict[str, dict], met
             except (OSError, SafetensorError) as e:
                 e.filename = getattr(e, "filename", None) or str(tmp / name)
                 raise
-        layout.write_json(tmp / META, meta)
+        run_folder.write_json(tmp / META, meta)
 
 
 def complete(storage: RunStorage, tmp: Path, keep_last: int, keep_steps) -> None:
     """Rank 0, once every file is written: finish the folder, prune the old ones or upload a remote run's."""
-    final = layout.finish(tmp)
+    final = run_folder.finish(tmp)
     if storage.remote:
         upload(storage, final, keep_last, keep_steps)
     else:
-        layout.prune(storage.local, keep_last, keep=final, keep_steps=keep_steps)
+        run_folder.prune(storage.local, keep_last, keep=final, keep_steps=keep_steps)
 
 
 class CheckpointWriteError(CheckpointError):
@@ -136,9 +136,11 @@ def together(accelerator: Accelerator, tmp: Path, write) -> None:
     if accelerator.is_main_process:
         shutil.rmtree(tmp, ignore_errors=True)
     # the manifest is written last: the newest folder with one is the newest complete checkpoint as written
-    kept = next((p.name for p in layout.step_folders(tmp.parent.parent) if (p / layout.MANIFEST).is_file()), None)
+    kept = next(
+        (p.name for p in run_folder.step_folders(tmp.parent.parent) if (p / run_folder.MANIFEST).is_file()), None
+    )
     raise CheckpointWriteError(
-        f"checkpoint {tmp.name.removeprefix(layout.TMP_PREFIX)} not written: {failure}; its partial folder is "
+        f"checkpoint {tmp.name.removeprefix(run_folder.TMP_PREFIX)} not written: {failure}; its partial folder is "
         "removed; kept checkpoint: " + (f"{kept} (a rerun resumes from it)" if kept else "none (a rerun starts afresh)")
     )
 
@@ -164,7 +166,9 @@ def write_failure(e: BaseException) -> str | None:
     elif isinstance(e, RuntimeError) and not TORCH_WRITE_FAILED.search(str(e)):
         return None
     if code is None:
-        return layout.first_line(e) if isinstance(e, OSError) else "the write failed (disk full or file-size limit?)"
+        return (
+            run_folder.first_line(e) if isinstance(e, OSError) else "the write failed (disk full or file-size limit?)"
+        )
     return STORAGE_CAUSES.get(code) or os.strerror(code).lower()
 
 
@@ -183,9 +187,9 @@ def upload(storage: RunStorage, folder: Path, keep_last: int, keep_steps=()) -> 
         storage.upload_checkpoint(folder, keep_last, keep_steps)
         failure = None
     except Exception as e:  # network and credential errors of any fsspec back end
-        failure = layout.first_line(e)
+        failure = run_folder.first_line(e)
     pending = storage.pending()  # each a save whose upload failed, the newest first: the failures in a row
-    layout.prune(storage.local, max(1, len(pending)), keep=folder)
+    run_folder.prune(storage.local, max(1, len(pending)), keep=folder)
     if failure and pending:
         names = ", ".join(p.name for p in reversed(pending))
         if len(pending) >= storage.max_failed_uploads:
@@ -195,13 +199,13 @@ def upload(storage: RunStorage, folder: Path, keep_last: int, keep_steps=()) -> 
                 f"{storage.retry_s:g} s: {failure}; checkpoints kept locally in {folder.parent}: {names}; rerun the "
                 f"same command once the storage is reachable (it resumes from {pending[0].name} and uploads it)"
             )
-        layout.warn(
+        run_folder.warn(
             f"upload of {folder.name} to {storage.remote} failed ({failure}); it is kept in {folder} and "
             f"uploaded with the next checkpoint ({len(pending)} of train.max_failed_uploads="
             f"{storage.max_failed_uploads} in a row)"
         )
     elif failure:
-        layout.warn(f"upload to {storage.remote} failed after {folder.name} was uploaded ({failure})")
+        run_folder.warn(f"upload to {storage.remote} failed after {folder.name} was uploaded ({failure})")
     storage.upload_run_files()
 
 
@@ -218,7 +222,7 @@ def pick(resume: str, storage: RunStorage) -> Path | None:
     if resume == "auto":
         found = storage.newest_complete()
         return found[0] if found else None
-    folder, result = storage.fetch_url(resume) if is_url(resume) else (Path(resume), layout.check(Path(resume)))
+    folder, result = storage.fetch_url(resume) if is_url(resume) else (Path(resume), run_folder.check(Path(resume)))
     if result.problem:
         raise CheckpointError(
             f"train.resume={resume} is not a loadable checkpoint ({result.problem}); "
@@ -251,14 +255,14 @@ def resolve(resume: str, storage: RunStorage | Path, accelerator: Accelerator | 
 
 
 def problem(folder: Path) -> str | None:
-    """Why `folder` is not a complete checkpoint, or None (models.layout.check)."""
-    return layout.check(folder).problem
+    """Why `folder` is not a complete checkpoint, or None (models.run_folder.check)."""
+    return run_folder.check(folder).problem
 
 
 def load_checkpoint(accelerator: Accelerator, folder: Path) -> tuple[dict, dict]:
     """Restore model, optimizer, scheduler, scaler and RNG from `folder`; returns (meta, this rank's data state)."""
-    rng_file = layout.rng_name(accelerator.process_index)
-    bad_rng = layout.file_problem(folder, rng_file)
+    rng_file = run_folder.rng_name(accelerator.process_index)
+    bad_rng = run_folder.file_problem(folder, rng_file)
     before = rng_snapshot()
     refuse_foreign_pickles(accelerator, folder)
     try:
@@ -267,28 +271,28 @@ def load_checkpoint(accelerator: Accelerator, folder: Path) -> tuple[dict, dict]
         if isinstance(e, CheckpointException):  # FSDP's: the first rank's error
             e = next(iter(e.failures.values()))[0]
         raise CheckpointError(
-            f"checkpoint {folder}: {STATE}/ does not load into this run ({layout.first_line(e)}); "
+            f"checkpoint {folder}: {STATE}/ does not load into this run ({run_folder.first_line(e)}); "
             "resume another checkpoint with train.resume=PATH or start afresh with train.resume=none"
         ) from None
     if bad_rng is None:
         bad_rng = rng_not_restored(folder / rng_file)
     if bad_rng is not None:
         rng_restore(before)
-        layout.warn(
+        run_folder.warn(
             f"random state not restored: {folder / rng_file} {bad_rng}; the run continues with fresh random "
             "numbers, so random augmentations differ from an uninterrupted run"
         )
-    meta = layout.read_meta(folder)
+    meta = run_folder.read_meta(folder)
     # a rank that did not exist when the checkpoint was written continues from rank 0's position (approximately)
-    data_file = folder / layout.data_state_name(accelerator.process_index)
-    data_state = json.loads((data_file if data_file.is_file() else folder / layout.data_state_name(0)).read_text())
+    data_file = folder / run_folder.data_state_name(accelerator.process_index)
+    data_state = json.loads((data_file if data_file.is_file() else folder / run_folder.data_state_name(0)).read_text())
     return meta, data_state
 
 
 def refuse_foreign_pickles(accelerator: Accelerator, folder: Path) -> None:
     """On every rank, just before torch.distributed.checkpoint unpickles them: the sharded state's .metadata files
-    and non-tensor entries hold nothing but their own types (models.layout.sharded_problem)."""
-    bad = layout.sharded_problem(folder)
+    and non-tensor entries hold nothing but their own types (models.run_folder.sharded_problem)."""
+    bad = run_folder.sharded_problem(folder)
     if sum_over_ranks(accelerator, {"bad": int(bad is not None)})["bad"]:  # every rank raises, none waits forever
         raise CheckpointError(
             f"checkpoint {folder}: {bad or 'a sharded state file is refused on another rank'}; resume another "
@@ -301,9 +305,9 @@ def rng_not_restored(path: Path) -> str | None:
     if not path.is_file():
         return "is missing (the checkpoint was written by fewer processes)"
     try:
-        saved = layout.torch_load(path)["torch_manual_seed"]
+        saved = run_folder.torch_load(path)["torch_manual_seed"]
     except Exception as e:  # a damaged or foreign file
-        return f"does not load ({layout.first_line(e)})"
+        return f"does not load ({run_folder.first_line(e)})"
     return None if torch.equal(torch.get_rng_state(), saved) else "was not applied"
 
 

@@ -45,10 +45,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.distributed.fsdp import FSDPModule
 
-from models import ModelConfig, build_clip, layout
+from models import ModelConfig, build_clip, run_folder
 from models.attention import Attention
-from models.layout import CheckpointError
+from models.config import open_clip_with_sizes
 from models.pretrained import load_pretrained, match_scalars, read_state_dict
+from models.run_folder import CheckpointError
 from train.loss import build_loss, gather_with_grad
 
 SHARED = ("in_proj_weight", "in_proj_bias", "out_proj.weight", "out_proj.bias")  # open_clip's, in every variant
@@ -97,20 +98,20 @@ def load_teacher(source: str, student: nn.Module) -> nn.Module:
     `open_clip:NAME:TAG` (open_clip.create_model, offline from a local file or the Hugging Face cache)."""
     cfg = dataclasses.replace(student.config, image_attention="softmax", text_attention="softmax")
     if source.startswith("open_clip:"):
-        import open_clip
+        open_clip = open_clip_with_sizes()  # with the tiny sizes of configs/models/
 
         name, _, tag = source.removeprefix("open_clip:").partition(":")
         try:
             state = open_clip.create_model(name, pretrained=tag or None).state_dict()
         except Exception as e:  # an unknown name or tag, weights not in the local cache (offline)
             raise CheckpointError(
-                f"distill.teacher {source}: open_clip cannot build it ({layout.first_line(e)}); give a name of "
+                f"distill.teacher {source}: open_clip cannot build it ({run_folder.first_line(e)}); give a name of "
                 "open_clip.list_models() and a tag whose weights are in the local cache, or a weights file"
             ) from None
     else:
         state = read_state_dict(source)
         if Path(source).is_dir():
-            saved = layout.read_meta(layout.find_checkpoint(Path(source)))["config"]["model"]
+            saved = run_folder.read_meta(run_folder.find_checkpoint(Path(source)))["config"]["model"]
             cfg = ModelConfig(**{**dataclasses.asdict(ModelConfig()), **saved})
     cfg = dataclasses.replace(cfg, pretrained=None, grad_checkpointing=False, patch_dropout=0.0)
     teacher = build_clip(cfg)

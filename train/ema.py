@@ -2,7 +2,7 @@
 
 The EMA is made from the plain model before it is sharded (FSDP refuses to be deep-copied) and, under FSDP, sharded
 the same way (train.dist.shard_model), so each rank averages its own shards: ModelEmaV3's update pairs the EMA's
-state-dict tensors with the model's, sharded DTensors alike. Checkpoints hold the full EMA as models.layout.EMA
+state-dict tensors with the model's, sharded DTensors alike. Checkpoints hold the full EMA as models.run_folder.EMA
 (gathered on rank 0, as model.safetensors); resume loads it back into the shards. Evaluation sees it as a plain CLIP
 on the training device (`eval_net`).
 """
@@ -21,7 +21,7 @@ from timm.utils import ModelEmaV3
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
 
-from models import ModelConfig, build_clip, layout
+from models import ModelConfig, build_clip, run_folder
 from train.config import TrainConfig
 from train.dist import shard_model
 
@@ -68,11 +68,11 @@ def resume(ema: ModelEmaV3 | None, model: nn.Module, folder: Path | None, accele
     one warning line. Nothing to do without an EMA or a checkpoint."""
     if ema is None or folder is None:
         return
-    path = Path(folder) / layout.EMA
+    path = Path(folder) / run_folder.EMA
     if not path.is_file():
         ema.set(model)
         if accelerator.is_main_process:
-            step = layout.read_meta(folder)["step"]
+            step = run_folder.read_meta(folder)["step"]
             logger.warning(
                 "checkpoint %s holds no %s: the EMA starts from its weights at step %d", folder, path.name, step
             )

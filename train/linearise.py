@@ -29,7 +29,7 @@ import matplotlib.pyplot as plt
 import yaml
 
 from eval import pages
-from models import layout
+from models import run_folder
 from train.study import Job, overrides, spec_of
 from train.study_local import run_jobs
 
@@ -76,18 +76,18 @@ def study_runs(study: Path, students: list[str] | None = None) -> tuple[dict, di
 
 
 def run_lr(run_dir: Path) -> float:
-    return float(yaml.safe_load((Path(run_dir) / layout.CONFIG).read_text())["optim"]["lr"])
+    return float(yaml.safe_load((Path(run_dir) / run_folder.CONFIG).read_text())["optim"]["lr"])
 
 
 def teacher_model(run_dir) -> dict:
     """The teacher run's model name and image size (a study's size may be SIZE@RESpx: image_sizes)."""
-    model = yaml.safe_load((Path(run_dir) / layout.CONFIG).read_text())["model"]
+    model = yaml.safe_load((Path(run_dir) / run_folder.CONFIG).read_text())["model"]
     return {"model.name": model["name"], "model.image_size": model.get("image_size")}
 
 
 def run_batch(run_dir: Path) -> int:
     """The batch size a run trained with (its saved config)."""
-    return int(yaml.safe_load((Path(run_dir) / layout.CONFIG).read_text()).get("data", {}).get("batch_size", 64))
+    return int(yaml.safe_load((Path(run_dir) / run_folder.CONFIG).read_text()).get("data", {}).get("batch_size", 64))
 
 
 def jobs_of(
@@ -129,13 +129,13 @@ def train_argv(settings: dict) -> list[str]:
 
 def curve(run_dir: Path) -> list[tuple[int, float]]:
     """(step, zero-shot top-1) of every evaluation of a run."""
-    records = [json.loads(line) for line in (Path(run_dir) / layout.METRICS).read_text().splitlines()]
+    records = [json.loads(line) for line in (Path(run_dir) / run_folder.METRICS).read_text().splitlines()]
     return [(r["step"], r["zeroshot/top1"]) for r in records if "zeroshot/top1" in r]
 
 
 def layer_drops(run_dir: Path) -> dict[str, float]:
     """Each layer's stage-1 output MSE at the first step over its value at the last (transfer/mse/<layer>)."""
-    records = [json.loads(line) for line in (Path(run_dir) / layout.METRICS).read_text().splitlines()]
+    records = [json.loads(line) for line in (Path(run_dir) / run_folder.METRICS).read_text().splitlines()]
     steps = [r for r in records if any(k.startswith("transfer/mse/") for k in r)]
     return {
         k.removeprefix("transfer/mse/"): steps[0][k] / steps[-1][k] for k in steps[0] if k.startswith("transfer/mse/")

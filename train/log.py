@@ -22,7 +22,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from models import layout
+from models import run_folder
 from train.config import ConfigError
 
 LOG_FILE = "out.log"  # RUN/out.log, open_clip's name (RUN/train.log is what train/study_local.py captures)
@@ -164,7 +164,7 @@ class RunLog:
         progress: bool,
     ):
         self.main, self.run, self.bar = main, None, None
-        self.path = Path(run_dir) / layout.METRICS
+        self.path = Path(run_dir) / run_folder.METRICS
         if not main:
             return
         if wandb_mode != "disabled":
@@ -211,7 +211,7 @@ def start_wandb(run_dir: Path, config: dict, mode: str, project: str, name: str 
     """A wandb run that continues the same id when the run directory is resumed."""
     import wandb
 
-    id_file = run_dir / layout.WANDB_ID
+    id_file = run_dir / run_folder.WANDB_ID
     run_id = id_file.read_text().strip() if id_file.is_file() else uuid.uuid4().hex[:8]
     id_file.write_text(run_id + "\n")
     settings = wandb.Settings(init_timeout=90, silent=True, x_disable_stats=True)

@@ -22,7 +22,7 @@ from accelerate.utils import DistributedType
 from torch import Tensor, nn
 
 from data.errors import skip_limit_problem
-from models import layout
+from models import run_folder
 from train import ema as weights_ema
 from train.checkpoint import CheckpointWriteError, save_checkpoint
 from train.config import TrainConfig
@@ -405,7 +405,7 @@ class Trainer:
         }
         storage = RunStorage.from_config(self.cfg)
         with patient_collectives(self.accelerator, self.cfg.dist_timeout_s):
-            ema = {} if self.ema is None else {layout.EMA: weights_ema.state_dict(self.ema, self.accelerator)}
+            ema = {} if self.ema is None else {run_folder.EMA: weights_ema.state_dict(self.ema, self.accelerator)}
             return save_checkpoint(
                 self.accelerator,
                 self.model,

@@ -30,9 +30,9 @@ from eval.replay import Replay
 from eval.sharding import Shard, random_state_kept
 from eval.val_loss import check_val_shards, validation_loss
 from eval.zeroshot import evaluate
-from models import ModelConfig, build_clip, layout, summary, tokenizer, transforms
-from models.layout import CheckpointError, is_url, read_meta
+from models import ModelConfig, build_clip, run_folder, summary, tokenizer, transforms
 from models.preprocess import CachedTokenizer, split_normalise
+from models.run_folder import CheckpointError, is_url, read_meta
 from train import distill, stages, towers
 from train import ema as weights_ema
 from train.branch import starting_point
@@ -286,10 +286,10 @@ def start_run_dir(cfg: Config, accelerator, storage: RunStorage, step: int, size
     run_dir = storage.local
     if accelerator.is_main_process:
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / layout.CONFIG).write_text(dump(cfg))
-        (run_dir / layout.SUMMARY).write_text(json.dumps(sizes, indent=1) + "\n")
-        (run_dir / layout.GIT_COMMIT).write_text(git_commit() + "\n")
-        trim_metrics(run_dir / layout.METRICS, step)
+        (run_dir / run_folder.CONFIG).write_text(dump(cfg))
+        (run_dir / run_folder.SUMMARY).write_text(json.dumps(sizes, indent=1) + "\n")
+        (run_dir / run_folder.GIT_COMMIT).write_text(git_commit() + "\n")
+        trim_metrics(run_dir / run_folder.METRICS, step)
         storage.upload_run_files()
     accelerator.wait_for_everyone()
     return RunLog(

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from models import layout
+from models import run_folder
 from train.config import ConfigError, load_config
 from train.config import read_yaml as read_config_yaml
 from train.optim import check_optimizer, check_schedule
@@ -238,9 +238,9 @@ def timestamp() -> str:
 
 def run_of(target: Path) -> tuple[Path, str]:
     """(run directory, checkpoint name or 'latest') of a checkpoint folder or a run directory."""
-    if (target / layout.META).is_file() and target.parent.name == layout.CHECKPOINTS:
+    if (target / run_folder.META).is_file() and target.parent.name == run_folder.CHECKPOINTS:
         return target.parent.parent, target.name
-    if (target / layout.CHECKPOINTS).is_dir() or (target / "train.sbatch").is_file():
+    if (target / run_folder.CHECKPOINTS).is_dir() or (target / "train.sbatch").is_file():
         # a submitted run may have no checkpoint yet: with --sbatch-arg=--dependency=afterok:JOB it will
         return target, "latest"
     raise SubmitError(

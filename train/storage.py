@@ -1,7 +1,7 @@
 """Where a run's files live: its local run directory, or a local staging folder mirrored to an fsspec URL.
 
 `train.run_dir` a local or mounted path: files are written in place; a checkpoint becomes visible by a rename
-(models/layout.py). `train.run_dir` an fsspec URL (s3://bucket/prefix, gs://..., file:///...): every file is
+(models/run_folder.py). `train.run_dir` an fsspec URL (s3://bucket/prefix, gs://..., file:///...): every file is
 written to a local staging folder first (`train.stage_dir`; default `<tmp>/clip-attention-stage/<name>-<hash>`),
 and rank 0 uploads each finished checkpoint, then the run's files (config.yaml, metrics.jsonl, ...):
 
@@ -13,7 +13,7 @@ and rank 0 uploads each finished checkpoint, then the run's files (config.yaml, 
 Object stores have no rename: on S3 "renaming" a prefix copies and deletes every object, and a reader could
 see half of it. So nothing is renamed; the manifest, uploaded last, is the completion marker, and a reader
 trusts a remote checkpoint only when the manifest is there, names only files inside its folder, and every file
-it lists has the listed size, then checks every SHA-256 after downloading it (models.layout.check). S3 is
+it lists has the listed size, then checks every SHA-256 after downloading it (models.run_folder.check). S3 is
 read-after-write consistent, and each object (multipart ones included) appears whole or not at all, so a half
 upload is never taken for a checkpoint. Pruning counts only complete remote checkpoints toward keep_last;
 incomplete folders older than the newest complete one are deleted uncounted, newer ones are left alone.
@@ -53,8 +53,8 @@ from itertools import count
 from pathlib import Path
 from typing import TypeVar
 
-from models import layout
-from models.layout import (
+from models import run_folder
+from models.run_folder import (
     CHECKPOINTS,
     LATEST,
     MANIFEST,
@@ -110,8 +110,8 @@ def retrying(what: str, fn: Callable[[], T], seconds: float) -> T:
             wait = min(FIRST_WAIT_S * 2 ** (attempt - 1), MAX_WAIT_S, deadline - time.monotonic())
             if wait <= 0 or not transient(e):
                 raise
-            layout.warn(
-                f"{what} failed ({layout.first_line(e)}); attempt {attempt}, trying again in {wait:.1f} s "
+            run_folder.warn(
+                f"{what} failed ({run_folder.first_line(e)}); attempt {attempt}, trying again in {wait:.1f} s "
                 f"(train.storage_retry_s={seconds:g})"
             )
             time.sleep(wait)
@@ -165,7 +165,7 @@ class RunStorage:
             fs, root = self.filesystem()
             fs.exists(f"{root}/{CHECKPOINTS}")
         except Exception as e:  # ImportError for a protocol without its package, botocore errors, OSError ...
-            return layout.first_line(e)
+            return run_folder.first_line(e)
         return None
 
     def pending(self) -> list[Path]:
@@ -173,13 +173,13 @@ class RunStorage:
         newest first."""
         marker = self.local / CHECKPOINTS / UPLOADED
         uploaded = marker.read_text().strip() if marker.is_file() else ""
-        return [p for p in layout.step_folders(self.local) if p.name > uploaded]
+        return [p for p in run_folder.step_folders(self.local) if p.name > uploaded]
 
     def mark_uploaded(self, name: str) -> None:
         marker = self.local / CHECKPOINTS / UPLOADED
         if not marker.is_file() or marker.read_text().strip() < name:
             marker.parent.mkdir(parents=True, exist_ok=True)
-            layout.write_text_atomic(marker, name)
+            run_folder.write_text_atomic(marker, name)
 
     def upload_checkpoint(self, folder: Path, keep_last: int, keep_steps=()) -> None:
         """Steps 1-4 of the module docstring for the newest finished local checkpoint `folder`, then for the earlier
@@ -195,7 +195,7 @@ class RunStorage:
         self.mark_uploaded(folder.name)
         for old in earlier:
             self.put_checkpoint(fs, root, old)
-        self.prune_remote(fs, root, keep_last, {layout.step_name(step) for step in keep_steps})
+        self.prune_remote(fs, root, keep_last, {run_folder.step_name(step) for step in keep_steps})
 
     def put_checkpoint(self, fs, root: str, folder: Path) -> None:
         """Steps 1-3: the files of a local checkpoint folder, its manifest last."""
@@ -203,7 +203,7 @@ class RunStorage:
         url = f"{self.remote}/{CHECKPOINTS}/{folder.name}"
         if self.retry(f"listing {url}", fs.exists, f"{dest}/{MANIFEST}"):
             self.retry(f"deleting {url}/{MANIFEST}", fs.rm_file, f"{dest}/{MANIFEST}")
-        names = layout.files_of(folder)
+        names = run_folder.files_of(folder)
         for parent in sorted({f"{dest}/{n}".rsplit("/", 1)[0] for n in names}):
             fs.makedirs(parent, exist_ok=True)  # a folder on file systems that have them, nothing on object stores
         sources, targets = [str(folder / n) for n in names], [f"{dest}/{n}" for n in names]
@@ -239,7 +239,7 @@ class RunStorage:
                 if (self.local / name).is_file():
                     self.retry(f"upload of {self.remote}/{name}", fs.put_file, str(self.local / name), f"{root}/{name}")
         except Exception as e:  # network and credential errors of any fsspec back end
-            layout.warn(f"upload of the run's files to {self.remote} failed ({layout.first_line(e)})")
+            run_folder.warn(f"upload of the run's files to {self.remote} failed ({run_folder.first_line(e)})")
 
     def pull_run_files(self) -> None:
         """Start from the remote's metrics.jsonl, wandb id and log (a new node's staging folder is empty); before
@@ -261,7 +261,7 @@ class RunStorage:
         there = self.retry(f"listing {url}", fs.isdir, base)
         listed = self.retry(f"listing {url}", fs.ls, base, detail=False) if there else []
         names = [p.rstrip("/").rsplit("/", 1)[-1] for p in listed]
-        return sorted((n for n in names if layout.STEP_DIR.match(n)), reverse=True)
+        return sorted((n for n in names if run_folder.STEP_DIR.match(n)), reverse=True)
 
     def remote_problem(self, fs, folder: str) -> tuple[str | None, dict]:
         """(why a remote step folder is not a complete upload, its manifest), from a listing and the manifest."""
@@ -271,10 +271,10 @@ class RunStorage:
         except FileNotFoundError:
             return f"{MANIFEST} is missing (an upload or a deletion that did not finish)", {}
         except ValueError as e:
-            return f"{MANIFEST} is not readable JSON ({layout.first_line(e)})", {}
+            return f"{MANIFEST} is not readable JSON ({run_folder.first_line(e)})", {}
         listing = self.retry(f"listing {url}", fs.find, folder, detail=True)
         sizes = {path[len(folder) + 1 :]: info["size"] for path, info in listing.items() if info["type"] == "file"}
-        return layout.verdict(layout.listed_problems(manifest, sizes)).problem, manifest
+        return run_folder.verdict(run_folder.listed_problems(manifest, sizes)).problem, manifest
 
     def fetch(self, fs, folder: str, manifest: dict) -> Path:
         """The remote checkpoint `folder` as a local folder of the staging area (reused when already there). Its
@@ -283,9 +283,9 @@ class RunStorage:
         if (local / MANIFEST).is_file() and json.loads((local / MANIFEST).read_text()) == manifest:
             return local
         names = [*manifest["files"], MANIFEST]
-        if not all(map(layout.inside, names)):  # remote_problem refuses these first: never write outside `tmp`
+        if not all(map(run_folder.inside, names)):  # remote_problem refuses these first: never write outside `tmp`
             raise CheckpointError(f"{fs.unstrip_protocol(folder)}: {MANIFEST} lists a path outside the folder")
-        tmp = local.with_name(layout.TMP_PREFIX + local.name)
+        tmp = local.with_name(run_folder.TMP_PREFIX + local.name)
         shutil.rmtree(tmp, ignore_errors=True)
         for name in names:
             (tmp / name).parent.mkdir(parents=True, exist_ok=True)
@@ -297,19 +297,19 @@ class RunStorage:
             self.mark_uploaded(local.name)  # a checkpoint of this run's remote: there already
         return local
 
-    def newest_complete(self, report: Callable[[str], None] = layout.warn) -> tuple[Path, Check] | None:
+    def newest_complete(self, report: Callable[[str], None] = run_folder.warn) -> tuple[Path, Check] | None:
         """The newest complete checkpoint, local folder and verdict; a remote one is downloaded first. For a remote
         run, a complete local checkpoint not uploaded yet (`pending`) wins over older remote ones. A download that
         fails after retries is a StorageError."""
         if self.remote is None:
-            return layout.newest_complete(self.local, report)
+            return run_folder.newest_complete(self.local, report)
         fs, root = self.filesystem()
         with downloading(f"{self.remote}/{CHECKPOINTS}", self.retry_s):
             remote = self.remote_steps(fs, root)
         local = {p.name: p for p in self.pending()}
         for name in sorted({*remote, *local}, reverse=True):
             if name in local:
-                found, result, where = local[name], layout.check(local[name]), str(local[name])
+                found, result, where = local[name], run_folder.check(local[name]), str(local[name])
             else:
                 folder = f"{root}/{CHECKPOINTS}/{name}"
                 where = fs.unstrip_protocol(folder)
@@ -326,7 +326,7 @@ class RunStorage:
         if problem is not None:
             return None, Check(problem)
         local = self.fetch(fs, folder, manifest)
-        result = layout.check(local)
+        result = run_folder.check(local)
         if result.problem is not None:
             result.problem += f" (found after downloading it to {local})"
         return local, result
@@ -351,6 +351,6 @@ def downloading(url: str, retry_s: float):
         if not (transient(e) or isinstance(e, OSError)):
             raise
         raise StorageError(
-            f"download from {url} failed ({layout.first_line(e)}) after retrying for train.storage_retry_s="
+            f"download from {url} failed ({run_folder.first_line(e)}) after retrying for train.storage_retry_s="
             f"{retry_s:g} s; rerun when the storage is reachable, or raise train.storage_retry_s"
         ) from None

@@ -18,9 +18,9 @@ from pathlib import Path
 import yaml
 
 from data import make_synthetic
-from models import layout
+from models import run_folder
 from models.config import ModelConfig, resolved_size
-from models.layout import step_name
+from models.run_folder import step_name
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -67,10 +67,10 @@ def spec_of(folder: Path) -> str:
 
 def finished(run_dir: Path) -> bool:
     """The run has its checkpoint at its last step (train.max_steps of its saved config)."""
-    if not (run_dir / layout.CONFIG).is_file():
+    if not (run_dir / run_folder.CONFIG).is_file():
         return False
-    last = yaml.safe_load((run_dir / layout.CONFIG).read_text())["train"]["max_steps"]
-    return any(folder.name == layout.step_name(last) for folder in layout.step_folders(run_dir))
+    last = yaml.safe_load((run_dir / run_folder.CONFIG).read_text())["train"]["max_steps"]
+    return any(folder.name == run_folder.step_name(last) for folder in run_folder.step_folders(run_dir))
 
 
 def data_paths(folder: Path) -> dict[str, str]:

@@ -32,7 +32,7 @@ import shlex
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from models import layout
+from models import run_folder
 from train import slurm
 
 AXES = ("sizes", "attentions", "samples", "cooldowns_at")
@@ -125,7 +125,7 @@ def cooldown_arrays(
         tasks = []
         for point in points:
             run_dir = sweep_dir / f"{point['name']}-cooldown{end}"
-            parent = sweep_dir / f"{point['name']}-constant" / "checkpoints" / layout.step_name(stop)
+            parent = sweep_dir / f"{point['name']}-constant" / "checkpoints" / run_folder.step_name(stop)
             steps = ["optim.schedule=const-cooldown", f"optim.cooldown_steps={cooldown}", f"train.max_steps={end}"]
             steps += [f"train.branch_from={parent}", f"train.run_dir={run_dir}"]
             info = {"size": point["size"], "attention": point["attention"], "samples": end * samples_per_step}

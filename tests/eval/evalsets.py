@@ -17,7 +17,7 @@ from safetensors.torch import save_file
 import models
 from data import make_synthetic
 from eval import datasets
-from models import layout
+from models import run_folder
 
 
 def synthetic_eval(out: Path, per_class: int = 3) -> Path:
@@ -74,17 +74,17 @@ def tiny_run(run: Path, step: int = 5, seed: int = 0) -> Path:
     meta.json, a data state, scheduler and random states) and its manifest, finished as the trainer does."""
     torch.manual_seed(seed)
     cfg = models.ModelConfig(name="tiny-s")
-    tmp = layout.tmp_folder(run, step)
+    tmp = run_folder.tmp_folder(run, step)
     (tmp / "state").mkdir(parents=True)
     save_file(
         {k: v.contiguous() for k, v in models.build_clip(cfg).state_dict().items()}, str(tmp / "model.safetensors")
     )
     meta = {"step": step, "samples_seen": step * 32, "config": {"model": vars(cfg), "data": {}}}
     (tmp / "meta.json").write_text(json.dumps(meta))
-    (tmp / layout.data_state_name(0)).write_text("{}")
+    (tmp / run_folder.data_state_name(0)).write_text("{}")
     torch.save({"last_epoch": step}, tmp / "state" / "scheduler.bin")
-    torch.save({"torch_manual_seed": torch.get_rng_state()}, tmp / layout.rng_name(0))
-    layout.finish(tmp)
+    torch.save({"torch_manual_seed": torch.get_rng_state()}, tmp / run_folder.rng_name(0))
+    run_folder.finish(tmp)
     return run
 
 

@@ -8,9 +8,9 @@ import torch
 from safetensors.torch import save_file
 
 from eval import zeroshot
-from models import ModelConfig, build_clip, layout
+from models import ModelConfig, build_clip, run_folder
 from tests.hostile import code_pickle
-from tests.models.test_layout import fake_checkpoint
+from tests.models.test_run_folder import fake_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -72,8 +72,8 @@ def test_a_run_directory_is_read_at_the_checkpoint_resume_would_take(tmp_path, e
     older, newer = fake_checkpoint(run, 1), fake_checkpoint(run, 2)
     for folder in (older, newer):
         save_file(build_clip(ModelConfig(name="tiny-s")).state_dict(), str(folder / "model.safetensors"))
-        (folder / layout.MANIFEST).unlink()
-        layout.write_manifest(folder)
+        (folder / run_folder.MANIFEST).unlink()
+        run_folder.write_manifest(folder)
     torch.save({"different": 1}, newer / "state" / "scheduler.bin")
     result = zeroshot.main([str(run), "--dataset", eval_set, "--device", "cpu", "--workers", "0"])
     assert result["checkpoint"] == str(older) and result["step"] == 1

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from eval import seeds_page
 from eval.claims import NODENOM, NORMALISED
 from eval.seeds import claim_c_seeds, load_seed, multiplier_spread, spread
 from scripts.study_seeds import main
@@ -91,6 +92,9 @@ def test_claims_and_report_from_three_seeds(tmp_path, capsys):
     out = tmp_path / "seeds.md"
     text = main([str(f) for f in folders] + ["--out", str(out), "--study", SHAPES])
     assert out.read_text() == text
+    # the page is its data written again (eval/seeds_page.py), its figure the seed bands of each size
+    assert seeds_page.rebuild(out) == text and (tmp_path / "seeds" / "curves.png").stat().st_size > 0
+    assert "(seeds/curves.png)" in text
     claims = {line.split("|")[1].strip()[:3]: line.split("|")[2].strip() for line in text.splitlines() if "| (" in line}
     # Eq. 7 reaches softmax's final error: comparable at every seed
     assert claims["(a)"] == "**supported**"

@@ -21,7 +21,7 @@ import models
 from data import DataConfig, build_train_data, make_synthetic
 from eval import checkpoint, datasets, zeroshot
 from eval.datasets import EvalInputError
-from models import layout
+from models import run_folder
 from tests.eval import evalsets
 
 STEPS, PER_CLASS, CLASSES = 25, 3, 24
@@ -58,7 +58,7 @@ def run_dir(synthetic, tmp_path_factory):
         loss.backward()
         optimizer.step()
     run = tmp_path_factory.mktemp("run")
-    folder = layout.tmp_folder(run, STEPS)
+    folder = run_folder.tmp_folder(run, STEPS)
     (folder / "state").mkdir(parents=True)
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(folder / "model.safetensors"))
     meta = {"step": STEPS, "samples_seen": STEPS * 32, "config": {"model": vars(cfg), "data": {}}}
@@ -66,7 +66,7 @@ def run_dir(synthetic, tmp_path_factory):
     # the rest of a complete checkpoint (resume's files), so the run directory is one the trainer could write
     (folder / "data_state_0.json").write_text("{}")
     torch.save({"last_epoch": STEPS}, folder / "state" / "scheduler.bin")
-    layout.finish(folder)  # manifest, rename to step_00000025, latest
+    run_folder.finish(folder)  # manifest, rename to step_00000025, latest
     return run
 
 
@@ -174,7 +174,7 @@ def test_checkpoint_of_another_model_size_gives_one_line_error(run_dir, syntheti
     meta = json.loads((folder / "meta.json").read_text())
     meta["config"]["model"]["name"] = "tiny-m"
     (folder / "meta.json").write_text(json.dumps(meta))
-    (folder / layout.MANIFEST).unlink()  # a hand-edited copy: checked by loading, not against the old checksums
+    (folder / run_folder.MANIFEST).unlink()  # a hand-edited copy: checked by loading, not against the old checksums
     with pytest.raises(EvalInputError, match="another model size than tiny-m"):
         checkpoint.load_ours(folder, "cpu")
     with pytest.raises(SystemExit):

@@ -375,7 +375,7 @@ def test_a_tensor_that_cannot_be_resampled_refuses_the_load_unless_allowed_fresh
     model.pretrained_fresh matching it, it keeps its initialisation and everything else loads."""
     from safetensors.torch import save_file
 
-    from models.layout import CheckpointError
+    from models.run_folder import CheckpointError
 
     source = create_model("tiny-s").state_dict()
     conv = source["visual.conv1.weight"]

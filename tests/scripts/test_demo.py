@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from eval import machine
+from eval import machine, study_page
 from models.config import size_config
 from scripts import demo
 from train.lr_sweep import reuse_chosen, sweep_jobs
@@ -72,6 +72,12 @@ def test_demo_quick_writes_the_report(tmp_path, quick_polls):
         for line in (out / "linearise" / "linear_affine_nodenom-distill" / "metrics.jsonl").open()
     ]
     assert max(steps) == 4
+    # the report is its data written out: rebuilt from runs.json, the fits' JSON and page.json alone, and as a
+    # docs page (figures and data beside it) rebuilt from what was copied (tests/test_docs_regenerate.py)
+    assert study_page.report_from(out) == report
+    page = study_page.publish(out, tmp_path / "docs" / "study.md", "## Findings\n\nA finding.\n")
+    assert study_page.rebuild(page) == page.read_text() and "](study/linearise/linearise.png)" in page.read_text()
+    assert_figures_linked(page.parent, page.read_text())
     # --reanalyse: the same folder fitted and reported again, nothing trained: the same runs, the study's own clock
     clock = json.loads((out / "clock.json").read_text())
     (out / "clock.json").unlink()  # as a folder from before clock.json: the clock is read from the report

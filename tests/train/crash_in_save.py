@@ -5,19 +5,19 @@ manifest is written: the folder is left as `.tmp_step_*`."""
 import os
 import sys
 
-from models import layout
+from models import run_folder
 from train.main import main
 
 
 def crash_at(step: int) -> None:
-    real = layout.write_manifest
+    real = run_folder.write_manifest
 
     def write_manifest(folder):
-        if folder.name == layout.TMP_PREFIX + layout.step_name(step):
+        if folder.name == run_folder.TMP_PREFIX + run_folder.step_name(step):
             os._exit(9)
         return real(folder)
 
-    layout.write_manifest = write_manifest
+    run_folder.write_manifest = write_manifest
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from models import layout
+from models import run_folder
 from tests.hostile import code_pickle
 from tests.train.common import run, tiny_config, train_records
 from train.checkpoint import rng_not_restored
@@ -47,7 +47,7 @@ def resume_copy(three_steps, tmp_path, name: str, kind: str, manifest: bool = Tr
     shutil.copytree(three_steps / "run", run_dir)
     step3 = run_dir / "checkpoints" / "step_00000003"
     if not manifest:
-        (step3 / layout.MANIFEST).unlink()
+        (step3 / run_folder.MANIFEST).unlink()
     marker = tmp_path / "code-ran"
     corrupt(step3 / name, kind, marker)
     return run_dir, step3, marker
@@ -98,7 +98,7 @@ def test_a_bad_random_state_is_a_warning_and_the_checkpoint_is_used(
 def test_a_random_state_that_was_not_applied_is_detected(three_steps, tmp_path):
     """accelerate only logs (at info level) when it cannot restore the RNG: the trainer compares for itself."""
     rng_file = three_steps / "run" / "checkpoints" / "step_00000003" / RNG
-    saved = layout.torch_load(rng_file)["torch_manual_seed"]
+    saved = run_folder.torch_load(rng_file)["torch_manual_seed"]
     import torch
 
     torch.set_rng_state(saved)
@@ -118,5 +118,5 @@ def test_every_checkpoint_bad_starts_afresh_and_keeps_the_new_checkpoints(three_
     err = capsys.readouterr().err
     assert err.count("warning: skipping checkpoint") == 3 and "resumed from" not in err
     # the fresh run's checkpoint is kept although three (bad) ones have higher step numbers
-    assert (run_dir / "checkpoints" / "step_00000001" / layout.MANIFEST).is_file()
-    assert layout.check(run_dir / "checkpoints" / "step_00000001").problem is None
+    assert (run_dir / "checkpoints" / "step_00000001" / run_folder.MANIFEST).is_file()
+    assert run_folder.check(run_dir / "checkpoints" / "step_00000001").problem is None

@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import models
-from models.layout import CheckpointError
+from models.run_folder import CheckpointError
 from tests.train.common import save_teacher
 from train.distill import (
     AttentionTransfer,

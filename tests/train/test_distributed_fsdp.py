@@ -12,7 +12,7 @@ import shutil
 import pytest
 from safetensors.torch import load_file
 
-from models import layout
+from models import run_folder
 from tests.train.common import (
     TORCHRUN,
     checkpoints,
@@ -84,7 +84,7 @@ def test_checkpoint_is_sharded_and_resumes_exactly(runs):
 
 
 def test_the_sharded_ema_equals_one_process_and_resumes_exactly(runs):
-    last = {name: checkpoints(runs[name])[-1] / layout.EMA for name in runs}
+    last = {name: checkpoints(runs[name])[-1] / run_folder.EMA for name in runs}
     ema = {name: load_file(str(path)) for name, path in last.items()}
     assert ema["fsdp"].keys() == read_weights(checkpoints(runs["fsdp"])[-1]).keys()
     assert max_difference(ema["one"], ema["fsdp"]) < 1e-5

@@ -7,7 +7,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from models import layout
+from models import run_folder
 from models.clip import load_checkpoint
 from scripts import export_open_clip
 from tests.train.common import checkpoints, metrics, run, tiny_config, weights
@@ -19,7 +19,7 @@ EMA = {"decay": 0.9, "warmup": True, "warmup_power": 0.75, "every": 2}
 
 
 def ema_weights(folder):
-    return load_file(str(folder / layout.EMA))
+    return load_file(str(folder / run_folder.EMA))
 
 
 @pytest.fixture
@@ -66,12 +66,12 @@ def test_an_ema_checkpoint_without_its_ema_file_is_incomplete(tmp_path, syntheti
     assert run(path) == 0
     folder = checkpoints(tmp_path / "run")[-1]
     assert problem(folder) is None
-    (folder / layout.EMA).unlink()
+    (folder / run_folder.EMA).unlink()
     assert problem(folder) == "ema.safetensors is missing"  # listed in the manifest
     missing = "ema.safetensors is missing (the run keeps an EMA of the weights, train.ema.decay=0.5)"
-    layout.write_manifest(folder)  # as a writer that forgot it would leave it
+    run_folder.write_manifest(folder)  # as a writer that forgot it would leave it
     assert problem(folder) == missing
-    (folder / layout.MANIFEST).unlink()  # a folder without a manifest is checked by loading its files
+    (folder / run_folder.MANIFEST).unlink()  # a folder without a manifest is checked by loading its files
     assert problem(folder) == missing
 
 
@@ -97,7 +97,7 @@ def test_export_of_the_ema_loads_in_open_clip(tmp_path, synthetic):
     saved = ema_weights(checkpoints(tmp_path / "run")[-1])
     assert all(torch.equal(v.reshape(saved[k].shape), saved[k]) for k, v in model.state_dict().items())
     assert ours.keys() == saved.keys() and not torch.equal(
-        saved["text_projection"], weights(tmp_path / "run" / "checkpoints" / layout.step_name(2))["text_projection"]
+        saved["text_projection"], weights(tmp_path / "run" / "checkpoints" / run_folder.step_name(2))["text_projection"]
     )
 
 

@@ -21,7 +21,7 @@ from safetensors import SafetensorError
 from torch.distributed.checkpoint.api import CheckpointException
 
 import train.checkpoint
-from models import layout
+from models import run_folder
 from tests.train.common import TORCHRUN, cli, finish, reset_accelerate, run, tiny_config, train_records
 from train.checkpoint import write_failure
 from train.main import cli as train_cli
@@ -65,7 +65,7 @@ def test_each_storage_failure_is_named(error, cause):
 @pytest.mark.parametrize("step, kept", [(1, None), (2, "step_00000001")])
 def test_a_full_disk_is_one_line_and_the_last_checkpoint_is_kept(tmp_path, synthetic, monkeypatch, capsys, step, kept):
     real = train.checkpoint.save_file
-    target = layout.tmp_folder(tmp_path / "run", step) / layout.MODEL
+    target = run_folder.tmp_folder(tmp_path / "run", step) / run_folder.MODEL
 
     def full_disk(tensors, filename, *args, **kwargs):
         if filename != str(target):
@@ -81,13 +81,13 @@ def test_a_full_disk_is_one_line_and_the_last_checkpoint_is_kept(tmp_path, synth
     err = capsys.readouterr().err
     after = f"{kept} (a rerun resumes from it)" if kept else "none (a rerun starts afresh)"
     assert lines_of(err) == [
-        f"error: checkpoint {layout.step_name(step)} not written: no space left on device (writing {target}); "
+        f"error: checkpoint {run_folder.step_name(step)} not written: no space left on device (writing {target}); "
         f"its partial folder is removed; kept checkpoint: {after}"
     ]
     assert err.rstrip().splitlines()[-1].startswith("error:") and "Traceback" not in err
     run_dir = tmp_path / "run"
-    assert not list((run_dir / layout.CHECKPOINTS).glob(layout.TMP_PREFIX + "*"))
-    found = layout.newest_complete(run_dir)
+    assert not list((run_dir / run_folder.CHECKPOINTS).glob(run_folder.TMP_PREFIX + "*"))
+    found = run_folder.newest_complete(run_dir)
     assert (found[0].name if found else None) == kept
     if kept:
         monkeypatch.undo()
@@ -103,7 +103,7 @@ def test_with_max_failed_saves_the_run_trains_on_until_n_saves_in_a_row_failed(
     """train.max_failed_saves=2: a refused periodic checkpoint is one warning, the next save tries again; two in a
     row stop the run with the usual line. No partial folder is left either way."""
     real = train.checkpoint.save_file
-    targets = {str(layout.tmp_folder(tmp_path / "run", step) / layout.MODEL) for step in failing}
+    targets = {str(run_folder.tmp_folder(tmp_path / "run", step) / run_folder.MODEL) for step in failing}
 
     def full_disk(tensors, filename, *args, **kwargs):
         if filename not in targets:
@@ -124,8 +124,8 @@ def test_with_max_failed_saves_the_run_trains_on_until_n_saves_in_a_row_failed(
         and "1 of train.max_failed_saves=2" in warnings[0]
     )
     run_dir = tmp_path / "run"
-    assert not list((run_dir / layout.CHECKPOINTS).glob(layout.TMP_PREFIX + "*"))
-    complete = [p.name for p in layout.step_folders(run_dir) if layout.check(p).problem is None]
+    assert not list((run_dir / run_folder.CHECKPOINTS).glob(run_folder.TMP_PREFIX + "*"))
+    complete = [p.name for p in run_folder.step_folders(run_dir) if run_folder.check(p).problem is None]
     if stopped:
         assert lines_of(err) and "checkpoint step_00000003 not written: no space left on device" in lines_of(err)[0]
         assert complete == ["step_00000001"]
@@ -167,34 +167,36 @@ def test_a_file_size_limit_in_a_child_is_one_line(one_step, tmp_path, fails, cau
     source, config = one_step
     run_dir = tmp_path / "run"
     shutil.copytree(source / "run", run_dir)
-    step1 = run_dir / layout.CHECKPOINTS / layout.step_name(1)
+    step1 = run_dir / run_folder.CHECKPOINTS / run_folder.step_name(1)
     model, optimizer = ((step1 / name).stat().st_size for name in ("state/model.safetensors", "state/optimizer.bin"))
     assert model < optimizer
     limit = model // 2 if fails == "state/model.safetensors" else (model + optimizer) // 2
     args = [str(config), f"train.run_dir={run_dir}", "train.max_steps=2"]
     code, _, err = finish(cli(args, preexec_fn=file_size_limit(limit)))
     assert code == 1, err[-3000:]
-    tmp = layout.tmp_folder(run_dir, 2)
+    tmp = run_folder.tmp_folder(run_dir, 2)
     assert err.rstrip().splitlines()[-1] == (
-        f"error: checkpoint {layout.step_name(2)} not written: {cause} (writing {tmp / fails}); "
+        f"error: checkpoint {run_folder.step_name(2)} not written: {cause} (writing {tmp / fails}); "
         f"its partial folder is removed; kept checkpoint: {step1.name} (a rerun resumes from it)"
     ), err[-3000:]
     assert len(lines_of(err)) == 1 and "Traceback" not in err
-    assert not list((run_dir / layout.CHECKPOINTS).glob(layout.TMP_PREFIX + "*"))
-    assert layout.newest_complete(run_dir)[0] == step1
+    assert not list((run_dir / run_folder.CHECKPOINTS).glob(run_folder.TMP_PREFIX + "*"))
+    assert run_folder.newest_complete(run_dir)[0] == step1
 
 
 def fail_data_state(step: int, rank: int) -> None:
     """In this process: rank `rank`'s data_state file in the checkpoint of `step` meets a full disk."""
-    real = layout.write_json
+    real = run_folder.write_json
 
     def write_json(path: Path, obj) -> None:
-        if path.parent.name == layout.TMP_PREFIX + layout.step_name(step) and path.name == layout.data_state_name(rank):
+        if path.parent.name == run_folder.TMP_PREFIX + run_folder.step_name(
+            step
+        ) and path.name == run_folder.data_state_name(rank):
             path.write_text("{")
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
         real(path, obj)
 
-    layout.write_json = write_json
+    run_folder.write_json = write_json
 
 
 def test_a_full_disk_on_another_rank_stops_every_rank(tmp_path, synthetic):
@@ -204,14 +206,14 @@ def test_a_full_disk_on_another_rank_stops_every_rank(tmp_path, synthetic):
     code, _, err = finish(proc)
     assert code != 0
     run_dir = tmp_path / "run"
-    failed = layout.tmp_folder(run_dir, 2) / layout.data_state_name(1)
+    failed = run_folder.tmp_folder(run_dir, 2) / run_folder.data_state_name(1)
     line = (
-        f"error: checkpoint {layout.step_name(2)} not written: no space left on device (writing {failed}); "
-        f"its partial folder is removed; kept checkpoint: {layout.step_name(1)} (a rerun resumes from it)"
+        f"error: checkpoint {run_folder.step_name(2)} not written: no space left on device (writing {failed}); "
+        f"its partial folder is removed; kept checkpoint: {run_folder.step_name(1)} (a rerun resumes from it)"
     )
     assert lines_of(err) == [line, line], err[-3000:]  # one from each rank
-    assert not list((run_dir / layout.CHECKPOINTS).glob(layout.TMP_PREFIX + "*"))
-    assert layout.newest_complete(run_dir)[0].name == layout.step_name(1)
+    assert not list((run_dir / run_folder.CHECKPOINTS).glob(run_folder.TMP_PREFIX + "*"))
+    assert run_folder.newest_complete(run_dir)[0].name == run_folder.step_name(1)
 
 
 if __name__ == "__main__":

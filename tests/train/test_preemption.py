@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from models.layout import read_meta, step_name
+from models.run_folder import read_meta, step_name
 from tests.train.common import TORCHRUN, checkpoints, cli, finish, metrics, run, tiny_config, train_records, weights
 from train.checkpoint import problem
 

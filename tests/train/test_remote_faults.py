@@ -12,7 +12,7 @@ import threading
 
 import pytest
 
-from models import layout
+from models import run_folder
 from tests.train.common import reset_accelerate, s3_filesystem, tiny_config
 from train import storage as storage_module
 from train.main import cli
@@ -115,7 +115,7 @@ def test_an_upload_outlives_an_outage_of_the_server(s3, server, tmp_path, synthe
     assert "; attempt 1, trying again in 1.0 s (train.storage_retry_s=30)" in err
     assert "kept in" not in err and "error:" not in err
     assert [complete(s3, f"runs/back/checkpoints/step_0000000{step}") for step in (1, 2)] == [True, True]
-    assert [p.name for p in layout.step_folders(stage)] == ["step_00000002"]  # uploaded: the stage keeps one
+    assert [p.name for p in run_folder.step_folders(stage)] == ["step_00000002"]  # uploaded: the stage keeps one
     assert (stage / "checkpoints" / "uploaded").read_text().strip() == "step_00000002"
 
 
@@ -141,7 +141,7 @@ def test_uploads_failing_for_good_stop_the_run_in_one_line_and_a_rerun_uploads(
         f"; it is kept in {stage / 'checkpoints' / 'step_00000002'} and uploaded with the next checkpoint (1 of "
         "train.max_failed_uploads=2 in a row)"
     )
-    assert [p.name for p in layout.step_folders(stage)] == ["step_00000003", "step_00000002"]
+    assert [p.name for p in run_folder.step_folders(stage)] == ["step_00000003", "step_00000002"]
 
     server.start()
     monkeypatch.setattr(s3, "put", real)
@@ -152,18 +152,18 @@ def test_uploads_failing_for_good_stop_the_run_in_one_line_and_a_rerun_uploads(
     steps = sorted(p.rsplit("/", 1)[-1] for p in s3.ls("runs/gone/checkpoints") if "step_" in p)
     assert steps == ["step_00000003", "step_00000004"]
     assert all(complete(s3, f"runs/gone/checkpoints/{name}") for name in steps)
-    assert [p.name for p in layout.step_folders(stage)] == ["step_00000004"]
+    assert [p.name for p in run_folder.step_folders(stage)] == ["step_00000004"]
 
 
 def fake_checkpoint(stage, step: int):
-    """A folder with the files a manifest must list (models.layout.REQUIRED), finished like a real one; it passes
-    models.layout.check (no file is loaded)."""
-    tmp = layout.tmp_folder(stage, step)
-    for name in layout.REQUIRED:
+    """A folder with the files a manifest must list (models.run_folder.REQUIRED), finished like a real one; it passes
+    models.run_folder.check (no file is loaded)."""
+    tmp = run_folder.tmp_folder(stage, step)
+    for name in run_folder.REQUIRED:
         (tmp / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp / name).write_text(f"{name} of step {step}")
-    (tmp / layout.META).write_text(json.dumps({"step": step, "samples_seen": 0, "config": {"model": {}}}))
-    return layout.finish(tmp)
+    (tmp / run_folder.META).write_text(json.dumps({"step": step, "samples_seen": 0, "config": {"model": {}}}))
+    return run_folder.finish(tmp)
 
 
 def test_pruning_counts_only_complete_remote_checkpoints(s3, tmp_path):
@@ -183,8 +183,8 @@ def test_pruning_counts_only_complete_remote_checkpoints(s3, tmp_path):
 
 @pytest.mark.parametrize("name", ["../x", "../../escape", "/tmp/abs", "state/../../x", "a\\..\\x", "./x", "a//b", ""])
 def test_names_outside_a_checkpoint_folder_are_refused(name):
-    assert not layout.inside(name)
-    assert layout.inside("state/random_states_0.pkl") and layout.inside("model.safetensors")
+    assert not run_folder.inside(name)
+    assert run_folder.inside("state/random_states_0.pkl") and run_folder.inside("model.safetensors")
 
 
 def test_a_manifest_with_a_path_outside_its_folder_is_skipped_and_nothing_is_written(s3, tmp_path, capsys):
@@ -204,11 +204,11 @@ def test_a_manifest_with_a_path_outside_its_folder_is_skipped_and_nothing_is_wri
         "warning: skipping checkpoint s3://runs/evil/checkpoints/step_00000002: manifest.json lists '../x', a path "
         "that leaves the checkpoint folder (refused)\n"
     )
-    with pytest.raises(layout.CheckpointError, match="lists a path outside the folder"):
+    with pytest.raises(run_folder.CheckpointError, match="lists a path outside the folder"):
         storage.fetch(s3, "runs/evil/checkpoints/step_00000002", manifest)
     written = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file())
     assert not [p for p in written if p.endswith("/x") or p == "x" or not p.startswith(("run/stage/", "writer/"))]
-    assert layout.check(evil).problem.startswith("manifest.json lists '../x', a path that leaves the checkpoint")
+    assert run_folder.check(evil).problem.startswith("manifest.json lists '../x', a path that leaves the checkpoint")
 
 
 def test_a_download_failing_during_resume_is_one_line_naming_the_url(s3, tmp_path, synthetic, monkeypatch, capsys):
@@ -216,7 +216,7 @@ def test_a_download_failing_during_resume_is_one_line_naming_the_url(s3, tmp_pat
     train_cfg = {**SETTINGS, "run_dir": "s3://runs/down", "stage_dir": str(stage), "storage_retry_s": 0}
     path = tiny_config(tmp_path, synthetic, train=train_cfg)
     assert train(path) == 0
-    layout.prune(stage, 0)  # another node: nothing local
+    run_folder.prune(stage, 0)  # another node: nothing local
     monkeypatch.setattr(s3, "get", lambda *args, **kwargs: fail(ConnectionError("connection reset")))
     capsys.readouterr()
     assert train(path, "train.max_steps=3", "train.storage_retry_s=0.1") == 1
@@ -265,4 +265,4 @@ def test_a_failed_final_upload_is_one_line_and_the_rerun_uploads_it(
     assert train(path) == 0
     assert "nothing to do: the run is at step 2" in capsys.readouterr().err
     assert complete(s3, "runs/last/checkpoints/step_00000002")
-    assert [p.name for p in layout.step_folders(stage)] == ["step_00000002"]
+    assert [p.name for p in run_folder.step_folders(stage)] == ["step_00000002"]

@@ -14,7 +14,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.filesystem import _StorageInfo
 
-from models import layout
+from models import run_folder
 from tests.hostile import code_pickle
 from tests.train.common import TORCHRUN, checkpoints, cli, finish, reset_accelerate, tiny_config
 from train.checkpoint import load_checkpoint
@@ -34,14 +34,14 @@ def sharded(folder: Path) -> dict:
 
 def test_genuine_metadata_and_entries_load(tmp_path):
     sharded(tmp_path)
-    assert layout.load_problem(tmp_path / layout.DCP_METADATA) is None
+    assert run_folder.load_problem(tmp_path / run_folder.DCP_METADATA) is None
 
 
 def test_a_metadata_pickle_that_runs_code_is_refused_unrun(tmp_path):
     sharded(tmp_path)
     marker = tmp_path / "code-ran"
-    (tmp_path / layout.DCP_METADATA).write_bytes(code_pickle(marker))
-    assert layout.load_problem(tmp_path / layout.DCP_METADATA) == REFUSED
+    (tmp_path / run_folder.DCP_METADATA).write_bytes(code_pickle(marker))
+    assert run_folder.load_problem(tmp_path / run_folder.DCP_METADATA) == REFUSED
     assert not marker.exists()
     # what the check prevents: torch.distributed.checkpoint's own reader runs it
     with pytest.raises(BaseException):  # noqa: B017 - whatever the reader makes of os.system's return value
@@ -57,8 +57,8 @@ def test_a_non_tensor_entry_that_runs_code_is_refused_unrun(tmp_path):
     metadata = dcp.FileSystemReader(tmp_path).read_metadata()  # the genuine file, written just above
     lr = next(index for index in metadata.storage_data if index.fqn == "lr")
     metadata.storage_data[lr] = _StorageInfo("evil.distcp", 0, len(payload))
-    (tmp_path / layout.DCP_METADATA).write_bytes(pickle.dumps(metadata))
-    reason = layout.load_problem(tmp_path / layout.DCP_METADATA)
+    (tmp_path / run_folder.DCP_METADATA).write_bytes(pickle.dumps(metadata))
+    reason = run_folder.load_problem(tmp_path / run_folder.DCP_METADATA)
     assert reason.startswith("does not load (UnpicklingError: Weights only load failed"), reason
     assert not marker.exists()
     with pytest.raises(BaseException):  # noqa: B017 - CheckpointException derives from BaseException
@@ -90,20 +90,20 @@ def crafted_copy(run_dir: Path, tmp_path: Path, name: str, manifest: str) -> tup
     step2 = checkpoints(copy)[-1]
     (step2 / name).write_bytes(code_pickle(marker))
     if manifest == "rewritten":
-        layout.write_manifest(step2)
+        run_folder.write_manifest(step2)
     elif manifest == "deleted":
-        (step2 / layout.MANIFEST).unlink()
+        (step2 / run_folder.MANIFEST).unlink()
     return copy, step2, marker
 
 
 def test_real_fsdp_checkpoints_pass(fsdp_run):
     for step in checkpoints(fsdp_run[1]):
-        assert {p.relative_to(step).as_posix() for p in step.rglob(layout.DCP_METADATA)} == {
+        assert {p.relative_to(step).as_posix() for p in step.rglob(run_folder.DCP_METADATA)} == {
             MODEL_METADATA,
             OPTIMIZER_METADATA,
         }
-        assert layout.check(step).problem is None
-        assert layout.sharded_problem(step) is None
+        assert run_folder.check(step).problem is None
+        assert run_folder.sharded_problem(step) is None
 
 
 @pytest.mark.parametrize("manifest", ["rewritten", "stale", "deleted"])
@@ -126,7 +126,7 @@ def test_load_refuses_before_anything_is_unpickled(fsdp_run, tmp_path):
     _, step2, marker = crafted_copy(fsdp_run[1], tmp_path, OPTIMIZER_METADATA, "rewritten")
     loads = []
     accelerator = SimpleNamespace(process_index=0, num_processes=1, load_state=loads.append)
-    with pytest.raises(layout.CheckpointError, match=re.escape(f"{step2}: {OPTIMIZER_METADATA} {REFUSED};")):
+    with pytest.raises(run_folder.CheckpointError, match=re.escape(f"{step2}: {OPTIMIZER_METADATA} {REFUSED};")):
         load_checkpoint(accelerator, step2)
     assert loads == [] and not marker.exists()
 

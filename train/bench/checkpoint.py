@@ -15,37 +15,37 @@ import torch
 from safetensors.torch import save_file
 
 from eval import pages
-from models import layout
+from models import run_folder
 
 
 def write_files(tmp: Path, params: int) -> int:
     """The files of one checkpoint of `params` parameters (random contents, 4M-element tensors); returns bytes."""
     chunk, count = 4_000_000, max(1, round(params / 4_000_000))
     weights = {f"w{i}": torch.rand(chunk) for i in range(count)}
-    (tmp / layout.STATE).mkdir(parents=True)
-    save_file(weights, str(tmp / layout.MODEL))
-    save_file(weights, str(tmp / layout.STATE / layout.MODEL))
+    (tmp / run_folder.STATE).mkdir(parents=True)
+    save_file(weights, str(tmp / run_folder.MODEL))
+    save_file(weights, str(tmp / run_folder.STATE / run_folder.MODEL))
     # distinct tensors: torch.save stores a storage once however often it is referenced
     moments = {i: {"exp_avg": w.clone(), "exp_avg_sq": w.clone()} for i, w in enumerate(weights.values())}
-    torch.save({"state": moments, "param_groups": []}, tmp / layout.STATE / "optimizer.bin")
-    torch.save({"last_epoch": 1}, tmp / layout.STATE / "scheduler.bin")
-    torch.save({"torch_manual_seed": torch.get_rng_state()}, tmp / layout.STATE / "random_states_0.pkl")
+    torch.save({"state": moments, "param_groups": []}, tmp / run_folder.STATE / "optimizer.bin")
+    torch.save({"last_epoch": 1}, tmp / run_folder.STATE / "scheduler.bin")
+    torch.save({"torch_manual_seed": torch.get_rng_state()}, tmp / run_folder.STATE / "random_states_0.pkl")
     meta = {"step": 1, "samples_seen": 1, "config": {"model": {"name": "bench"}}}
-    (tmp / layout.META).write_text(json.dumps(meta))
+    (tmp / run_folder.META).write_text(json.dumps(meta))
     (tmp / "data_state_0.json").write_text("{}")
     return sum(p.stat().st_size for p in tmp.rglob("*") if p.is_file())
 
 
 def one_round(root: Path, params: int, step: int) -> dict:
-    tmp = layout.tmp_folder(root, step)
+    tmp = run_folder.tmp_folder(root, step)
     start = time.perf_counter()
     size = write_files(tmp, params)
     written = time.perf_counter()
-    folder = layout.finish(tmp)
+    folder = run_folder.finish(tmp)
     finished = time.perf_counter()
-    assert layout.check(folder).problem is None
+    assert run_folder.check(folder).problem is None
     checked = time.perf_counter()
-    layout.prune(root, 1, keep=folder)
+    run_folder.prune(root, 1, keep=folder)
     return {"bytes": size, "write_s": written - start, "finish_s": finished - written, "check_s": checked - finished}
 
 

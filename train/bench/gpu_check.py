@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from eval import pages
-from models import ModelConfig, build_clip, gmacs_per_sample, layout
+from models import ModelConfig, build_clip, gmacs_per_sample, run_folder
 from models.config import resolved_size
 from train.bench import fsdp_on_cpu
 from train.config import OptimConfig, TrainConfig
@@ -89,6 +89,22 @@ class SyntheticData:
         return {}
 
 
+def quiet_log(cfg: TrainConfig, main: bool) -> RunLog:
+    """The run's metrics.jsonl, no wandb, no progress bar."""
+    Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
+    return RunLog(
+        Path(cfg.run_dir),
+        {},
+        main=main,
+        wandb_mode="disabled",
+        project="",
+        name=None,
+        total_steps=cfg.max_steps,
+        start_step=0,
+        progress=False,
+    )
+
+
 def train_run(spec: dict) -> dict | None:
     """One check in this process (one rank of it): -> its CSV row on rank 0, None elsewhere."""
     out = Path(spec["out"])
@@ -114,18 +130,7 @@ def train_run(spec: dict) -> dict | None:
     optimizer, schedule = build_optimizer(model, OptimConfig(lr=1e-4, warmup_steps=2), spec["steps"])
     model, optimizer, schedule = accelerator.prepare(model, optimizer, schedule)
     data = SyntheticData(model_cfg, spec["batch"], seed=accelerator.process_index, pin=cuda)
-    Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
-    log = RunLog(
-        Path(cfg.run_dir),
-        {},
-        main=accelerator.is_main_process,
-        wandb_mode="disabled",
-        project="",
-        name=None,
-        total_steps=cfg.max_steps,
-        start_step=0,
-        progress=False,
-    )
+    log = quiet_log(cfg, accelerator.is_main_process)
     config = {"model": dataclasses.asdict(model_cfg), "train": dataclasses.asdict(cfg)}
     stop = StopFlag()
     try:
@@ -148,7 +153,8 @@ def train_run(spec: dict) -> dict | None:
     accelerator.end_training()
     if not accelerator.is_main_process:
         return None
-    return summarise(spec, Path(cfg.run_dir) / layout.METRICS, accelerator.num_processes, time.perf_counter() - start)
+    metrics = Path(cfg.run_dir) / run_folder.METRICS
+    return summarise(spec, metrics, accelerator.num_processes, time.perf_counter() - start)
 
 
 def summarise(spec: dict, metrics: Path, processes: int, seconds: float) -> dict:

@@ -20,7 +20,7 @@ from pathlib import Path
 import yaml
 
 from eval import pages
-from models import layout
+from models import run_folder
 
 REPO = Path(__file__).resolve().parents[2]
 FIELDS = ["setting", "attention", "contender", "samples_per_s", "cpu_s_per_1k", "speedup"]
@@ -69,7 +69,7 @@ def finish(process: subprocess.Popen, run_dir: Path) -> tuple[float, float]:
     err = process.stderr.read().decode()
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"a benchmark run failed:\n{err[-2000:]}")
-    records = [json.loads(line) for line in (run_dir / layout.METRICS).read_text().splitlines()]
+    records = [json.loads(line) for line in (run_dir / run_folder.METRICS).read_text().splitlines()]
     rates = [r["samples_per_s"] for r in records if "samples_per_s" in r][1:]
     return statistics.median(rates), usage.ru_utime + usage.ru_stime
 

@@ -1,0 +1,140 @@
+"""The page of the study over seeds (eval/seeds.py), written so that it can be written again from its data.
+
+    python -m scripts.study_seeds runs/demo-seed0 ... runs/demo-seed4 --out docs/study_seeds.md
+
+`write_page` copies what the page reads of each seed's folder (runs.json, fits.json, lr_sweep.json) into
+docs/<page>/data/<seed>/, with seeds.json (the header's stamp, the command, the folders as given, the targets and
+the zero-shot set's size), draws the learning curves with seed bands (docs/<page>/curves.png) and writes the page;
+a "## Findings" section already on the page stays (eval/study_page.py). `rebuild(page)` writes it again from
+docs/<page>/data/ alone: tests/test_docs_regenerate.py compares it with the committed page.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import numpy as np
+from scipy import stats
+
+from eval import pages, seeds, study_plots
+from eval.scaling_plot import plain_ticks
+from eval.study_page import findings_of, page_text
+
+FILES = ("runs.json", "fits.json", "lr_sweep.json")
+FIGURE = "curves.png"
+
+
+def band(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Mean over seeds (axis 0) and its 95% Student-t interval (none from one seed)."""
+    mean = values.mean(axis=0)
+    if len(values) < 2:
+        return mean, mean, mean
+    half = stats.t.ppf(0.975, len(values) - 1) * values.std(axis=0, ddof=1) / math.sqrt(len(values))
+    return mean, mean - half, mean + half
+
+
+def ends(run: dict, row: int) -> dict[int, float]:
+    """samples -> zero-shot error (row 0) or validation loss (row 1) at the cooled-down end of each budget (a study
+    without budgets: its evaluations)."""
+    if run.get("budgets"):
+        return {b[0]: 1 - b[1] if row == 0 else b[2] for b in run["budgets"]}
+    return {s: 1 - v for s, v in run["curve"]} if row == 0 else dict(run.get("val_curve", []))
+
+
+def curves_figure(runs_per_seed: list[list[dict]], path: Path) -> None:
+    """Zero-shot error and validation loss at the end of each budget against samples seen, per size (columns) and
+    attention (colours): the mean over seeds with its 95% interval as a band."""
+    first = runs_per_seed[0]
+    attentions = list(dict.fromkeys(r["attention"] for r in first))
+    sizes = list(dict.fromkeys(r["size"] for r in sorted(first, key=lambda r: r["params_without_token_embedding"])))
+    fig, axes = plt.subplots(2, len(sizes), figsize=(4.6 * len(sizes), 7.4), dpi=110, squeeze=False)
+    for col, size in enumerate(sizes):
+        for attention in attentions:
+            found = [
+                next((r for r in runs if r["attention"] == attention and r["size"] == size), None)
+                for runs in runs_per_seed
+            ]
+            if any(r is None for r in found):
+                continue
+            for row in (0, 1):
+                per_run = [ends(r, row) for r in found]
+                shared = sorted(set.intersection(*(set(e) for e in per_run)))
+                if not shared:
+                    continue
+                y = np.array([[e[s] for s in shared] for e in per_run], dtype=float)
+                mean, lo, hi = band(y)
+                ax, colour = axes[row][col], study_plots.colour(attentions, attention)
+                ax.plot(shared, mean, color=colour, lw=1.5, marker=".", ms=3, label=attention)
+                ax.fill_between(shared, np.maximum(lo, 1e-6), hi, color=colour, alpha=0.2, lw=0)
+        for row, label in enumerate(("zero-shot top-1 error", "validation loss (contrastive)")):
+            ax = axes[row][col]
+            ax.set(xscale="log", yscale="log", xlabel="samples seen (image-text pairs)", ylabel=label)
+            ax.grid(True, which="both", alpha=0.3)
+            plain_ticks(ax)
+        axes[0][col].set_title(
+            f"{size}: each budget's cooled-down end, mean of {len(runs_per_seed)} seeds, 95% band", fontsize=9
+        )
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def text_of(loaded: list[seeds.Seed], meta: dict) -> str:
+    """The page's text (before its findings) from the seeds and seeds.json."""
+    shown = [seeds.Seed(s.seed, Path(f), s.runs, s.fits, s.sweep) for s, f in zip(loaded, meta["folders"])]
+    body = seeds.report(shown, meta["targets"], meta["command"], meta["n_images"], made=meta["made"])
+    return body + f"\n## Learning curves over seeds\n\n![learning curves with seed bands]({FIGURE})\n"
+
+
+def load_data(data: Path) -> tuple[list[seeds.Seed], dict]:
+    meta = json.loads((data / "seeds.json").read_text())
+    loaded = []
+    for name in meta["seeds"]:
+        folder = data / f"seed{name}"
+        read = {f: json.loads((folder / f).read_text()) if (folder / f).is_file() else [] for f in FILES}
+        loaded.append(seeds.Seed(name, folder, read["runs.json"], read["fits.json"], read["lr_sweep.json"]))
+    return loaded, meta
+
+
+def write_page(loaded: list[seeds.Seed], page: Path, targets: list[float], command: str, n_images) -> str:
+    """Copy the seeds' data beside `page`, draw its figure, write it (keeping its findings); its text."""
+    page = Path(page)
+    names = [s.seed for s in loaded]
+    twice = next((s for s in loaded if names.count(s.seed) > 1), None)
+    if twice is not None:
+        folders = ", ".join(str(s.folder) for s in loaded if s.seed == twice.seed)
+        raise seeds.SeedError(f"{folders} are all seed {twice.seed}: give one study folder per seed")
+    data = page.parent / page.stem / "data"
+    if data.exists():
+        shutil.rmtree(data)
+    for s in loaded:
+        (data / f"seed{s.seed}").mkdir(parents=True)
+        for name in FILES:
+            if (s.folder / name).is_file():
+                shutil.copyfile(s.folder / name, data / f"seed{s.seed}" / name)
+    meta = {
+        "made": pages.stamp(),
+        "command": command,
+        "folders": [str(s.folder) for s in loaded],
+        "seeds": [s.seed for s in loaded],
+        "targets": list(targets),
+        "n_images": n_images,
+    }
+    (data / "seeds.json").write_text(json.dumps(meta, indent=2))
+    curves_figure([s.runs for s in loaded], page.parent / page.stem / FIGURE)
+    text = page_text(text_of(*load_data(data)), page.stem, findings_of(page))
+    page.write_text(text)
+    return text
+
+
+def rebuild(page: Path) -> str:
+    page = Path(page)
+    return page_text(text_of(*load_data(page.parent / page.stem / "data")), page.stem, findings_of(page))
