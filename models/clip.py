@@ -98,7 +98,11 @@ def build_clip(cfg: ModelConfig) -> CLIP:
     text_names = layer_attentions("text", cfg.text_attention, t["layers"], causal=True)
     image_heads = tower_heads(cfg.name, "image", v["width"], head_width=v.get("head_width", 64))
     text_heads = tower_heads(cfg.name, "text", t["width"], heads=t["heads"])
-    image_tokens = (v["image_size"] // v["patch_size"]) ** 2 + 1
+    prefix = 1 + cfg.image_registers  # the class token and the registers, before the patch grid
+    image_tokens = (v["image_size"] // v["patch_size"]) ** 2 + prefix
+    image_options = layer_options(
+        "image", image_names, cfg.image_attention_options, image_tokens, cfg.attention_impl, prefix=prefix
+    )
     visual = VisionTransformer(
         image_size=v["image_size"],
         patch_size=v["patch_size"],
@@ -106,7 +110,7 @@ def build_clip(cfg: ModelConfig) -> CLIP:
         heads=image_heads,
         output_dim=size["embed_dim"],
         attentions=image_names,
-        options=layer_options("image", image_names, cfg.image_attention_options, image_tokens, cfg.attention_impl),
+        options=image_options,
         mlp_ratio=v.get("mlp_ratio", 4.0),
         quick_gelu=quick_gelu,
         patch_dropout=cfg.patch_dropout or v.get("patch_dropout", 0.0),
@@ -114,6 +118,7 @@ def build_clip(cfg: ModelConfig) -> CLIP:
         pool=cfg.image_pool,
         layer_scale=cfg.layer_scale,
         qk_norm=cfg.qk_norm,
+        registers=cfg.image_registers,
     )
     text = dict(
         context_length=t["context_length"],

@@ -126,7 +126,8 @@ class ModelConfig:
     # any feature map); the image embedding from the class token (cls) or the mean of the patch tokens (mean)
     layer_scale: float | None = None
     qk_norm: bool = False
-    image_pool: str = "cls"
+    image_pool: str = "cls"  # or mean, or map: timm's attention pooling (models/vit.py)
+    image_registers: int = 0  # register tokens after the class token (Darcet et al. 2024; timm's reg_tokens)
 
 
 def tiny_model_names() -> list[str]:
@@ -220,11 +221,15 @@ def layer_attentions(tower: str, attention: str | list[str], layers: int, causal
     return names
 
 
-def layer_options(tower: str, names: list[str], options: dict, seq_len: int, impl: str = "auto") -> list[dict]:
+def layer_options(
+    tower: str, names: list[str], options: dict, seq_len: int, impl: str = "auto", prefix: int | None = None
+) -> list[dict]:
     """The options of each layer: one flat dict for all, or a dict keyed by attention name; names checked.
 
     A variant with a `max_length` option (a fixed-length projection, e.g. Linformer) gets the tower's
-    sequence length unless the options set it; one with an `impl` option gets `impl` unless they set it.
+    sequence length unless the options set it; one with an `impl` option gets `impl` unless they set it; one with a
+    `prefix_tokens` option (the tokens before the patch grid, e.g. retention_2d) gets `prefix` (the image tower's
+    class token and registers) unless they set it.
     """
     from models.attention import get_attention  # torch: the model section loads without it
 
@@ -235,6 +240,8 @@ def layer_options(tower: str, names: list[str], options: dict, seq_len: int, imp
             opts.setdefault("max_length", seq_len)
         if impl != "auto" and "impl" in (accepted_options(get_attention(name)) or ()):
             opts.setdefault("impl", impl)
+        if prefix is not None and "prefix_tokens" in (accepted_options(get_attention(name)) or ()):
+            opts.setdefault("prefix_tokens", prefix)
     for name, opts in dict(zip(names, per_layer)).items():
         known = accepted_options(get_attention(name))
         unknown = sorted(set(opts) - known) if known is not None else []

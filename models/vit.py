@@ -4,6 +4,12 @@ Keys match open_clip's `VisionTransformer`: conv1.weight (no bias), class_embedd
 positional_embedding, ln_pre, transformer.resblocks.*, ln_post, proj. `pool` mean is open_clip's pool_type avg
 (ln_post on every token, then the mean of the patches); `layer_scale` its ls_init_value. The image tower never pads,
 so its attention is called with key_mask=None and is never causal.
+
+Options timm has and open_clip lacks, as timm builds them: `registers` (Darcet et al. 2024, "Vision Transformers
+Need Registers"): N learned tokens `reg_token` [1, N, C] after the class token, without a position (timm's reg_tokens:
+[cls, registers, patches]; the class token keeps angle 0 under RoPE and so do they), kept by patch dropout, counted in
+the tokens every attention mixes and left out of mean pooling; `pool` map: timm's AttentionPoolLatent (one learned
+query attending over every token after ln_post, then its MLP; SigLIP's MAP head), its weights under attn_pool.*.
 """
 
 from __future__ import annotations
@@ -14,7 +20,8 @@ from torch import Tensor, nn
 from models.attention import rope
 from models.blocks import Transformer
 
-POOLS = ("cls", "mean")  # open_clip's pool_type tok and avg: the class token, or the mean of the patch tokens
+# open_clip's pool_type tok and avg (the class token, the mean of the patch tokens) and timm's map (attention pooling)
+POOLS = ("cls", "mean", "map")
 
 
 def patch_dropout(x: Tensor, prob: float) -> Tensor:
@@ -57,6 +64,7 @@ class VisionTransformer(nn.Module):
         pool: str = "cls",
         layer_scale: float | None = None,
         qk_norm: bool = False,
+        registers: int = 0,
     ):
         super().__init__()
         rope.check("image", pos_embed, width // heads)
@@ -88,6 +96,15 @@ class VisionTransformer(nn.Module):
         self.transformer = Transformer(width, heads, attentions, options, causal=False, **block)
         self.ln_post = nn.LayerNorm(width)
         self.proj = nn.Parameter(scale * torch.randn(width, output_dim))
+        if registers < 0:
+            raise ValueError(f"image tower: registers={registers} must be >= 0")
+        self.registers = registers
+        if registers:
+            self.reg_token = nn.Parameter(scale * torch.randn(1, registers, width))
+        if pool == "map":
+            from timm.layers import AttentionPoolLatent  # timm's MAP head (SigLIP); imported only where used
+
+            self.attn_pool = AttentionPoolLatent(width, num_heads=heads, mlp_ratio=mlp_ratio)
 
     def tokens(self, image: Tensor) -> Tensor:
         """[B, 3, H, W] -> [B, 1 + (H/p)(W/p), C]: class token then patches, plus positions."""
@@ -97,19 +114,36 @@ class VisionTransformer(nn.Module):
         return x if self.pos_embed == "rope" else x + self.positional_embedding.to(x.dtype)
 
     def rope_table(self, image: Tensor, idx: Tensor | None) -> tuple[Tensor, Tensor]:
-        """RoPE's (cos, sin) for the class token and the patches of `image`'s grid (only those in idx [B, keep],
-        one table per image, when patch dropout kept some)."""
+        """RoPE's (cos, sin) for the class token, the registers (angle 0, as the class token) and the patches of
+        `image`'s grid (only those in idx [B, keep], one table per image, when patch dropout kept some)."""
         grid = (image.shape[-2] // self.patch_size[0], image.shape[-1] // self.patch_size[1])
         rows, cols = rope.grid_positions(*grid, device=image.device)
         if idx is not None:
             rows, cols = rows[idx], cols[idx]
-        return rope.image_table(rows, cols, self.head_dim)
+        return tuple(self.with_registers(t) for t in rope.image_table(rows, cols, self.head_dim))
+
+    def with_registers(self, x: Tensor, tokens: Tensor | None = None) -> Tensor:
+        """x [..., 1 + N, C] with the registers after its first token: `tokens` [..., R, C], by default copies of
+        that first token's row (in a RoPE table: the class token's angle 0, cos 1 and sin 0)."""
+        if not self.registers:
+            return x
+        if tokens is None:
+            tokens = x[..., :1, :].expand(*x.shape[:-2], self.registers, x.shape[-1])
+        return torch.cat([x[..., :1, :], tokens.to(x.dtype), x[..., 1:, :]], dim=-2)
 
     def forward(self, image: Tensor) -> Tensor:
         x = self.tokens(image)
         idx = kept_patches(x, self.patch_dropout) if self.training and self.patch_dropout > 0 else None
         if idx is not None:
             x = keep_patches(x, idx)
+        x = self.with_registers(x, self.reg_token.expand(x.shape[0], -1, -1) if self.registers else None)
         x = self.transformer(self.ln_pre(x), rope=self.rope_table(image, idx) if self.pos_embed == "rope" else None)
-        pooled = self.ln_post(x[:, 0]) if self.pool == "cls" else self.ln_post(x[:, 1:]).mean(1)
-        return pooled @ self.proj
+        return self.pooled(x) @ self.proj
+
+    def pooled(self, x: Tensor) -> Tensor:
+        """[B, 1 + R + N, C] -> [B, C]: the class token, the mean of the patches, or timm's attention pooling."""
+        if self.pool == "cls":
+            return self.ln_post(x[:, 0])
+        if self.pool == "mean":
+            return self.ln_post(x[:, 1 + self.registers :]).mean(1)
+        return self.attn_pool(self.ln_post(x))

@@ -398,6 +398,7 @@ RANGES = {
     ("data", "seed"): (lambda v: 0 <= v < 2**32, "in [0, 2**32)"),
     ("model", "patch_dropout"): (lambda v: 0 <= v < 1, "in [0, 1)"),
     ("model", "layer_scale"): above(0),
+    ("model", "image_registers"): at_least(0),
     ("train", "max_steps"): at_least(1),
     ("train", "accum_freq"): at_least(1),
     ("train", "keep_last"): at_least(1),
