@@ -148,7 +148,8 @@ class TrainConfig:
 
 @dataclass
 class EvalConfig:
-    """Zero-shot classification through eval.zeroshot.evaluate, every `every` steps and at the end."""
+    """Zero-shot classification through eval.zeroshot.evaluate, every `every` steps and at the end (and the validation
+    loss, few-shot probes and retrieval at the same steps, where set)."""
 
     dataset: str | None = None  # ImageFolder tree (with classnames.txt/templates.txt) or clip_benchmark wds folder
     classnames: str | None = None  # null: from the dataset folder; else a file or a built-in name such as imagenet1k
@@ -162,6 +163,10 @@ class EvalConfig:
     # fewshot/<k>shot: e.g. [1, 5, 10, 25]; each k-shot accuracy the mean over fewshot_draws draws; [] = none
     fewshot: list[int] = field(default_factory=list)
     fewshot_draws: int = 5
+    # image-text retrieval (eval/retrieval.py) at the same cadence: a .csv/.tsv of image-caption rows or a webdataset
+    # folder of images with `txt` captions (e.g. the validation shards); recall@1/5/10 both ways as retrieval/<metric>
+    retrieval: str | None = None
+    retrieval_split: str = "test"  # the split folder of a clip_benchmark webdataset (a folder of .tar: itself)
 
 
 @dataclass

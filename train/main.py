@@ -26,7 +26,9 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 
 from data import DataConfig, build_train_data
 from data.errors import DataError
+from eval.datasets import EvalInputError, open_retrieval
 from eval.replay import Replay
+from eval.retrieval import evaluate_pairs
 from eval.sharding import Shard, random_state_kept
 from eval.val_loss import check_val_shards, validation_loss
 from eval.zeroshot import evaluate
@@ -181,6 +183,11 @@ def preflight(cfg: Config, world_size: int) -> None:
         raise ConfigError(
             f"eval.dataset={cfg.eval.dataset} does not exist; point it at an ImageFolder tree or set eval.dataset=null"
         )
+    if cfg.eval.retrieval:
+        try:
+            open_retrieval(cfg.eval.retrieval, lambda image: image, cfg.eval.retrieval_split)
+        except EvalInputError as e:
+            raise ConfigError(f"eval.retrieval: {e}; or set eval.retrieval=null") from None
     check_schedule(cfg.optim, cfg.train.max_steps)
     check_optimizer(cfg.optim)
     check_wandb(cfg.train.wandb)
@@ -306,12 +313,14 @@ def start_run_dir(cfg: Config, accelerator, storage: RunStorage, step: int, size
 
 
 def make_evaluator(cfg: Config, accelerator, model: nn.Module, teacher: nn.Module | None = None, ema=None):
-    """A callable returning {"val_loss": ..., "zeroshot/top1": ...} on rank 0 ({} on the others), called on every
-    rank; None without eval.dataset and eval.val_shards. With a distillation teacher, its zero-shot results
-    (computed at the first evaluation, once) are logged beside the student's as teacher/zeroshot/*; with an EMA of
-    the weights (train.ema), its results as ema/val_loss and ema/zeroshot/*."""
+    """A callable returning {"val_loss": ..., "zeroshot/top1": ..., "retrieval/...": ...} on rank 0 ({} on the
+    others), called on every rank; None without eval.dataset, eval.val_shards and eval.retrieval. With a distillation
+    teacher, its zero-shot results (computed at the first evaluation, once) are logged beside the student's as
+    teacher/zeroshot/*; with an EMA of the weights (train.ema), its results as ema/val_loss, ema/zeroshot/* and
+    ema/retrieval/*."""
     zeroshot, val = make_zeroshot(cfg, accelerator, model), make_val_loss(cfg, accelerator, model)
-    if zeroshot is None and val is None:
+    retrieval = make_retrieval(cfg, accelerator, model)
+    if zeroshot is None and val is None and retrieval is None:
         return None
     ema_eval = make_ema_evaluator(cfg, accelerator, ema) if ema is not None else None
     teacher_zeroshot = make_zeroshot(cfg, accelerator, teacher, net_of=lambda: teacher) if teacher else None
@@ -322,6 +331,7 @@ def make_evaluator(cfg: Config, accelerator, model: nn.Module, teacher: nn.Modul
         nonlocal teacher_done
         results = val() if val is not None else {}
         results.update(zeroshot() if zeroshot is not None else {})
+        results.update(retrieval() if retrieval is not None else {})
         if teacher_zeroshot is not None and not teacher_done:  # every rank takes part (sharded eval), once
             teacher_results.update({f"teacher/{k}": v for k, v in teacher_zeroshot().items()})
             teacher_done = True
@@ -336,13 +346,13 @@ def make_ema_evaluator(cfg: Config, accelerator, ema):
     """A callable returning {"ema/val_loss": ..., "ema/zeroshot/top1": ...} of the EMA of the weights, evaluated as
     the weights are; its plain CLIP (train/ema.py's eval_net) is made once per evaluation, on every rank."""
     held: list[nn.Module] = []
-    zeroshot = make_zeroshot(cfg, accelerator, None, net_of=lambda: held[0])
-    val = make_val_loss(cfg, accelerator, None, net_of=lambda: held[0])
+    makers = (make_val_loss, make_zeroshot, make_retrieval)
+    evals = [e for e in (make(cfg, accelerator, None, net_of=lambda: held[0]) for make in makers) if e is not None]
 
     def run() -> dict:
         held.append(weights_ema.eval_net(ema, accelerator, cfg.model))
         try:
-            results = {**(val() if val is not None else {}), **(zeroshot() if zeroshot is not None else {})}
+            results = {k: v for evaluate_one in evals for k, v in evaluate_one().items()}
         finally:
             held.clear()
         return {f"ema/{k}": v for k, v in results.items()}
@@ -373,6 +383,32 @@ def make_val_loss(cfg: Config, accelerator, model: nn.Module, net_of=None):
             replay=replay,
         )
         return {"val_loss": loss}
+
+    return run
+
+
+def make_retrieval(cfg: Config, accelerator, model: nn.Module, net_of=None):
+    """A callable returning {"retrieval/text_to_image_R@1": ...} on rank 0 ({} on the others), or None without
+    eval.retrieval: recall@k both ways (eval/retrieval.py), each rank embedding its slice of the pairs."""
+    if not cfg.eval.retrieval:
+        return None
+    _, eval_transform = transforms(cfg.model)
+    tok, shard = tokenizer(cfg.model), Shard(accelerator.process_index, accelerator.num_processes)
+    pairs = open_retrieval(cfg.eval.retrieval, eval_transform, cfg.eval.retrieval_split)
+
+    def run() -> dict:
+        net = net_of() if net_of is not None else eval_model(accelerator, model, cfg.model)
+        with random_state_kept(accelerator.device):  # as zero-shot: a resumed run must not diverge
+            out = evaluate_pairs(
+                net,
+                pairs,
+                tok,
+                batch_size=cfg.eval.batch_size,
+                device=accelerator.device,
+                workers=cfg.eval.workers,
+                shard=shard,
+            )
+        return {f"retrieval/{k}": v for k, v in out.items() if "_R@" in k} if accelerator.is_main_process else {}
 
     return run
 

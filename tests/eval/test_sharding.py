@@ -11,7 +11,7 @@ import yaml
 
 import models
 from data import make_synthetic
-from eval import suite, zeroshot
+from eval import retrieval, suite, zeroshot
 from eval.sharding import Shard, random_state_kept
 from tests.eval import evalsets
 from tests.train.common import (
@@ -122,7 +122,9 @@ def test_evaluation_during_training_on_two_ranks_equals_one_process(training_dat
     """2 ranks each score half of the images at the end of training; the logged numbers equal one process
     evaluating the final checkpoint."""
     config = tiny_config(tmp_path, training_data, train={"max_steps": 2, "save_every": 2}, eval={"dataset": None})
-    code, _, err = torchrun("train", [str(config), f"eval.dataset={training_data['eval']}", "eval.fewshot=[1,2]"])
+    val = str(tmp_path / "synthetic" / "val")  # the validation shards (images with txt captions) as a caption set
+    extra = [f"eval.dataset={training_data['eval']}", "eval.fewshot=[1,2]", f"eval.retrieval={val}"]
+    code, _, err = torchrun("train", [str(config), *extra])
     assert code == 0, err[-3000:]
     logged = next(r for r in metrics(tmp_path / "run") if "zeroshot/top1" in r)
     argv = [str(tmp_path / "run"), "--dataset", training_data["eval"], "--workers", "0", "--fewshot", "1,2"]
@@ -133,6 +135,11 @@ def test_evaluation_during_training_on_two_ranks_equals_one_process(training_dat
     # the few-shot probes see every rank's features, in the order of one process
     assert [logged[f"fewshot/{k}shot"] for k in (1, 2)] == [result["fewshot"][k] for k in (1, 2)]
     assert result["num_images"] == 24 * 3
+    # retrieval at the same step, each rank embedding half of the pairs: the numbers of one process (eval.retrieval)
+    recall = retrieval.main([str(tmp_path / "run"), "--dataset", val, "--workers", "0"])
+    keys = [k for k in recall if "_R@" in k]
+    assert len(keys) == 6 and all(logged[f"retrieval/{k}"] == recall[k] for k in keys)
+    assert recall["num_images"] == 512 and 0 < recall["text_to_image_R@10"] < 1
 
 
 def test_evaluation_leaves_the_training_random_state(training_data, tmp_path, monkeypatch):

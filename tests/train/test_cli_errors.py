@@ -72,3 +72,11 @@ def test_synthetic_refuses_an_output_it_cannot_write_and_writes_nothing(tmp_path
         main([str(tmp_path / "out"), "--train-samples", "0"])
     assert str(caught.value).startswith("error: synthetic data: need train_samples >= 1")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+
+
+def test_a_retrieval_set_that_is_not_there_is_one_line_before_training(tmp_path, synthetic):
+    path = tiny_config(tmp_path, synthetic)
+    code, _, err = finish(cli([str(path), f"eval.retrieval={tmp_path / 'captions'}"]))
+    assert code == 1 and err.count("\n") == 1, err
+    assert err.startswith(f"error: eval.retrieval: {tmp_path / 'captions'} is neither a .csv/.tsv file nor a folder")
+    assert err.rstrip().endswith("or set eval.retrieval=null") and not (tmp_path / "run").exists()
