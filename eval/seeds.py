@@ -43,6 +43,8 @@ from eval.claims import (
 from eval.multiplier import first_reach
 from eval.scaling_fit import R2_MIN
 
+TRAIN_FIT = "train_loss_params"  # eval/study_analysis.py FITS: training loss against parameters, as the paper plots
+
 RULES = (
     "(a) the verdict every seed gives by the single-study rule (docs/study_shapes.md), undetermined when the seeds "
     f"disagree; the top-1 gap's interval is shown beside it (comparable: within {100 * GAP:.0f} points). "
@@ -272,6 +274,7 @@ def tables(seeds: list[Seed], targets: list[float]) -> list[str]:
         best.append(f"| {a} | {per_seed(top.values, '{:.1%}')} | {top.text('{:.1%}')} |")
     alpha = exponent_table(seeds, attentions, PARAMS_FIT, "validation-loss exponent against parameters")
     frontier = exponent_table(seeds, attentions, FRONTIER_FIT, "compute-frontier exponent")
+    train = exponent_table(seeds, attentions, TRAIN_FIT, "training-loss exponent against parameters")
     mult = [f"| attention | size | target error | samples multiplier, seeds {names} | geometric mean [95% CI] |"]
     mult.append("|---|---|---|---|---|")
     for a in attentions[1:] if attentions[0] == "softmax" else attentions:
@@ -291,7 +294,7 @@ def tables(seeds: list[Seed], targets: list[float]) -> list[str]:
         lrs.append(f"| {a} | {' / '.join(chosen)} |")
     if not any(s.sweep for s in seeds):
         lrs = ["No seed ran a learning-rate sweep: each used the study config's rates (`per_attention` lr_scale)."]
-    return ["\n".join(t) + "\n" for t in (best, alpha, frontier, mult, lrs)]
+    return ["\n".join(t) + "\n" for t in (best, alpha, train, frontier, mult, lrs)]
 
 
 def exponent_table(seeds: list[Seed], attentions: list[str], fit: str, what: str) -> list[str]:
@@ -309,7 +312,7 @@ def report(
     seeds: list[Seed], targets: list[float], command: str, n_images: int | None = None, made: dict | None = None
 ) -> str:
     """The page; `made`: the header's pages.stamp() (default: this machine now)."""
-    best, alpha, frontier, mult, lrs = tables(seeds, targets)
+    best, alpha, train, frontier, mult, lrs = tables(seeds, targets)
     claims = ["| claim | verdict | numbers |", "|---|---|---|"]
     claims += [f"| {c} | **{v}** | {n} |" for c, v, n in claim_rows(seeds, targets, n_images)]
     folders = ", ".join(f"seed {s.seed}: `{s.folder}`" for s in seeds)
@@ -328,6 +331,11 @@ def report(
             best,
             "## Exponents of the validation loss against non-embedding parameters (claim (c))\n",
             alpha,
+            "## Exponents of the training loss against non-embedding parameters (as the paper plots it)\n",
+            "The mean of the logged training losses over the last 10% of each full-budget run's steps, against "
+            "parameters without the token embedding (eval/study_analysis.py: train_loss_params); shown, not ruled "
+            "on (claim (c) reads the validation loss, which every attention is scored on with the same images).\n",
+            train,
             "## Compute-frontier exponents (zero-shot error against training compute; not ruled on)\n",
             frontier,
             "## Samples to a target error, over softmax of the same size\n",

@@ -29,6 +29,8 @@ from eval.study_page import findings_of, page_text
 
 FILES = ("runs.json", "fits.json", "lr_sweep.json")
 FIGURE = "curves.png"
+# the README's results table sits between these lines; tests/test_docs_regenerate.py writes it again from the data
+README_START, README_END = "<!-- results: written by eval/seeds_page.py from docs/{page}/data -->", "<!-- /results -->"
 
 
 def band(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -138,3 +140,38 @@ def write_page(loaded: list[seeds.Seed], page: Path, targets: list[float], comma
 def rebuild(page: Path) -> str:
     page = Path(page)
     return page_text(text_of(*load_data(page.parent / page.stem / "data")), page.stem, findings_of(page))
+
+
+def results_table(loaded: list[seeds.Seed], meta: dict) -> str:
+    """The README's table of the main job's results over seeds: per attention at the largest size, the best zero-shot
+    and few-shot top-1, the samples multiplier to the hardest target softmax reaches at every seed, and the exponent
+    of validation loss against parameters (claim (c)); each the mean over seeds with its 95% interval; then the
+    claims' verdicts."""
+    attentions = list(dict.fromkeys(r["attention"] for r in loaded[0].runs))
+    size = seeds.sizes_of(loaded, "softmax")[-1]
+    target = seeds.hardest_shared_target(loaded, size, meta["targets"])
+    probes = sorted({k for r in loaded[0].runs for k in r.get("fewshot", {})}, key=lambda k: int(k.split("shot")[0]))
+    head = ["attention", f"zero-shot top-1 ({size})", *(f"{k[:-4]}-shot probe" for k in probes)]
+    head += [f"samples to {100 * target:.0f}% error vs softmax" if target else "samples multiplier"]
+    head += ["val loss vs params exponent", "minus softmax's"]
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for a in attentions:
+        runs = [seeds.run_of(s, a, size) for s in loaded]
+        top1 = seeds.spread([r["top1"] for r in runs]).text("{:.1%}")
+        shots = [seeds.spread([r["fewshot"][k] for r in runs]).text("{:.1%}") for k in probes]
+        k = seeds.multiplier_spread(loaded, a, size, target) if target and a != "softmax" else None
+        alpha = seeds.exponent_spread(loaded, a, seeds.PARAMS_FIT).text("{:+.3f}")
+        diff = seeds.diff_spread(loaded, a, seeds.PARAMS_FIT).text("{:+.3f}") if a != "softmax" else ""
+        rows.append("| " + " | ".join([a, top1, *shots, k.text(unit="x") if k else "", alpha, diff]) + " |")
+    verdicts = "; ".join(
+        f"{c.split(')')[0]}) {v}" for c, v, _ in seeds.claim_rows(loaded, meta["targets"], meta["n_images"])
+    )
+    return "\n".join(rows) + f"\n\nThe paper's claims over {len(loaded)} seeds: {verdicts}.\n"
+
+
+def readme_block(page: Path) -> str:
+    """The README's results block for the seeds page `page`, markers included."""
+    page = Path(page)
+    loaded, meta = load_data(page.parent / page.stem / "data")
+    start = README_START.format(page=page.stem)
+    return f"{start}\n{results_table(loaded, meta)}{README_END}"

@@ -59,7 +59,29 @@ FITS = {
         "validation loss (contrastive)",
         "validation loss against parameters at the end of each full-budget run (claim (c))",
     ),
+    # as the paper plots it: training loss against model size (its Fig. 3); "tail": the mean of the logged training
+    # losses over the last TAIL of each full-budget run's steps (one batch's loss is noisy)
+    "train_loss_params": (
+        "params_without_token_embedding",
+        "loss",
+        "tail",
+        "parameters without the token embedding",
+        "training loss (contrastive, mean over the last 10% of steps)",
+        "training loss against parameters at the end of each full-budget run (as the paper plots it)",
+    ),
 }
+TAIL = 0.1
+
+
+def tail_mean(frame: pd.DataFrame, y: str, tail: float = TAIL) -> pd.DataFrame:
+    """One row per run: its last record with `y` the mean of `y` over the last `tail` of the run's steps."""
+    rows = []
+    for _, run in frame.groupby("@source", sort=False):
+        last = run["step"].max()
+        kept = run[run["step"] >= (1 - tail) * last]
+        rows.append(run.sort_values("step").iloc[-1].copy())
+        rows[-1][y] = kept[y].mean()
+    return pd.DataFrame(rows).reset_index(drop=True)
 
 
 def points(jobs, y: str, which: str) -> pd.DataFrame:
@@ -145,7 +167,12 @@ def scaling_fits(jobs, out: Path, study, floor: float = 0.0) -> dict[str, dict]:
     options = study.fits
     results = {}
     for name, (x, y, which, xlabel, ylabel, _) in FITS.items():
-        frame = points(jobs if which == "ends" else [j for j in jobs if j.after is None], y, "last")
+        mains = [j for j in jobs if j.after is None]
+        frame = (
+            tail_mean(points(mains, y, "all"), y)
+            if which == "tail"
+            else points(jobs if which == "ends" else mains, y, "last")
+        )
         if y == "error":  # the fit reads error = 1 - top1
             frame["zeroshot/top1"] = frame["zeroshot/top1"].clip(upper=1 - floor)
         bins = options.get("frontier_bins") if which == "ends" else None
