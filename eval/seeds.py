@@ -263,28 +263,76 @@ def per_seed(values: list[float], fmt: str, marks: list[str] | None = None) -> s
     return " / ".join(m + fmt.format(v) for v, m in zip(values, marks or [""] * len(values)))
 
 
-def tables(seeds: list[Seed], targets: list[float]) -> list[str]:
+def hierarchical(seeds: list[Seed], draw, log: bool = False, n_boot: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """95% percentile interval of the mean over seeds when both the seeds and, within each seed drawn, the zero-shot
+    images are resampled (a two-level bootstrap: Davison and Hinkley 1997, sec. 3.8). draw(seed, rng) gives one
+    replicate of that seed's value with its images resampled; `log`: the mean of logarithms (multipliers)."""
+    rng = np.random.default_rng(seed)
+    reps = []
+    for _ in range(n_boot):
+        values = np.array([draw(seeds[i], rng) for i in rng.integers(len(seeds), size=len(seeds))], dtype=float)
+        with np.errstate(divide="ignore"):
+            reps.append(float(np.exp(np.mean(np.log(values)))) if log else float(np.mean(values)))
+    lo, hi = (float(np.quantile(reps, q, method=m)) for q, m in ((0.025, "lower"), (0.975, "higher")))
+    return lo, hi
+
+
+def resampled(run: dict, n_images: int, rng) -> tuple[list[int], np.ndarray]:
+    """A run's (samples, zero-shot errors) with each evaluation's errors drawn again from its n_images images."""
+    samples, top1 = zip(*run["curve"])
+    return list(samples), rng.binomial(n_images, 1 - np.asarray(top1)) / n_images
+
+
+def boot_multiplier(seeds: list[Seed], attention: str, size: str, target: float, n_images: int) -> tuple[float, float]:
+    """The samples multiplier's two-level bootstrap interval (never reaching the target: its samples seen, a bound)."""
+
+    def draw(seed: Seed, rng) -> float:
+        run, ref = run_of(seed, attention, size), run_of(seed, "softmax", size)
+        mine = first_reach(*resampled(run, n_images, rng), target)
+        theirs = first_reach(*resampled(ref, n_images, rng), target)
+        return (mine if math.isfinite(mine) else run["samples_seen"]) / theirs
+
+    return hierarchical(seeds, draw, log=True)
+
+
+def boot_top1(seeds: list[Seed], attention: str, size: str, n_images: int) -> tuple[float, float]:
+    """Top-1 at `size`: the two-level bootstrap interval of its mean over seeds."""
+    return hierarchical(seeds, lambda s, rng: rng.binomial(n_images, run_of(s, attention, size)["top1"]) / n_images)
+
+
+def tables(seeds: list[Seed], targets: list[float], n_images: int | None = None) -> list[str]:
     """The Markdown tables: best top-1, exponents (against parameters, then compute), multipliers, learning
     rates chosen."""
     names = " / ".join(s.seed for s in seeds)
     attentions = list(dict.fromkeys(r["attention"] for r in seeds[0].runs))
-    best = [f"| attention | best zero-shot top-1, seeds {names} | mean [95% CI over seeds] |", "|---|---|---|"]
+    largest = sizes_of(seeds, "softmax")[-1] if sizes_of(seeds, "softmax") else None
+    both = f" | at {largest}: bootstrap over seeds and images" if n_images and largest else ""
+    best = [f"| attention | best zero-shot top-1, seeds {names} | mean [95% CI over seeds]{both} |"]
+    best.append("|---|---|---|" + ("---|" if both else ""))
     for a in attentions:
         top = spread([max(r["top1"] for r in s.runs if r["attention"] == a) for s in seeds])
-        best.append(f"| {a} | {per_seed(top.values, '{:.1%}')} | {top.text('{:.1%}')} |")
+        cell = ""
+        if both and all(run_of(s, a, largest) for s in seeds):
+            mean = np.mean([run_of(s, a, largest)["top1"] for s in seeds])
+            lo, hi = boot_top1(seeds, a, largest, n_images)
+            cell = f" | {mean:.1%} [{lo:.1%}, {hi:.1%}]"
+        best.append(f"| {a} | {per_seed(top.values, '{:.1%}')} | {top.text('{:.1%}')}{cell} |")
     alpha = exponent_table(seeds, attentions, PARAMS_FIT, "validation-loss exponent against parameters")
     frontier = exponent_table(seeds, attentions, FRONTIER_FIT, "compute-frontier exponent")
     train = exponent_table(seeds, attentions, TRAIN_FIT, "training-loss exponent against parameters")
-    mult = [f"| attention | size | target error | samples multiplier, seeds {names} | geometric mean [95% CI] |"]
-    mult.append("|---|---|---|---|---|")
+    both = " | bootstrap over seeds and images" if n_images else ""
+    mult = [f"| attention | size | target error | samples multiplier, seeds {names} | geometric mean [95% CI]{both} |"]
+    mult.append("|---|---|---|---|---|" + ("---|" if both else ""))
     for a in attentions[1:] if attentions[0] == "softmax" else attentions:
         for size in sizes_of(seeds, a):
             for t in targets:
                 k = multiplier_spread(seeds, a, size, t)
                 if k is not None:
+                    boot = boot_multiplier(seeds, a, size, t, n_images) if n_images else None
+                    cell = f" | [{boot[0]:.2f}x, {boot[1]:.2f}x]".replace("infx", "inf") if boot else ""
                     mult.append(
                         f"| {a} | {size} | {100 * t:.0f}% | {per_seed(k.values, '{:.2f}x', k.marks)} | "
-                        f"{k.text(unit='x')} |"
+                        f"{k.text(unit='x')}{cell} |"
                     )
     lrs = [f"| attention | learning-rate multiple chosen by the sweep, seeds {names} |", "|---|---|"]
     for a in attentions:
@@ -312,7 +360,7 @@ def report(
     seeds: list[Seed], targets: list[float], command: str, n_images: int | None = None, made: dict | None = None
 ) -> str:
     """The page; `made`: the header's pages.stamp() (default: this machine now)."""
-    best, alpha, train, frontier, mult, lrs = tables(seeds, targets)
+    best, alpha, train, frontier, mult, lrs = tables(seeds, targets, n_images)
     claims = ["| claim | verdict | numbers |", "|---|---|---|"]
     claims += [f"| {c} | **{v}** | {n} |" for c, v, n in claim_rows(seeds, targets, n_images)]
     folders = ", ".join(f"seed {s.seed}: `{s.folder}`" for s in seeds)
@@ -324,7 +372,10 @@ def report(
             f"over seeds ({len(seeds) - 1} degrees of freedom; multipliers on a log scale). '>' marks a mean with a "
             "seed whose run never reached the target (counted at its lower bound), '<' one with a seed whose run "
             "was there at its first evaluation (counted at its upper bound). Targets softmax of that size "
-            "misses at a seed, or reaches by its first evaluation, give no multiplier (eval/multiplier.py).\n",
+            "misses at a seed, or reaches by its first evaluation, give no multiplier (eval/multiplier.py). Beside "
+            "it, where the zero-shot set's size is known: a two-level bootstrap, the seeds resampled and within each "
+            "the zero-shot images (2,000 replicates, percentile interval); with few seeds its seed level is coarse and "
+            "narrower than the t interval, so the verdicts read the t interval.\n",
             "## The paper's claims, on intervals over seeds\n",
             "\n".join(claims) + "\n\nRules: " + RULES + "\n",
             "## Best zero-shot top-1\n",

@@ -9,7 +9,7 @@ from scipy import stats
 
 from eval import seeds_page
 from eval.claims import NODENOM, NORMALISED
-from eval.seeds import claim_c_seeds, load_seed, multiplier_spread, spread
+from eval.seeds import boot_multiplier, boot_top1, claim_c_seeds, hierarchical, load_seed, multiplier_spread, spread
 from scripts.study_seeds import main
 from train.study import REPO
 
@@ -131,3 +131,19 @@ def test_a_folder_without_results_is_one_error_line(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(SystemExit, match=r"^error: .*empty has no runs\.json: give folders of finished"):
         main([str(tmp_path / "empty")])
+
+
+def test_two_level_bootstrap_resamples_seeds_and_images(tmp_path):
+    """Seeds at 30% and 50% top-1: with a huge zero-shot set only the seeds vary (the interval's ends are means of
+    resampled seeds, within [30%, 50%]); with 20 images the image noise widens it past them."""
+    folders = [study(tmp_path / f"s{i}", i, 3.0, 0.0) for i in range(2)]
+    seeds = [load_seed(f) for f in folders]
+    for s, top1 in zip(seeds, (0.3, 0.5)):
+        next(r for r in s.runs if r["attention"] == "softmax" and r["size"] == "demo-w64")["top1"] = top1
+    lo, hi = boot_top1(seeds, "softmax", "demo-w64", 10**7)
+    assert 0.299 <= lo < 0.4 < hi <= 0.501
+    lo_small, hi_small = boot_top1(seeds, "softmax", "demo-w64", 20)
+    assert lo_small < 0.29 and hi_small > 0.51
+    assert hierarchical(seeds, lambda s, rng: 2.0, log=True) == (2.0, 2.0)
+    lo, hi = boot_multiplier(seeds, NORMALISED, "demo-w64", 0.2, 10**7)  # 3x softmax's samples at both seeds
+    assert lo == pytest.approx(3.0, rel=0.02) and hi == pytest.approx(3.0, rel=0.02)
