@@ -34,11 +34,13 @@ from eval.claims import (
     NODENOM,
     NORMALISED,
     PARAMS_FIT,
+    RULE_D,
     claim_a,
     coverage,
-    cpu_per_sample,
     equivalence,
+    step_ratio,
     step_ratios,
+    time_verdict,
 )
 from eval.multiplier import first_reach
 from eval.scaling_fit import R2_MIN
@@ -55,10 +57,10 @@ RULES = (
     f"(Eq. 7 - softmax) lies within +-{MARGIN}, not supported when it lies wholly outside +-{MARGIN}, else "
     f"undetermined; undetermined too with fewer than {MIN_SIZES} sizes or a span under {MIN_SPAN:g}x in parameters "
     f"at some seed (3 sizes: indicative only), or a fit with R^2 on log loss below {R2_MIN} at some seed. "
-    "(d) supported when Eq. 7's samples multiplier interval lies above 1 and its upper bound times the step-time "
-    "ratio at the longest length measured is below 1; not supported when the upper bound is <= 1 or the lower bound "
-    "times that ratio is above 1. Else undetermined. A seed whose run never reaches the target counts at its lower "
-    "bound (its samples seen over softmax's samples to the target) and makes the upper bound infinite; one already "
+    "(d) by the single-study rule, on the seed interval of the samples multiplier and the mean over seeds of the "
+    "measured step-time ratio: " + RULE_D.removeprefix("(d) ") + " A seed whose run never reaches the target counts "
+    "at its lower bound (its samples seen over softmax's samples to the target) and makes the upper bound infinite; "
+    "one already "
     "at the target at its first evaluation counts at its upper bound and makes the lower bound 0."
 )
 
@@ -241,22 +243,17 @@ def claim_b_seeds(seeds: list[Seed], targets: list[float]) -> tuple[str, str]:
 
 
 def claim_d_seeds(seeds: list[Seed], size: str, targets: list[float]) -> tuple[str, str]:
+    """Claim (d) by eval/claims.py's rule on the interval over seeds of the samples multiplier and the mean over
+    seeds of the step-time ratio of the same runs, at their image tokens."""
     target = hardest_shared_target(seeds, size, targets)
     if target is None:
         return "undetermined", "no target that softmax reaches at every seed"
     k = multiplier_spread(seeds, NODENOM, size, target)
-    study = np.mean(
-        [cpu_per_sample(run_of(s, NODENOM, size)) / cpu_per_sample(run_of(s, "softmax", size)) for s in seeds]
-    )
-    ratios = {n: r for n, r in step_ratios(NODENOM, float(study)).items() if math.isfinite(r)}
-    times = ", ".join(f"{n} tokens {k.mean * r:.2f}x" for n, r in sorted(ratios.items()))
-    numbers = f"{size}, target {100 * target:.0f}% error: {k.text(unit='x')} the samples; time to it: {times}"
-    longest = ratios[max(ratios)]
-    if not math.isfinite(k.lo):
-        return "undetermined", numbers
-    if k.hi <= 1 or k.lo * longest > 1:
-        return "not supported", numbers
-    return ("supported" if k.lo > 1 and k.hi * longest < 1 else "undetermined"), numbers
+    ratio = float(np.mean([step_ratio(run_of(s, NODENOM, size), run_of(s, "softmax", size)) for s in seeds]))
+    projected = {n: r for n, r in step_ratios(NODENOM, math.nan).items() if n != 17}
+    tokens = run_of(seeds[0], NODENOM, size).get("image_tokens")
+    verdict, numbers = time_verdict(target, k.text(unit="x"), k.lo, k.hi, k.mean, tokens, ratio, projected)
+    return verdict, f"{size}, {numbers}"
 
 
 def per_seed(values: list[float], fmt: str, marks: list[str] | None = None) -> str:

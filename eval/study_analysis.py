@@ -18,6 +18,7 @@ import pandas as pd
 from eval import pages, study_page, study_plots, study_report
 from eval.scaling import ScalingInputError, ScalingWarning, fit, format_table, load_points, plot
 from models import run_folder
+from models.config import ModelConfig, resolved_size
 
 ATTENTION, SIZE = study_plots.ATTENTION, study_plots.SIZE
 COMPUTE_LABEL = "compute (GMACs x samples seen)"
@@ -75,6 +76,8 @@ TAIL = 0.1
 
 def tail_mean(frame: pd.DataFrame, y: str, tail: float = TAIL) -> pd.DataFrame:
     """One row per run: its last record with `y` the mean of `y` over the last `tail` of the run's steps."""
+    if y not in frame.columns or "step" not in frame.columns:
+        raise ScalingInputError(f"no run logged {y!r} with its step")
     rows = []
     for _, run in frame.groupby("@source", sort=False):
         last = run["step"].max()
@@ -93,6 +96,18 @@ def error_floor(classes: int, study) -> float:
     of the evaluation set (a continuity correction; 0 has no logarithm, and with n images an error below 1/n
     cannot be told from 0)."""
     return 0.5 / (classes * study.data.get("eval_per_class", 1))
+
+
+def image_tokens(record: pd.Series) -> int | None:
+    """The image tower's tokens (class token and patches) of a run, from its config columns; None for a size this
+    checkout does not know (a study made elsewhere)."""
+    size = record.get("model.image_size")
+    try:
+        cfg = ModelConfig(name=record["model.name"], image_size=None if pd.isna(size) else int(size))
+        vision = resolved_size(cfg)["vision_cfg"]
+    except (KeyError, ValueError):
+        return None
+    return (vision["image_size"] // vision["patch_size"]) ** 2 + 1
 
 
 def run_rows(jobs, floor: float = 0.0) -> list[dict]:
@@ -118,6 +133,7 @@ def run_rows(jobs, floor: float = 0.0) -> list[dict]:
                 "wall_seconds": job.wall_seconds,
                 "cpu_seconds": job.cpu_seconds,
                 "samples_per_s": throughput(job.run_dir),
+                "image_tokens": image_tokens(final),
                 "params_without_token_embedding": int(final["params_without_token_embedding"]),
                 "gmacs_per_sample": float(final["gmacs_per_sample"]),
                 "samples_seen": int(final["samples_seen"]),
@@ -168,11 +184,15 @@ def scaling_fits(jobs, out: Path, study, floor: float = 0.0) -> dict[str, dict]:
     results = {}
     for name, (x, y, which, xlabel, ylabel, _) in FITS.items():
         mains = [j for j in jobs if j.after is None]
-        frame = (
-            tail_mean(points(mains, y, "all"), y)
-            if which == "tail"
-            else points(jobs if which == "ends" else mains, y, "last")
-        )
+        try:
+            frame = (
+                tail_mean(points(mains, y, "all"), y)
+                if which == "tail"
+                else points(jobs if which == "ends" else mains, y, "last")
+            )
+        except ScalingInputError as e:  # e.g. runs that logged no training loss
+            results[name] = {"error": str(e)}
+            continue
         if y == "error":  # the fit reads error = 1 - top1
             frame["zeroshot/top1"] = frame["zeroshot/top1"].clip(upper=1 - floor)
         bins = options.get("frontier_bins") if which == "ends" else None
