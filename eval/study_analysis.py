@@ -256,7 +256,7 @@ def write_report(out: Path, study, runs, fits, classes: int, bench: str, clock: 
     )
     if found:
         study_plots.multiplier_figure(found, study.attentions, out / "multipliers.png")
-    made, titles = pages.stamp(), {name: spec[-1] for name, spec in FITS.items()}
+    made, titles = pages.stamp(where=clock.get("machine", "")), {name: spec[-1] for name, spec in FITS.items()}
     errors = {name: f["error"] for name, f in fits.items() if "error" in f}
     data = study_page.page_data(made, study, args, classes, bench, clock, sweep, titles, errors)
     (out / "page.json").write_text(json.dumps(data, indent=2))  # what a docs page of this report is rebuilt from
@@ -278,13 +278,23 @@ def saved_times(out: Path, jobs) -> dict:
             job.wall_seconds = times[str(job.run_dir)]["wall_seconds"]
             job.cpu_seconds = times[str(job.run_dir)]["cpu_seconds"]
     if (out / "clock.json").is_file():
-        return json.loads((out / "clock.json").read_text())
+        clock = json.loads((out / "clock.json").read_text())
+        clock.setdefault("machine", report_machine(out / "report.md"))
+        return clock
     found = re.search(
         r"took ([\d.]+) minutes wall and ([\d.]+) CPU-minutes .* was ([\d.]+) on average \(max ([\d.]+)\)",
         (out / "report.md").read_text(),
     )
     wall, cpu, mean, top = (float(x) for x in found.groups())
-    return {"wall": 60 * wall, "cpu": 60 * cpu, "load": [top, 2 * mean - top], "final": True}
+    machine = report_machine(out / "report.md")
+    return {"wall": 60 * wall, "cpu": 60 * cpu, "load": [top, 2 * mean - top], "final": True, "machine": machine}
+
+
+def report_machine(report: Path) -> str:
+    """The machine a report's study ran on, as its header's probe described it ('' when unknown): a re-analysis keeps
+    it (a probe now, on a machine busy with other work, could describe it otherwise)."""
+    found = re.search(r"\d{4}-\d\d-\d\d; (.+?); load average", report.read_text()) if report.is_file() else None
+    return found.group(1) if found else ""
 
 
 def append_linearise(out: Path) -> None:

@@ -74,8 +74,9 @@ def analyse(out: Path, study: Study, jobs, clock: dict, args: argparse.Namespace
     runs, fits, classes = study_analysis.figures(out, study, jobs)
     stage("timing the attention layers")
     bench = attention_table(out, study.bench, again=not clock.get("final"))
-    if not clock.get("final"):  # a re-analysis keeps the clock of the study's own run
+    if not clock.get("final"):  # a re-analysis keeps the clock of the study's own run, and its machine
         clock.update(wall=time.perf_counter() - clock["wall"], cpu=machine.cpu_seconds() - clock["cpu"], final=True)
+        clock["machine"] = machine.describe()
     study_analysis.write_report(out, study, runs, fits, classes, bench, clock, args, sweep)
 
 

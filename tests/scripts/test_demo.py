@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from eval import machine, study_page
+from eval import machine, study_analysis, study_page
 from models.config import size_config
 from scripts import demo
 from train.lr_sweep import reuse_chosen, sweep_jobs
@@ -88,6 +88,8 @@ def test_demo_quick_writes_the_report(tmp_path, quick_polls):
         (r["size"], r["top1"], r["cpu_seconds"]) for r in runs
     ]
     assert f"The study took {clock['wall'] / 60:.1f} minutes wall" in text and "\n## Linearising " in text
+    # the machine the study ran on, as its own probe said, not a probe of the machine at re-analysis
+    assert study_analysis.report_machine(out / "report.md") == re.search(r"\d; (.+?); load", report).group(1)
     assert stamps == {p: p.stat().st_mtime for p in stamps}  # no run trained, the attention layers not timed again
     with pytest.raises(SystemExit):
         demo.parse_args(["--reanalyse", "--out", str(tmp_path / "nothing")])
