@@ -78,6 +78,7 @@ class Seed:
     runs: list[dict]
     fits: dict
     sweep: list[dict]
+    linearise: dict | None = None  # its linearise/linearise.json (python -m scripts.linearise), where it has one
 
 
 @dataclass
@@ -127,13 +128,51 @@ def load_seed(folder: Path) -> Seed:
     report = folder / "report.md"
     found = re.search(r"--seed (\d+)", report.read_text()) if report.is_file() else None
     sweep = json.loads((folder / "lr_sweep.json").read_text()) if (folder / "lr_sweep.json").is_file() else []
+    arm = folder / "linearise" / "linearise.json"
     return Seed(
         found.group(1) if found else folder.name,
         folder,
         json.loads((folder / "runs.json").read_text()),
         json.loads((folder / "fits.json").read_text()),
         sweep,
+        json.loads(arm.read_text()) if arm.is_file() else None,
     )
+
+
+def linearise_section(seeds: list[Seed]) -> list[str]:
+    """Per student of the linearisation arm (train/linearise.py), over the seeds that ran it: the compute to 95% of
+    the teacher's top-1 over training from scratch, the teacher's training counted and not; [] without such seeds."""
+    arms = [s for s in seeds if s.linearise]
+    if not arms:
+        return []
+    names = " / ".join(s.seed for s in arms)
+    rows = [
+        f"| student | compute ratio, teacher counted, seeds {names} | geometric mean [95% CI] | without the teacher's "
+        "training | steps to target, linearised / from scratch |",
+        "|---|---|---|---|---|",
+    ]
+    students = [k for k, v in arms[0].linearise.items() if isinstance(v, dict) and "linearised_steps" in v]
+    for student in students:
+        found = [s.linearise.get(student, {}) for s in arms]
+        both = [r for r in found if r.get("linearised_gmacs") and r.get("scratch_gmacs")]
+        if len(both) < len(found):
+            rows.append(f"| {student} | not reached at {len(found) - len(both)} seed(s) | | | |")
+            continue
+        total = spread([r["linearised_gmacs"] / r["scratch_gmacs"] for r in both], log=True)
+        alone = spread([r["linearised_gmacs_without_teacher"] / r["scratch_gmacs"] for r in both], log=True)
+        steps = spread([r["linearised_steps"] / r["scratch_steps"] for r in both], log=True)
+        rows.append(
+            f"| {student} | {per_seed(total.values, '{:.2f}x')} | {total.text(unit='x')} | {alone.text(unit='x')} | "
+            f"{steps.text(unit='x')} |"
+        )
+    return [
+        "## Linearisation, counted fairly\n",
+        f"The linearisation arm (`python -m scripts.linearise RUN`, train/linearise.py) at {len(arms)} seeds: the "
+        "compute (GMACs, a training step 3x its forward pass) to 95% of the teacher's zero-shot top-1, over training "
+        "that attention from scratch; 'teacher counted' adds the teacher's whole training run and its forward pass on "
+        "every student batch.\n",
+        "\n".join(rows) + "\n",
+    ]
 
 
 def run_of(seed: Seed, attention: str, size: str) -> dict | None:
@@ -390,5 +429,6 @@ def report(
             mult,
             "## Learning rates\n",
             lrs,
+            *linearise_section(seeds),
         ]
     )

@@ -91,7 +91,7 @@ def curves_figure(runs_per_seed: list[list[dict]], path: Path) -> None:
 
 def text_of(loaded: list[seeds.Seed], meta: dict) -> str:
     """The page's text (before its findings) from the seeds and seeds.json."""
-    shown = [seeds.Seed(s.seed, Path(f), s.runs, s.fits, s.sweep) for s, f in zip(loaded, meta["folders"])]
+    shown = [seeds.Seed(s.seed, Path(f), s.runs, s.fits, s.sweep, s.linearise) for s, f in zip(loaded, meta["folders"])]
     body = seeds.report(shown, meta["targets"], meta["command"], meta["n_images"], made=meta["made"])
     return body + f"\n## Learning curves over seeds\n\n![learning curves with seed bands]({FIGURE})\n"
 
@@ -102,7 +102,8 @@ def load_data(data: Path) -> tuple[list[seeds.Seed], dict]:
     for name in meta["seeds"]:
         folder = data / f"seed{name}"
         read = {f: json.loads((folder / f).read_text()) if (folder / f).is_file() else [] for f in FILES}
-        loaded.append(seeds.Seed(name, folder, read["runs.json"], read["fits.json"], read["lr_sweep.json"]))
+        arm = json.loads((folder / "linearise.json").read_text()) if (folder / "linearise.json").is_file() else None
+        loaded.append(seeds.Seed(name, folder, read["runs.json"], read["fits.json"], read["lr_sweep.json"], arm))
     return loaded, meta
 
 
@@ -122,6 +123,8 @@ def write_page(loaded: list[seeds.Seed], page: Path, targets: list[float], comma
         for name in FILES:
             if (s.folder / name).is_file():
                 shutil.copyfile(s.folder / name, data / f"seed{s.seed}" / name)
+        if s.linearise:
+            (data / f"seed{s.seed}" / "linearise.json").write_text(json.dumps(s.linearise, indent=1))
     meta = {
         "made": pages.stamp(),
         "command": command,

@@ -146,18 +146,35 @@ def first_step(points: list[tuple[int, float]], target: float) -> int | None:
     return next((step for step, top1 in points if top1 >= target), None)
 
 
+def costs(teacher: dict, own: dict | None, batch: int, lin_steps: int | None, scratch_steps: int | None) -> dict:
+    """Compute to the target in GMACs (a training step 3x its forward pass, Kaplan et al. 2020): from scratch, the
+    student's steps; linearised, the teacher's whole training run plus every student step (stage 1 counted) with the
+    teacher's forward pass on the same batch. None where the target was not reached or there is no scratch run."""
+    teacher_gmacs = 3 * teacher["gmacs_per_sample"] * teacher["samples_seen"]
+    student = own["gmacs_per_sample"] if own else teacher["gmacs_per_sample"]
+    per_step = batch * (3 * student + teacher["gmacs_per_sample"])
+    return {
+        "teacher_gmacs": teacher_gmacs,
+        "linearised_gmacs": None if lin_steps is None else teacher_gmacs + lin_steps * per_step,
+        "linearised_gmacs_without_teacher": None if lin_steps is None else lin_steps * per_step,
+        "scratch_gmacs": None if scratch_steps is None else scratch_steps * batch * 3 * student,
+    }
+
+
 def compare(out: Path, teacher: dict, scratch: dict[str, dict], args) -> dict[str, dict]:
     target = SHARE * teacher["top1"]
     results = {}
     for attention, own in scratch.items():
         lin = [(args.transfer_steps + s, t) for s, t in curve(out / f"{attention}-distill")]
-        batch = run_batch(own["run_dir"]) if own else 1
+        batch = run_batch(own["run_dir"]) if own else run_batch(teacher["run_dir"])
         base = [(samples // batch, top1) for samples, top1 in own.get("run_curve") or own["curve"]] if own else []
+        lin_steps, scratch_steps = first_step(lin, target), first_step(base, target)
         results[attention] = {
+            **costs(teacher, own, batch, lin_steps, scratch_steps),
             "linearised_curve": lin,
             "scratch_curve": base,
-            "linearised_steps": first_step(lin, target),
-            "scratch_steps": first_step(base, target),
+            "linearised_steps": lin_steps,
+            "scratch_steps": scratch_steps,
             "linearised_best": max(t for _, t in lin),
             "scratch_best": max((t for _, t in base), default=None),
             "scratch_steps_run": base[-1][0] if base else None,
@@ -227,6 +244,7 @@ def write(out: Path, teacher: dict, results: dict, args, seconds: float) -> None
             f"{100 * r['linearised_best']:.1f}% | {scratch_best} |"
         )
     lines += [
+        *cost_lines(results),
         "",
         "Stage 1, each layer's output MSE at its first step over its last (smallest, median, largest drop):",
         "",
@@ -238,3 +256,23 @@ def write(out: Path, teacher: dict, results: dict, args, seconds: float) -> None
         )
     lines += ["", "![zero-shot top-1 against steps](linearise.png)"]
     (out / "linearise.md").write_text("\n".join(lines) + "\n")
+
+
+def cost_lines(results: dict) -> list[str]:
+    """The table of compute to the target, the teacher's training counted (costs)."""
+    lines = [
+        "",
+        "Compute to the target (GMACs; a training step 3x its forward pass): linearised counts the teacher's whole "
+        "training run and the teacher's forward pass on every student batch; the ratio is over training from scratch "
+        "(> 1: linearising costs more than training the attention from scratch, the teacher included).",
+        "",
+        "| student | teacher's training | linearised, teacher counted | from scratch | ratio | ratio without the "
+        "teacher's training |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for attention, r in results.items():
+        lin, base, alone = r["linearised_gmacs"], r["scratch_gmacs"], r["linearised_gmacs_without_teacher"]
+        cells = [f"{v:,.0f}" if v is not None else "not reached" for v in (r["teacher_gmacs"], lin, base)]
+        ratios = [f"{a / base:.2f}" if a is not None and base else "" for a in (lin, alone)]
+        lines.append(f"| {attention} | {' | '.join(cells)} | {' | '.join(ratios)} |")
+    return lines

@@ -147,3 +147,19 @@ def test_two_level_bootstrap_resamples_seeds_and_images(tmp_path):
     assert hierarchical(seeds, lambda s, rng: 2.0, log=True) == (2.0, 2.0)
     lo, hi = boot_multiplier(seeds, NORMALISED, "demo-w64", 0.2, 10**7)  # 3x softmax's samples at both seeds
     assert lo == pytest.approx(3.0, rel=0.02) and hi == pytest.approx(3.0, rel=0.02)
+
+
+def test_linearisation_over_seeds_counts_the_teacher(tmp_path):
+    """Three seeds whose arm reached the target with 2x, 3x and 4.5x the compute of training from scratch, the
+    teacher counted (0.5x without it): the geometric mean 3.0x, and the page keeps them through its data."""
+    folders = [study(tmp_path / f"s{i}", i, 3.0, 0.0) for i in range(3)]
+    for folder, ratio in zip(folders, (2.0, 3.0, 4.5)):
+        (folder / "linearise").mkdir()
+        arm = {"linearised_gmacs": ratio * 100, "linearised_gmacs_without_teacher": 50, "scratch_gmacs": 100}
+        arm |= {"linearised_steps": 10, "scratch_steps": 20}
+        (folder / "linearise" / "linearise.json").write_text(json.dumps({"teacher": "x", NODENOM: arm}))
+    out = tmp_path / "seeds.md"
+    text = main([str(f) for f in folders] + ["--out", str(out), "--study", SHAPES])
+    row = next(line for line in text.splitlines() if line.startswith(f"| {NODENOM} | 2.00x / 3.00x / 4.50x |"))
+    assert "| 3.00x [" in row and "| 0.50x [0.50x, 0.50x] | 0.50x [0.50x, 0.50x] |" in row
+    assert "## Linearisation, counted fairly" in text and seeds_page.rebuild(out) == text

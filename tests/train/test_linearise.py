@@ -18,6 +18,10 @@ def fake_study(tmp_path):
             (run_dir / "config.yaml").write_text(yaml.safe_dump({"model": model, "optim": {"lr": 0.004 * scale}}))
             curve = [[6400, 0.3], [12800, 0.5 * scale], [19200, top1 * scale]]
             runs.append({"size": size, "attention": attention, "top1": top1 * scale, "run_dir": str(run_dir)})
+            runs[-1] |= {
+                "gmacs_per_sample": 0.01 * scale * (1 if attention == "softmax" else 0.9),
+                "samples_seen": 19200,
+            }
             runs[-1]["run_curve"] = curve
     (tmp_path / "runs.json").write_text(json.dumps(runs))
     (tmp_path / "data" / "train").mkdir(parents=True)
@@ -55,6 +59,11 @@ def test_students_start_from_the_best_softmax_run_and_count_both_stages(tmp_path
     assert result["linearised_steps"] == 70 and result["scratch_steps"] is None and result["scratch_best"] == 0.7
     linearise.write(tmp_path / "out", teacher, {"linear_affine_nodenom": result}, args, 60.0)
     assert "| linear_affine_nodenom | 70 | never (best 70.0%) |" in (tmp_path / "out" / "linearise.md").read_text()
+    # its compute counts the teacher's training (3 x 0.01 GMACs x 19,200 samples) and its forward pass on every one
+    # of the 70 student batches of 64, beside the student's own steps (3 x 0.009 GMACs a sample)
+    assert result["teacher_gmacs"] == 3 * 0.01 * 19200
+    assert abs(result["linearised_gmacs"] - (576 + 70 * 64 * (3 * 0.009 + 0.01))) < 1e-6
+    assert result["scratch_gmacs"] is None
 
 
 def test_a_student_the_study_did_not_train_takes_the_teachers_rate_and_has_no_scratch_curve(tmp_path):
