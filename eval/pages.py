@@ -27,13 +27,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def commit() -> str:
-    """The checkout's short commit, "+ uncommitted changes" when tracked files outside docs/ differ; "no git checkout"
-    outside one."""
+    """The checkout's short commit, "+ uncommitted changes" when tracked code differs (not docs/ or .md files); "no git
+    checkout" outside one."""
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-        # docs/ left out: pages written from a clean checkout leave it changed, which says nothing about the code
+        # docs/ and Markdown left out: the pages a clean checkout writes (and the README quoting them) say nothing of
+        # the code
         dirty = subprocess.run(
-            ["git", "diff", "--quiet", "HEAD", "--", ".", ":!docs"], cwd=ROOT, capture_output=True
+            ["git", "diff", "--quiet", "HEAD", "--", ".", ":!docs", ":!*.md"], cwd=ROOT, capture_output=True
         ).returncode
     except OSError:
         return "no git checkout"
