@@ -77,11 +77,11 @@ def curves_figure(runs_per_seed: list[list[dict]], path: Path) -> None:
                 ax.fill_between(shared, np.maximum(lo, 1e-6), hi, color=colour, alpha=0.2, lw=0)
         for row, label in enumerate(("zero-shot top-1 error", "validation loss (contrastive)")):
             ax = axes[row][col]
-            ax.set(xscale="log", yscale="log", xlabel="samples seen (image-text pairs)", ylabel=label)
+            ax.set(xscale="log", yscale="log", xlabel="samples seen (each budget's cooled-down end)", ylabel=label)
             ax.grid(True, which="both", alpha=0.3)
             plain_ticks(ax)
         axes[0][col].set_title(
-            f"{size}: each budget's cooled-down end, mean of {len(runs_per_seed)} seeds, 95% band", fontsize=9
+            f"{size}: mean of {len(runs_per_seed)} seeds, 95% band", fontsize=9
         )
     axes[0][0].legend(fontsize=7)
     fig.tight_layout()
