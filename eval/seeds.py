@@ -156,7 +156,10 @@ def linearise_section(seeds: list[Seed]) -> list[str]:
         found = [s.linearise.get(student, {}) for s in arms]
         both = [r for r in found if r.get("linearised_gmacs") and r.get("scratch_gmacs")]
         if len(both) < len(found):
-            rows.append(f"| {student} | not reached at {len(found) - len(both)} seed(s) | | | |")
+            lin = sum(bool(r.get("linearised_gmacs")) for r in found)
+            own = sum(bool(r.get("scratch_gmacs")) for r in found)
+            reached = f"the target reached at {lin} of {len(found)} seeds linearised, at {own} from scratch"
+            rows.append(f"| {student} | {reached} | | | |")
             continue
         total = spread([r["linearised_gmacs"] / r["scratch_gmacs"] for r in both], log=True)
         alone = spread([r["linearised_gmacs_without_teacher"] / r["scratch_gmacs"] for r in both], log=True)
