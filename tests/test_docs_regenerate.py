@@ -21,7 +21,7 @@ GENERATED = sorted(
 
 
 def test_the_main_jobs_pages_are_generated():
-    assert DOCS / "study.md" in {page for page, _ in GENERATED}
+    assert {DOCS / "study.md", DOCS / "study_seeds.md"} <= {page for page, _ in GENERATED}
 
 
 @pytest.mark.parametrize("page,writer", GENERATED, ids=lambda p: getattr(p, "name", ""))
@@ -39,3 +39,17 @@ def test_findings_stay_after_the_header_and_links_move_into_the_pages_folder(tmp
     assert "](study/learning_curves.png)" in text
     (tmp_path / "study.md").write_text(text)
     assert findings_of(tmp_path / "study.md") == findings
+
+
+def test_the_readmes_results_table_is_the_seeds_pages_data_written_again():
+    """The README's results block (between its markers) is what eval/seeds_page.py writes from the data of the page
+    over seeds: no number in it is typed by hand."""
+    readme = (DOCS.parent / "README.md").read_text()
+    pages = [
+        p
+        for p, writer in GENERATED
+        if writer is seeds_page.rebuild and seeds_page.README_START.format(page=p.stem) in readme
+    ]
+    assert pages, "the README has no results block of a page over seeds"
+    for page in pages:
+        assert seeds_page.readme_block(page) in readme
