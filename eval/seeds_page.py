@@ -80,9 +80,7 @@ def curves_figure(runs_per_seed: list[list[dict]], path: Path) -> None:
             ax.set(xscale="log", yscale="log", xlabel="samples seen (each budget's cooled-down end)", ylabel=label)
             ax.grid(True, which="both", alpha=0.3)
             plain_ticks(ax)
-        axes[0][col].set_title(
-            f"{size}: mean of {len(runs_per_seed)} seeds, 95% band", fontsize=9
-        )
+        axes[0][col].set_title(f"{size}: mean of {len(runs_per_seed)} seeds, 95% band", fontsize=9)
     axes[0][0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path)
