@@ -8,12 +8,27 @@ Keys: `resblocks.{i}.ln_1`, `.attn.in_proj_weight`, `.attn.in_proj_bias`, `.attn
 from __future__ import annotations
 
 from collections import OrderedDict
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from models.attention import build_attention
+
+
+@dataclass(frozen=True)
+class BlockOptions:
+    """What every block of a tower shares besides its attention: the MLP's width ratio, QuickGELU instead of GELU,
+    LayerScale's init (None: no layer scale) and a LayerNorm on each head's q and k (models.ModelConfig)."""
+
+    mlp_ratio: float = 4.0
+    quick_gelu: bool = False
+    layer_scale: float | None = None
+    qk_norm: bool = False
+
+
+PLAIN = BlockOptions()  # open_clip's default block
 
 
 class QuickGELU(nn.Module):
@@ -45,16 +60,13 @@ class Block(nn.Module):
         *,
         causal: bool,
         options: dict,
-        mlp_ratio: float = 4.0,
-        quick_gelu: bool = False,
-        layer_scale: float | None = None,
-        qk_norm: bool = False,
+        block: BlockOptions = PLAIN,
     ):
         super().__init__()
-        hidden = int(width * mlp_ratio)
+        hidden, layer_scale = int(width * block.mlp_ratio), block.layer_scale
         self.ln_1 = nn.LayerNorm(width)
         self.attn = build_attention(attention, width, heads, causal=causal, **options)
-        if qk_norm:
+        if block.qk_norm:
             self.attn.enable_qk_norm()
         self.ls_1 = LayerScale(width, layer_scale) if layer_scale is not None else nn.Identity()
         self.ls_2 = LayerScale(width, layer_scale) if layer_scale is not None else nn.Identity()
@@ -63,7 +75,7 @@ class Block(nn.Module):
             OrderedDict(
                 [
                     ("c_fc", nn.Linear(width, hidden)),
-                    ("gelu", QuickGELU() if quick_gelu else nn.GELU()),
+                    ("gelu", QuickGELU() if block.quick_gelu else nn.GELU()),
                     ("c_proj", nn.Linear(hidden, width)),
                 ]
             )
@@ -85,17 +97,16 @@ class Transformer(nn.Module):
         options: list[dict],
         *,
         causal: bool,
-        mlp_ratio: float = 4.0,
-        quick_gelu: bool = False,
-        layer_scale: float | None = None,
-        qk_norm: bool = False,
+        block: BlockOptions = PLAIN,
     ):
         super().__init__()
         self.width, self.layers = width, len(attentions)
         self.grad_checkpointing = False
-        block = dict(mlp_ratio=mlp_ratio, quick_gelu=quick_gelu, layer_scale=layer_scale, qk_norm=qk_norm)
         self.resblocks = nn.ModuleList(
-            [Block(width, heads, name, causal=causal, options=opts, **block) for name, opts in zip(attentions, options)]
+            [
+                Block(width, heads, name, causal=causal, options=opts, block=block)
+                for name, opts in zip(attentions, options)
+            ]
         )
 
     def forward(self, x: Tensor, key_mask: Tensor | None = None, rope: tuple[Tensor, Tensor] | None = None) -> Tensor:

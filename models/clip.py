@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from models import run_folder
+from models.blocks import BlockOptions
 from models.config import ModelConfig, layer_attentions, layer_options, open_clip_with_sizes, resolved_size
 from models.pretrained import load_pretrained, read_state_dict
 from models.text import TextTower
@@ -111,13 +112,10 @@ def build_clip(cfg: ModelConfig) -> CLIP:
         output_dim=size["embed_dim"],
         attentions=image_names,
         options=image_options,
-        mlp_ratio=v.get("mlp_ratio", 4.0),
-        quick_gelu=quick_gelu,
+        block=BlockOptions(v.get("mlp_ratio", 4.0), quick_gelu, cfg.layer_scale, cfg.qk_norm),
         patch_dropout=cfg.patch_dropout or v.get("patch_dropout", 0.0),
         pos_embed=cfg.image_pos_embed,
         pool=cfg.image_pool,
-        layer_scale=cfg.layer_scale,
-        qk_norm=cfg.qk_norm,
         registers=cfg.image_registers,
     )
     text = dict(
@@ -127,11 +125,8 @@ def build_clip(cfg: ModelConfig) -> CLIP:
         heads=text_heads,
         attentions=text_names,
         options=layer_options("text", text_names, cfg.text_attention_options, t["context_length"], cfg.attention_impl),
-        mlp_ratio=t.get("mlp_ratio", 4.0),
-        quick_gelu=quick_gelu,
+        block=BlockOptions(t.get("mlp_ratio", 4.0), quick_gelu, cfg.layer_scale, cfg.qk_norm),
         pos_embed=cfg.text_pos_embed,
-        layer_scale=cfg.layer_scale,
-        qk_norm=cfg.qk_norm,
     )
     model = CLIP(embed_dim=size["embed_dim"], visual=visual, text=text, config=cfg)
     model.set_grad_checkpointing(cfg.grad_checkpointing)

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from models.attention import rope
-from models.blocks import Transformer
+from models.blocks import PLAIN, BlockOptions, Transformer
 
 
 class TextTower(nn.Module):
@@ -32,11 +32,8 @@ class TextTower(nn.Module):
         output_dim: int,
         attentions: list[str],
         options: list[dict],
-        mlp_ratio: float = 4.0,
-        quick_gelu: bool = False,
+        block: BlockOptions = PLAIN,
         pos_embed: str = "learnable",
-        layer_scale: float | None = None,
-        qk_norm: bool = False,
     ):
         super().__init__()
         rope.check("text", pos_embed, width // heads)
@@ -45,8 +42,7 @@ class TextTower(nn.Module):
         self.token_embedding = nn.Embedding(vocab_size, width)
         if pos_embed == "learnable":  # with RoPE the positions turn q and k in every layer instead (no table)
             self.positional_embedding = nn.Parameter(torch.empty(context_length, width))
-        block = dict(mlp_ratio=mlp_ratio, quick_gelu=quick_gelu, layer_scale=layer_scale, qk_norm=qk_norm)
-        self.transformer = Transformer(width, heads, attentions, options, causal=True, **block)
+        self.transformer = Transformer(width, heads, attentions, options, causal=True, block=block)
         self.ln_final = nn.LayerNorm(width)
         self.text_projection = nn.Parameter(torch.empty(width, output_dim))
         self.init_text_parameters()

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from models.attention import rope
-from models.blocks import Transformer
+from models.blocks import PLAIN, BlockOptions, Transformer
 
 # open_clip's pool_type tok and avg (the class token, the mean of the patch tokens) and timm's map (attention pooling)
 POOLS = ("cls", "mean", "map")
@@ -57,13 +57,10 @@ class VisionTransformer(nn.Module):
         output_dim: int,
         attentions: list[str],
         options: list[dict],
-        mlp_ratio: float = 4.0,
-        quick_gelu: bool = False,
+        block: BlockOptions = PLAIN,
         patch_dropout: float = 0.0,
         pos_embed: str = "learnable",
         pool: str = "cls",
-        layer_scale: float | None = None,
-        qk_norm: bool = False,
         registers: int = 0,
     ):
         super().__init__()
@@ -92,8 +89,7 @@ class VisionTransformer(nn.Module):
             grid = self.grid_size[0] * self.grid_size[1]
             self.positional_embedding = nn.Parameter(scale * torch.randn(grid + 1, width))
         self.ln_pre = nn.LayerNorm(width)
-        block = dict(mlp_ratio=mlp_ratio, quick_gelu=quick_gelu, layer_scale=layer_scale, qk_norm=qk_norm)
-        self.transformer = Transformer(width, heads, attentions, options, causal=False, **block)
+        self.transformer = Transformer(width, heads, attentions, options, causal=False, block=block)
         self.ln_post = nn.LayerNorm(width)
         self.proj = nn.Parameter(scale * torch.randn(width, output_dim))
         if registers < 0:
@@ -104,7 +100,7 @@ class VisionTransformer(nn.Module):
         if pool == "map":
             from timm.layers import AttentionPoolLatent  # timm's MAP head (SigLIP); imported only where used
 
-            self.attn_pool = AttentionPoolLatent(width, num_heads=heads, mlp_ratio=mlp_ratio)
+            self.attn_pool = AttentionPoolLatent(width, num_heads=heads, mlp_ratio=block.mlp_ratio)
 
     def tokens(self, image: Tensor) -> Tensor:
         """[B, 3, H, W] -> [B, 1 + (H/p)(W/p), C]: class token then patches, plus positions."""
