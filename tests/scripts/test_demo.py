@@ -89,7 +89,8 @@ def test_demo_quick_writes_the_report(tmp_path, quick_polls):
     ]
     assert f"The study took {clock['wall'] / 60:.1f} minutes wall" in text and "\n## Linearising " in text
     # the machine the study ran on, as its own probe said, not a probe of the machine at re-analysis
-    assert study_analysis.report_machine(out / "report.md") == re.search(r"\d; (.+?); load", report).group(1)
+    first = re.search(r"\d{4}-\d\d-\d\d; (.+?); load average", report).group(1)
+    assert "cores" in first and study_analysis.report_machine(out / "report.md") == first
     assert stamps == {p: p.stat().st_mtime for p in stamps}  # no run trained, the attention layers not timed again
     with pytest.raises(SystemExit):
         demo.parse_args(["--reanalyse", "--out", str(tmp_path / "nothing")])
@@ -362,3 +363,21 @@ def test_resolution_study_puts_softmax_where_attention_dominates():
     assert study.data["patterns"] and study.attentions == ["softmax", "linear_affine_nodenom"]
     assert study.lr_sweep["size"] == max(tokens, key=tokens.get)  # swept where the question is
     assert load_study(demo.REPO / "configs" / "study" / "resolution.yaml", quick=True).run["train.max_steps"] < 10
+
+
+def test_families_study_puts_the_2025_26_families_at_257_tokens():
+    """configs/study/families.yaml (issue 48 item 5): softmax, Eq. 7 and the decay and gated families, each usable in
+    both towers, at 257 image tokens, every linear one on 3x softmax's steps with its own swept learning rate."""
+    from models.attention import ATTENTIONS
+
+    study = load_study(demo.REPO / "configs" / "study" / "families.yaml")
+    ((size, settings),) = study.sizes.items()
+    vision = {**size_config(size)["vision_cfg"], "image_size": settings["model.image_size"]}
+    assert (vision["image_size"] // vision["patch_size"]) ** 2 + 1 == 257 == (study.data["image_size"] // 4) ** 2 + 1
+    assert {"retention_2d", "ssd", "gla"} <= set(study.attentions) and study.attentions[0] == "softmax"
+    steps = {a: s["run"]["train.max_steps"] for a, s in study.per_attention.items()}
+    text = {a: study.per_attention[a]["run"].get("model.text_attention", a) for a in study.attentions}
+    assert all(ATTENTIONS[a].supports_bidirectional and ATTENTIONS[text[a]].supports_causal for a in study.attentions)
+    assert all(steps[a] == 3 * steps["softmax"] for a in study.attentions[1:])
+    assert set(study.lr_sweep["scales"]) == set(study.attentions) and study.lr_sweep["size"] == size
+    assert load_study(demo.REPO / "configs" / "study" / "families.yaml", quick=True).run["train.max_steps"] < 10
