@@ -11,6 +11,7 @@ docs/<page>/data/ alone: tests/test_docs_regenerate.py compares it with the comm
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import shutil
@@ -89,7 +90,7 @@ def curves_figure(runs_per_seed: list[list[dict]], path: Path) -> None:
 
 def text_of(loaded: list[seeds.Seed], meta: dict) -> str:
     """The page's text (before its findings) from the seeds and seeds.json."""
-    shown = [seeds.Seed(s.seed, Path(f), s.runs, s.fits, s.sweep, s.linearise) for s, f in zip(loaded, meta["folders"])]
+    shown = [dataclasses.replace(s, folder=Path(f)) for s, f in zip(loaded, meta["folders"])]  # as given
     body = seeds.report(shown, meta["targets"], meta["command"], meta["n_images"], made=meta["made"])
     return body + f"\n## Learning curves over seeds\n\n![learning curves with seed bands]({FIGURE})\n"
 
