@@ -107,6 +107,9 @@ class TrainConfig:
     max_steps: int = 1000
     accum_freq: int = 1  # micro-batches of data.batch_size per optimizer step (one contrastive loss over all)
     loss: Literal["clip", "siglip"] = "clip"  # symmetric InfoNCE | sigmoid
+    # how siglip brings the other ranks' texts (train/siglip.py): gather (all_gather) | shift (a ring to the right,
+    # W-1 hops) | bidir (both ways, about W/2 hops); shift and bidir keep saved memory per rank flat in the ranks
+    siglip_exchange: Literal["gather", "shift", "bidir"] = "gather"
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"  # fp16 uses a gradient scaler; GPU only
     distributed: Literal["ddp", "fsdp"] = "ddp"  # fsdp: full sharding, one unit per transformer block
     fsdp_wrap: list[str] = field(default_factory=lambda: ["Block"])  # block classes to shard
@@ -325,6 +328,11 @@ def build_config(raw: dict) -> Config:
     check_model_size(cfg.model)
     check_model_names(cfg)  # these two import torch and the attention registry
     check_impl(cfg.model)
+    if cfg.train.siglip_exchange != "gather" and cfg.train.loss != "siglip":
+        raise ConfigError(
+            f"train.siglip_exchange={cfg.train.siglip_exchange} would be ignored: train.loss={cfg.train.loss} gathers "
+            "the features of all ranks; set train.loss=siglip or train.siglip_exchange=gather"
+        )
     if cfg.train.ema.decay and cfg.train.distributed == "fsdp" and cfg.train.ema.device == "cpu":
         raise ConfigError(
             "train.ema.device=cpu cannot hold the EMA of a model sharded with train.distributed=fsdp (it is sharded "

@@ -234,4 +234,5 @@ def objective(cfg, model: nn.Module, accelerator) -> AttentionTransfer | Distill
         freeze_all_but_attention(model)
         return AttentionTransfer(teacher, accelerator.autocast)
     weights = (d.contrastive_weight, d.embedding_weight, d.similarity_weight)
-    return Distillation(teacher, accelerator.autocast, build_loss(cfg.train.loss), weights)
+    contrastive = build_loss(cfg.train.loss, siglip_exchange=cfg.train.siglip_exchange)
+    return Distillation(teacher, accelerator.autocast, contrastive, weights)

@@ -16,6 +16,8 @@ import torch.distributed.nn.functional as dist_fn
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from train.siglip import EXCHANGES, ring_sigmoid_loss
+
 # the autograd-aware gather: gradients flow back to every rank's local features (its replacement in
 # _functional_collectives is not differentiable here)
 warnings.filterwarnings("ignore", message="torch.distributed.nn.functional.all_gather is deprecated")
@@ -75,8 +77,17 @@ class SigLipLoss(ContrastiveLoss):
     """Pairwise sigmoid loss (Zhai et al. 2023, SigLIP, eq. 1).
 
     loss = -1/|B| sum_i sum_j log sigmoid(z_ij (s <I_i, T_j> + b)), z_ij = 1 if i == j else -1, over the
-    global batch B; this rank sums its own images i against all texts j.
+    global batch B; this rank sums its own images i against all texts j. `exchange` (train.siglip_exchange) brings
+    the other ranks' texts: gather (all_gather with gradients, below) or shift | bidir, a ring exchange between
+    neighbouring ranks whose backward recomputes the logits, so saved memory per rank does not grow with the ranks
+    (train/siglip.py).
     """
+
+    def __init__(self, gather: bool = True, exchange: str = "gather"):
+        super().__init__(gather)
+        if exchange not in EXCHANGES:
+            raise ValueError(f"unknown siglip exchange {exchange!r}; use one of {', '.join(EXCHANGES)}")
+        self.exchange = exchange
 
     def forward(
         self, image_features: Tensor, text_features: Tensor, logit_scale: Tensor, logit_bias: Tensor | None = None
@@ -85,6 +96,9 @@ class SigLipLoss(ContrastiveLoss):
         if logit_bias is None:
             raise ValueError("the siglip loss needs the model's logit_bias; build the model with train.loss=siglip")
         image_features, text_features = image_features.float(), text_features.float()
+        if self.gather and self.exchange != "gather" and world()[1] > 1:
+            scale, bias = logit_scale.float(), logit_bias.float()
+            return ring_sigmoid_loss(image_features, text_features, scale, bias, self.exchange)
         rank = self.rank()
         all_texts = self.all_rows(text_features)  # [W*b, D]
         logits = logit_scale * image_features @ all_texts.T + logit_bias  # [b, W*b]
@@ -97,5 +111,8 @@ class SigLipLoss(ContrastiveLoss):
 LOSSES = {"clip": ClipLoss, "siglip": SigLipLoss}
 
 
-def build_loss(name: str, gather: bool = True) -> nn.Module:
+def build_loss(name: str, gather: bool = True, siglip_exchange: str = "gather") -> nn.Module:
+    """`gather=False`: each rank's batch on its own (validation); siglip_exchange: SigLipLoss's `exchange`."""
+    if name == "siglip":
+        return SigLipLoss(gather=gather, exchange=siglip_exchange)
     return LOSSES[name](gather=gather)

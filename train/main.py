@@ -122,7 +122,7 @@ def fit(cfg: Config, stop: StopFlag) -> int:
         model,
         optimizer,
         schedule,
-        build_loss(cfg.train.loss),
+        build_loss(cfg.train.loss, siglip_exchange=cfg.train.siglip_exchange),
         stream,
         cfg.train,
         log,

@@ -97,8 +97,8 @@ def poison_steps(monkeypatch, steps: set[int]) -> None:
 
     real = train.main.build_loss
 
-    def build(name: str):
-        loss_fn, calls = real(name), [0]
+    def build(name: str, **kwargs):
+        loss_fn, calls = real(name, **kwargs), [0]
 
         def poisoned(*args):
             calls[0] += 1

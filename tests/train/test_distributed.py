@@ -15,9 +15,13 @@ from tests.train.common import (
 )
 
 
-@pytest.mark.parametrize("accum_freq, loss", [(1, "clip"), (2, "clip"), (1, "siglip")])
-def test_two_processes_equal_one_with_the_global_batch(tmp_path, synthetic, accum_freq, loss):
+@pytest.mark.parametrize(
+    "accum_freq, loss, exchange",
+    [(1, "clip", "gather"), (2, "clip", "gather"), (1, "siglip", "gather"), (2, "siglip", "bidir")],
+)
+def test_two_processes_equal_one_with_the_global_batch(tmp_path, synthetic, accum_freq, loss, exchange):
     """Per-rank batch b on 2 ranks (x accum_freq micro-batches) = batch 2b*accum_freq on 1 process: losses and weights.
+    SigLIP's texts reach the other rank by train.siglip_exchange (one process has no other rank to exchange with).
 
     data.train_num_samples = one optimizer step, so every epoch is one step and both runs see the same
     samples each step (each rank reads its own contiguous half of the epoch)."""
@@ -28,6 +32,7 @@ def test_two_processes_equal_one_with_the_global_batch(tmp_path, synthetic, accu
         "optim.lr=1e-4",
         f"data.train_num_samples={step_batch}",
         f"train.loss={loss}",
+        f"train.siglip_exchange={exchange}",
     ]
     one, two = tmp_path / "one", tmp_path / "two"
     proc = cli(

@@ -57,7 +57,7 @@ def stepper(cfg, accelerator, batch):
     objective = distill.objective(cfg, model, accelerator) if cfg.distill.teacher else None
     optimizer, _ = build_optimizer(model, cfg.optim, cfg.train.max_steps)
     model, optimizer = accelerator.prepare(model, optimizer)
-    loss_fn = build_loss(cfg.train.loss)
+    loss_fn = build_loss(cfg.train.loss, siglip_exchange=cfg.train.siglip_exchange)
 
     def step():
         optimizer.zero_grad(set_to_none=True)

@@ -59,7 +59,8 @@ def model_step(cfg, batches: int = 30) -> tuple[float, dict[str, float]]:
     model = train_main.build_model(cfg.model, cfg.train.loss, False)
     optimizer, schedule = build_optimizer(model, cfg.optim, cfg.train.max_steps)
     model, optimizer, schedule = acc.prepare(model, optimizer, schedule)
-    stream, loss_fn = DataStream(data, acc.device), build_loss(cfg.train.loss)
+    stream = DataStream(data, acc.device)
+    loss_fn = build_loss(cfg.train.loss, siglip_exchange=cfg.train.siglip_exchange)
     loaded = [stream.next() for _ in range(batches)]
 
     def step(batch):
