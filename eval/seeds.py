@@ -193,12 +193,14 @@ def reach(run: dict, target: float) -> float:
     return first_reach([s for s, _ in run["curve"]], [1 - t for _, t in run["curve"]], target)
 
 
-def multiplier_spread(seeds: list[Seed], attention: str, size: str, target: float) -> Spread | None:
-    """The samples multiplier over softmax at `size` to `target` per seed; None when, at some seed, softmax never
-    reaches the target or is there at its first evaluation (no multiplier: eval/multiplier.py)."""
+def multiplier_spread(
+    seeds: list[Seed], attention: str, size: str, target: float, reference: str = "softmax"
+) -> Spread | None:
+    """The samples multiplier over `reference` at `size` to `target` per seed; None when, at some seed, the
+    reference never reaches the target or is there at its first evaluation (no multiplier: eval/multiplier.py)."""
     values, marks = [], []
     for seed in seeds:
-        run, ref = run_of(seed, attention, size), run_of(seed, "softmax", size)
+        run, ref = run_of(seed, attention, size), run_of(seed, reference, size)
         mine, theirs = reach(run, target), reach(ref, target)
         if not math.isfinite(theirs) or 1 - ref["curve"][0][1] <= target:
             return None
@@ -221,9 +223,11 @@ def diff_spread(seeds: list[Seed], attention: str, fit: str = FRONTIER_FIT) -> S
     return spread(values)
 
 
-def hardest_shared_target(seeds: list[Seed], size: str, targets: list[float]) -> float | None:
-    """The lowest target error softmax at `size` reaches at every seed (after its first evaluation)."""
-    ok = [t for t in targets if multiplier_spread(seeds, "softmax", size, t) is not None]
+def hardest_shared_target(
+    seeds: list[Seed], size: str, targets: list[float], reference: str = "softmax"
+) -> float | None:
+    """The lowest target error `reference` at `size` reaches at every seed (after its first evaluation)."""
+    ok = [t for t in targets if multiplier_spread(seeds, reference, size, t, reference) is not None]
     return min(ok, default=None)
 
 
@@ -322,11 +326,13 @@ def resampled(run: dict, n_images: int, rng) -> tuple[list[int], np.ndarray]:
     return list(samples), rng.binomial(n_images, 1 - np.asarray(top1)) / n_images
 
 
-def boot_multiplier(seeds: list[Seed], attention: str, size: str, target: float, n_images: int) -> tuple[float, float]:
+def boot_multiplier(
+    seeds: list[Seed], attention: str, size: str, target: float, n_images: int, reference: str = "softmax"
+) -> tuple[float, float]:
     """The samples multiplier's two-level bootstrap interval (never reaching the target: its samples seen, a bound)."""
 
     def draw(seed: Seed, rng) -> float:
-        run, ref = run_of(seed, attention, size), run_of(seed, "softmax", size)
+        run, ref = run_of(seed, attention, size), run_of(seed, reference, size)
         mine = first_reach(*resampled(run, n_images, rng), target)
         theirs = first_reach(*resampled(ref, n_images, rng), target)
         return (mine if math.isfinite(mine) else run["samples_seen"]) / theirs
@@ -395,6 +401,11 @@ def exponent_table(seeds: list[Seed], attentions: list[str], fit: str, what: str
     return rows
 
 
+def sources(seeds: list[Seed]) -> str:
+    """'From N study folders (seed 0: `FOLDER`, ...)': where a page over seeds read its numbers."""
+    return f"From {len(seeds)} study folders ({', '.join(f'seed {s.seed}: `{s.folder}`' for s in seeds)})"
+
+
 def report(
     seeds: list[Seed], targets: list[float], command: str, n_images: int | None = None, made: dict | None = None
 ) -> str:
@@ -402,15 +413,13 @@ def report(
     best, alpha, train, frontier, mult, lrs = tables(seeds, targets, n_images)
     claims = ["| claim | verdict | numbers |", "|---|---|---|"]
     claims += [f"| {c} | **{v}** | {n} |" for c, v, n in claim_rows(seeds, targets, n_images)]
-    folders = ", ".join(f"seed {s.seed}: `{s.folder}`" for s in seeds)
     return "\n".join(
         [
             pages.header("The study over seeds", command, made=made),
-            f"From {len(seeds)} study folders "
-            f"({folders}). Each number: its value per seed, then the mean over seeds with a 95% Student-t interval "
-            f"over seeds ({len(seeds) - 1} degrees of freedom; multipliers on a log scale). '>' marks a mean with a "
-            "seed whose run never reached the target (counted at its lower bound), '<' one with a seed whose run "
-            "was there at its first evaluation (counted at its upper bound). Targets softmax of that size "
+            f"{sources(seeds)}. Each number: its value per seed, then the mean over seeds with a 95% Student-t "
+            f"interval over seeds ({len(seeds) - 1} degrees of freedom; multipliers on a log scale). '>' marks a mean "
+            "with a seed whose run never reached the target (counted at its lower bound), '<' one with a seed whose "
+            "run was there at its first evaluation (counted at its upper bound). Targets softmax of that size "
             "misses at a seed, or reaches by its first evaluation, give no multiplier (eval/multiplier.py). Beside "
             "it, where the zero-shot set's size is known: a two-level bootstrap, the seeds resampled and within each "
             "the zero-shot images (2,000 replicates, percentile interval); with few seeds its seed level is coarse and "

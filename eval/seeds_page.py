@@ -24,7 +24,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from scipy import stats
 
-from eval import pages, seeds, study_plots
+from eval import optimizer_study, pages, seeds, study_plots
 from eval.scaling_plot import plain_ticks
 from eval.study_page import findings_of, page_text
 
@@ -91,8 +91,16 @@ def curves_figure(runs_per_seed: list[list[dict]], path: Path) -> None:
 def text_of(loaded: list[seeds.Seed], meta: dict) -> str:
     """The page's text (before its findings) from the seeds and seeds.json."""
     shown = [dataclasses.replace(s, folder=Path(f)) for s, f in zip(loaded, meta["folders"])]  # as given
-    body = seeds.report(shown, meta["targets"], meta["command"], meta["n_images"], made=meta["made"])
+    body = body_of(shown, meta["targets"], meta["command"], meta["n_images"], meta["made"])
     return body + f"\n## Learning curves over seeds\n\n![learning curves with seed bands]({FIGURE})\n"
+
+
+def body_of(loaded: list[seeds.Seed], targets: list[float], command: str, n_images, made: dict | None) -> str:
+    """The report over seeds: an optimizer study's (arms ATTENTION@OPTIMIZER: eval/optimizer_study.py), else the
+    attention study's (eval/seeds.py)."""
+    if optimizer_study.is_optimizer_study(loaded):
+        return optimizer_study.report(loaded, targets, command, n_images, made)
+    return seeds.report(loaded, targets, command, n_images, made=made)
 
 
 def load_data(data: Path) -> tuple[list[seeds.Seed], dict]:

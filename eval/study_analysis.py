@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from eval import pages, study_page, study_plots, study_report
+from eval import pages, smoothing, study_page, study_plots, study_report
 from eval.scaling import ScalingInputError, ScalingWarning, fit, format_table, load_points, plot
 from models import run_folder
 from models.config import ModelConfig, resolved_size
@@ -88,7 +88,11 @@ def tail_mean(frame: pd.DataFrame, y: str, tail: float = TAIL) -> pd.DataFrame:
 
 
 def points(jobs, y: str, which: str) -> pd.DataFrame:
-    return load_points([job.run_dir for job in jobs], y=y, points=which)
+    """The runs' points, each grouped under its study arm (the attention, or ATTENTION@OPTIMIZER where the study
+    has an optimizer axis), not only the attention its config names."""
+    frame = load_points([job.run_dir for job in jobs], y=y, points=which)
+    frame[ATTENTION] = frame["@source"].map({str(job.run_dir): job.attention for job in jobs})
+    return frame
 
 
 def error_floor(classes: int, study) -> float:
@@ -134,6 +138,8 @@ def run_rows(jobs, floor: float = 0.0) -> list[dict]:
                 "cpu_seconds": job.cpu_seconds,
                 "samples_per_s": throughput(job.run_dir),
                 "image_tokens": image_tokens(final),
+                "optimizer": str(final.get("optim.name", "adamw")),
+                "lr": float(final["optim.lr"]),
                 "params_without_token_embedding": int(final["params_without_token_embedding"]),
                 "gmacs_per_sample": float(final["gmacs_per_sample"]),
                 "samples_seen": int(final["samples_seen"]),
@@ -229,6 +235,9 @@ def figures(out: Path, study, jobs) -> tuple[list[dict], dict, int]:
     classes = len((out / "data" / "eval" / "classnames.txt").read_text().splitlines())
     floor = error_floor(classes, study)
     runs, fits = run_rows(jobs, floor), scaling_fits(jobs, out, study, floor)
+    if study.smoothing:  # each layer's kept share of token spread (eval/smoothing.py) on the zero-shot images
+        for row in runs:
+            row["kept"] = smoothing.kept_of_run(Path(row["run_dir"]), out / "data" / "eval", study.smoothing)
     mains = [j for j in jobs if j.after is None]  # the full-budget runs, not their cooldown branches
     label = {str(j.run_dir): j.size for j in mains}  # the study's size names (SIZE@RESpx with image_sizes)
     curves = points(mains, "error", "all").assign(error=lambda d: 1 - d["zeroshot/top1"])

@@ -23,7 +23,7 @@ from pathlib import Path
 from eval import machine, study_analysis
 from train.bench.attention import page as bench_attention_page
 from train.linearise import Settings, linearise
-from train.lr_sweep import choose, grid, reuse_chosen, sweep_jobs
+from train.lr_sweep import adopt, choose, grid, reuse_chosen, sweep_jobs
 from train.study import REPO, Study, StudyError, data_paths, jobs_of, load_study, make_data
 from train.study_local import run_jobs
 
@@ -40,6 +40,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0, help="seed of the data set and of every run")
     p.add_argument("--sizes", nargs="+", help="model sizes to train (default: the study's)")
     p.add_argument("--attentions", nargs="+", help="registry names, used in both towers (default: the study's)")
+    p.add_argument("--rates-from", help="a finished folder of the same study: use the rates its sweep chose, no sweep")
     p.add_argument(
         "--reanalyse",
         action="store_true",
@@ -113,6 +114,8 @@ def main(argv: list[str] | None = None) -> Path:
     args = parse_args(argv)
     try:
         study = load_study(args.study, quick=args.quick)
+        if args.rates_from:
+            adopt(study, args.rates_from)
     except StudyError as e:
         raise SystemExit(f"error: {e}") from None
     study.sizes = {s: study.sizes.get(s, {}) for s in args.sizes} if args.sizes else study.sizes
@@ -127,12 +130,8 @@ def main(argv: list[str] | None = None) -> Path:
     sweep = []
     if study.lr_sweep:
         pairs = sweep_jobs(study, out, paths, args.seed)
-        train(
-            [job for _, job in pairs],
-            study,
-            f"learning-rate sweep: {len(pairs)} runs at {study.lr_sweep['size']}",
-            clock,
-        )
+        what = f"learning-rate sweep: {len(pairs)} runs at {study.lr_sweep['size']}"
+        train([job for _, job in pairs], study, what, clock)
         sweep = choose(study, pairs)
     jobs = jobs_of(study, out, paths, args.seed)  # with the rates the sweep chose
     to_run = reuse_chosen(sweep, pairs, jobs) if study.lr_sweep else jobs

@@ -13,8 +13,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from eval.seeds import SeedError, load_seed, report
-from eval.seeds_page import write_page
+from eval.seeds import SeedError, load_seed
+from eval.seeds_page import body_of, write_page
 from train.study import REPO, StudyError, load_study
 
 
@@ -38,7 +38,7 @@ def main(argv=None) -> str:
             return write_page(seeds, args.out, targets, command, n_images)
         except SeedError as e:
             raise SystemExit(f"error: {e}") from None
-    text = report(seeds, targets, command, n_images)
+    text = body_of(seeds, targets, command, n_images, None)
     print(text)
     return text
 

@@ -20,6 +20,7 @@ budget branches start from the sweep run's checkpoints (`reuse_chosen`).
 from __future__ import annotations
 
 import copy
+import json
 import math
 from pathlib import Path
 
@@ -102,6 +103,25 @@ def choose(study: Study, pairs: list[tuple[float, Job]]) -> list[dict]:
         own = study.per_attention.setdefault(attention, {})
         own["lr_scale"] = own.get("lr_scale", 1) * best["scale"]
     return rows
+
+
+def adopt(study: Study, folder: Path) -> None:
+    """Train with the rates another study folder's sweep chose (FOLDER/lr_sweep.json, e.g. seed 0's) instead of
+    sweeping again: each attention's chosen multiple goes into its per_attention lr_scale, and the sweep is dropped.
+    A folder without a sweep, or without a choice for one of the study's attentions, is one StudyError line."""
+    path = Path(folder) / "lr_sweep.json"
+    rows = json.loads(path.read_text()) if path.is_file() else []
+    chosen = {r["attention"]: r["scale"] for r in rows if r.get("chosen")}
+    missing = [a for a in study.attentions if a not in chosen]
+    if missing:
+        raise StudyError(
+            f"{path} has no learning rate chosen for {missing[0]}: give a finished study folder of the same study "
+            "whose learning-rate sweep ran"
+        )
+    for attention in study.attentions:
+        own = study.per_attention.setdefault(attention, {})
+        own["lr_scale"] = own.get("lr_scale", 1) * chosen[attention]
+    study.lr_sweep = {}
 
 
 def grid(study: Study, out: Path, paths: dict[str, str], seed: int) -> tuple[list[Job], list[Job], list[dict]]:

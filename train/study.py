@@ -18,6 +18,7 @@ from pathlib import Path
 import yaml
 
 from data import make_synthetic
+from eval.optimizer_study import ARM_SEPARATOR, attention_of
 from models import run_folder
 from models.config import ModelConfig, resolved_size
 from models.run_folder import step_name
@@ -57,6 +58,13 @@ class Study:
     # image sizes (px, model.image_size) as an axis beside the model sizes: every size at each, named SIZE@RESpx
     # (its patch size must divide each); [] = each size at its own image size. Expanded into `sizes` on load.
     image_sizes: list[int] = field(default_factory=list)
+    # optimizers (optim.name) as an axis beside the attentions: every attention with each, its runs named
+    # ATTENTION@OPTIMIZER (per_attention and lr_sweep.scales keyed by either name); [] = the run config's optimizer.
+    # Expanded into `attentions` on load (eval/optimizer_study.py: ARM_SEPARATOR, attention_of).
+    optimizers: list[str] = field(default_factory=list)
+    # images per full-budget run on which eval/smoothing.py measures each image-tower layer's kept share of token
+    # spread after training (the report's over-smoothing section); 0 = not measured
+    smoothing: int = 0
 
 
 def spec_of(folder: Path) -> str:
@@ -133,6 +141,7 @@ def load_study(path: str | Path, quick: bool = False) -> Study:
             f"{path}: linearise: unknown key {unknown[0]!r}; valid keys: {', '.join(sorted(LINEARISE_KEYS))}"
         )
     expand_image_sizes(study, path)
+    expand_optimizers(study, path)
     check_budgets(study.budgets, path)
     check_sweep(study, path)
     return study
@@ -152,6 +161,32 @@ def expand_image_sizes(study: Study, path: Path) -> None:
                 raise StudyError(f"{path}: image_sizes: {str(e).splitlines()[0]}") from None
             expanded[f"{size}@{res}px"] = {"model.name": size, "model.image_size": res, **(settings or {})}
     study.sizes = expanded
+
+
+def expand_optimizers(study: Study, path: Path) -> None:
+    """attentions x optimizers -> arms ATTENTION@OPTIMIZER: each arm's run overrides set both towers' attention and
+    optim.name, then the attention's own per_attention settings, then the arm's; lr_sweep.scales per attention are
+    copied to its arms. An unknown optimizer is one StudyError line listing the known ones."""
+    if not study.optimizers:
+        return
+    from train.optim import known_optimizers  # timm's list: imported only by studies with this axis
+
+    known = known_optimizers()
+    unknown = [o for o in study.optimizers if o not in known]
+    if unknown:
+        raise StudyError(f"{path}: optimizers: {unknown[0]!r} is not an optimizer; known: {', '.join(known)}")
+    arms, per_arm = [], {}
+    for attention in study.attentions:
+        for optimizer in study.optimizers:
+            arm = f"{attention}{ARM_SEPARATOR}{optimizer}"
+            base, own = study.per_attention.get(attention) or {}, study.per_attention.get(arm) or {}
+            tower = {"model.image_attention": attention, "model.text_attention": attention, "optim.name": optimizer}
+            per_arm[arm] = {**base, **own, "run": {**tower, **(base.get("run") or {}), **(own.get("run") or {})}}
+            arms.append(arm)
+    scales = study.lr_sweep.get("scales") if study.lr_sweep else None
+    if isinstance(scales, dict):
+        study.lr_sweep["scales"] = {a: scales.get(a, scales.get(attention_of(a))) for a in arms}
+    study.attentions, study.per_attention = arms, per_arm
 
 
 SWEEP_KEYS = {"size", "scales", "metric", "run"}
