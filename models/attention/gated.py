@@ -24,7 +24,7 @@ Mamba-2's other parts (its own B, C per group, the dt scaling of x, the D skip, 
 v are the block's projections as for every variant. Padded tokens (key_mask False) leave the sequence: their k and v
 are zeroed and their decay is 1, so a padded input gives exactly the input without the padding.
 
-Fast path (`chunk_scan`), O(N) in memory, never N x N: chunks of `chunk_size` tokens (ssd 64, gla 16); inside a
+Fast path (`chunk_scan`), O(N) in memory, never N x N: chunks of `chunk_size` tokens (ssd 64, gla 8); inside a
 chunk the decayed [C, C] matrix (gla: [C, C, D], its decay per feature) from cumulative log decays, every exponent
 <= 0; across chunks a D x D state carried in a loop, decayed by the chunk's total. Memory: N C (gla: N C D) for
 the chunks' matrices, N D^2 / C for the states.
@@ -148,10 +148,11 @@ class SsdAttention(GatedAttention):
 @register_attention("gla")
 class GlaAttention(GatedAttention):
     """Yang et al. 2024 (GLA): gates G_t = sigmoid(v_t W_1 W_2 + b)^(1 / temperature) per key feature; options
-    chunk_size (16), gate_rank (16), gate_temperature (16)."""
+    chunk_size (8), gate_rank (16), gate_temperature (16). The exact in-chunk part costs N C D per pass and the
+    states between chunks N D^2 plus a loop over N / C chunks, so gla's chunks are shorter than ssd's."""
 
     known = ("chunk_size", "gate_rank", "gate_temperature")
-    default_chunk = 16
+    default_chunk = 8
 
     def __init__(self, dim: int, num_heads: int, *, causal: bool = False, qkv_bias: bool = True, **options):
         super().__init__(dim, num_heads, causal=causal, qkv_bias=qkv_bias, **options)
