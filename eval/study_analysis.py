@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from eval import pages, smoothing, study_page, study_plots, study_report
+from eval import pages, smoothing, study_page, study_plots, study_report, time_to_target
 from eval.scaling import ScalingInputError, ScalingWarning, fit, format_table, load_points, plot
 from models import run_folder
 from models.config import ModelConfig, resolved_size
@@ -265,6 +265,7 @@ def write_report(out: Path, study, runs, fits, classes: int, bench: str, clock: 
     )
     if found:
         study_plots.multiplier_figure(found, study.attentions, out / "multipliers.png")
+    time_to_target.draw(runs, study.fits.get("targets", [0.5, 0.3]), n_images, out)
     made, titles = pages.stamp(where=clock.get("machine", "")), {name: spec[-1] for name, spec in FITS.items()}
     errors = {name: f["error"] for name, f in fits.items() if "error" in f}
     data = study_page.page_data(made, study, args, classes, bench, clock, sweep, titles, errors)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from eval import pages, smoothing
+from eval import pages, smoothing, time_to_target
 from eval.claims import FLAT, claims, claims_table, flattened
 from eval.multiplier import multiplier
 from eval.scaling import poor_fit
@@ -331,6 +331,7 @@ def report_md(
         "## The paper's claims\n",
         claims_table(claims(runs, fits, targets, n_images, study.fits.get("n_boot", 1000))),
         *smoothing.section(runs),
+        *time_to_target.section(runs, targets, n_images),
         "## Samples to a target error, against softmax of the same size\n",
         multiplier_table(found),
         "![samples multiplier against target](multipliers.png)\n" if found else "",

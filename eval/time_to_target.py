@@ -1,0 +1,125 @@
+"""Time to a target zero-shot error against the image tower's tokens: where does linear attention's cheaper step pay
+for the extra samples it needs? (the paper's claim (d), measured at each token count a study trained at)
+
+For each run: the samples at which its curve first reaches the target (eval/multiplier.py first_reach; with budgets,
+the cooled-down ends) over its median training samples per second in the study (runs share the machine alike), so
+seconds of training to the target; the interval is the parametric bootstrap over the zero-shot images of the samples
+to the target (the throughput's own noise is not in it). The target: the hardest one of the study's targets that
+softmax reaches, after its first evaluation, at every token count (so every point answers the same question).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import numpy as np
+
+from eval.multiplier import first_reach
+from eval.scaling_plot import plain_ticks
+
+N_BOOT = 1000
+FIGURE = "time_to_target.png"
+
+
+def reach(run: dict, target: float) -> float:
+    return first_reach([s for s, _ in run["curve"]], [1 - t for _, t in run["curve"]], target)
+
+
+def seconds(run: dict, target: float, n_images: int, n_boot: int = N_BOOT) -> tuple[float, float, float]:
+    """(seconds to the target, lo, hi); inf when the run never reaches it (and in the replicates that miss it)."""
+    samples, top1 = zip(*run["curve"])
+    errors = 1 - np.asarray(top1)
+    rng = np.random.default_rng(0)
+    draws = [first_reach(samples, rng.binomial(n_images, errors) / n_images, target) for _ in range(n_boot)]
+    lo, hi = np.quantile(draws, [0.025, 0.975], method="nearest")
+    rate = run["samples_per_s"]
+    return reach(run, target) / rate, float(lo) / rate, float(hi) / rate
+
+
+def shared_target(runs: list[dict], targets: list[float]) -> float | None:
+    """The lowest target softmax reaches after its first evaluation at every token count it trained at."""
+    softmax = [r for r in runs if r["attention"] == "softmax" and r.get("image_tokens")]
+    ok = [
+        t for t in targets if softmax and all(math.isfinite(reach(r, t)) and 1 - r["curve"][0][1] > t for r in softmax)
+    ]
+    return min(ok, default=None)
+
+
+def rows_of(runs: list[dict], target: float, n_images: int) -> list[dict]:
+    """One row per run with image tokens: attention, tokens, samples to the target, samples/s, seconds [lo, hi]."""
+    out = []
+    for r in sorted((r for r in runs if r.get("image_tokens")), key=lambda r: (r["attention"], r["image_tokens"])):
+        s, lo, hi = seconds(r, target, n_images)
+        out.append({"attention": r["attention"], "tokens": r["image_tokens"], "samples": reach(r, target)})
+        out[-1] |= {"rate": r["samples_per_s"], "seconds": s, "lo": lo, "hi": hi}
+    return out
+
+
+def figure(rows: list[dict], target: float, path: Path) -> None:
+    fig, ax = plt.subplots(figsize=(5.6, 4.2), dpi=110)
+    attentions = list(dict.fromkeys(r["attention"] for r in rows))
+    for i, attention in enumerate(attentions):
+        mine = [r for r in rows if r["attention"] == attention and math.isfinite(r["seconds"])]
+        if not mine:
+            continue
+        x, y = [r["tokens"] for r in mine], np.array([r["seconds"] for r in mine])
+        err = [y - [r["lo"] for r in mine], np.minimum([r["hi"] for r in mine], 1e12) - y]
+        ax.errorbar(x, y, yerr=err, marker="o", ms=4, capsize=3, color=plt.get_cmap("tab10")(i % 10), label=attention)
+    ax.set(xscale="log", yscale="log", xlabel="image tokens", ylabel=f"training seconds to {100 * target:.0f}% error")
+    ax.grid(True, which="both", alpha=0.3)
+    plain_ticks(ax)
+    ax.legend(fontsize=7)
+    ax.set_title("time to the target (samples / samples per s); 95% bootstrap over images", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def several_lengths(runs: list[dict]) -> bool:
+    return len({r.get("image_tokens") for r in runs if r.get("image_tokens")}) >= 2
+
+
+def draw(runs: list[dict], targets: list[float], n_images: int, out: Path) -> None:
+    """FIGURE in `out`, for a study at two or more token counts whose softmax reaches a shared target."""
+    target = shared_target(runs, targets) if several_lengths(runs) else None
+    if target is not None:
+        figure(rows_of(runs, target, n_images), target, out / FIGURE)
+
+
+def section(runs: list[dict], targets: list[float], n_images: int) -> list[str]:
+    """The report's section (its figure: `draw`), for a study at two or more token counts."""
+    if not several_lengths(runs):
+        return []
+    target = shared_target(runs, targets)
+    if target is None:
+        return [
+            "## Time to a target against image tokens\n",
+            "Softmax reaches none of the targets at every token count.\n",
+        ]
+    rows = rows_of(runs, target, n_images)
+    soft = {r["tokens"]: r["seconds"] for r in rows if r["attention"] == "softmax"}
+    table = ["| attention | image tokens | samples to target | samples/s | seconds to target [95% CI] | / softmax's |"]
+    table.append("|---|---|---|---|---|---|")
+    for r in rows:
+        ratio = r["seconds"] / soft.get(r["tokens"], math.nan)
+        if not math.isfinite(r["seconds"]):
+            table.append(f"| {r['attention']} | {r['tokens']} | not reached | {r['rate']:.0f} | - | - |")
+            continue
+        hi = "inf" if not math.isfinite(r["hi"]) else f"{r['hi']:.0f}"
+        table.append(
+            f"| {r['attention']} | {r['tokens']} | {r['samples']:,.0f} | {r['rate']:.0f} | {r['seconds']:.0f} "
+            f"[{r['lo']:.0f}, {hi}] | {ratio:.2f}x |"
+        )
+    return [
+        "## Time to a target against image tokens\n",
+        f"Target {100 * target:.0f}% zero-shot error (the hardest softmax reaches at every token count). "
+        + __doc__.split("\n\n")[1].replace("\n", " ")
+        + "\n",
+        "\n".join(table) + "\n",
+        f"![time to target against tokens]({FIGURE})\n",
+    ]

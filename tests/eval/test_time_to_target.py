@@ -1,0 +1,40 @@
+"""eval/time_to_target.py: seconds of training to a target error per run, against the image tokens."""
+
+import math
+
+import pytest
+
+from eval import time_to_target
+
+
+def run(attention: str, tokens: int, rate: float, errors: list[float]) -> dict:
+    curve = [[1000 * (i + 1), 1 - e] for i, e in enumerate(errors)]
+    return {"attention": attention, "image_tokens": tokens, "samples_per_s": rate, "curve": curve}
+
+
+RUNS = [
+    run("softmax", 65, 100.0, [0.875, 0.5, 0.25, 0.125]),
+    run("softmax", 257, 25.0, [0.875, 0.5, 0.25, 0.125]),
+    run("linear_affine_nodenom", 65, 100.0, [0.875, 0.75, 0.5, 0.25]),
+    run("linear_affine_nodenom", 257, 80.0, [0.875, 0.75, 0.5, 0.25]),
+    run("linear_affine", 257, 80.0, [0.875, 0.875, 0.875, 0.875]),
+]
+
+
+def test_seconds_are_samples_to_the_target_over_samples_per_second(tmp_path):
+    target = time_to_target.shared_target(RUNS, [0.5, 0.25, 0.0625])
+    assert target == 0.25  # softmax reaches 25% at both lengths, never 6.25%
+    rows = {(r["attention"], r["tokens"]): r for r in time_to_target.rows_of(RUNS, target, 720)}
+    assert rows["softmax", 257]["seconds"] == pytest.approx(3000 / 25.0)
+    assert rows["linear_affine_nodenom", 257]["seconds"] == pytest.approx(4000 / 80.0)
+    assert rows["softmax", 65]["lo"] <= 30.0 <= rows["softmax", 65]["hi"]
+    assert math.isinf(rows["linear_affine", 257]["seconds"])
+    text = "\n".join(time_to_target.section(RUNS, [0.5, 0.25, 0.0625], 720))
+    assert "| linear_affine_nodenom | 257 | 4,000 | 80 | 50 [" in text and "| 0.42x |" in text
+    assert "| linear_affine | 257 | not reached |" in text
+    time_to_target.draw(RUNS, [0.5, 0.25, 0.0625], 720, tmp_path)
+    assert (tmp_path / time_to_target.FIGURE).stat().st_size > 0
+
+
+def test_one_token_count_has_no_section():
+    assert time_to_target.section([r for r in RUNS if r["image_tokens"] == 257], [0.25], 720) == []
