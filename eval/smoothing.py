@@ -16,13 +16,20 @@ the images of a batch. `kept_per_layer` runs it on any CLIP of this project (tra
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from eval.datasets import ImageFolderSet
+
+FIGURE = "smoothing.png"
 
 
 def spread(x: Tensor) -> Tensor:
@@ -63,30 +70,63 @@ def kept_per_layer(model: nn.Module, images: Tensor) -> list[float]:
     return [float((spread(s["o"]) / spread(s["v"]).clamp_min(1e-30)).mean()) for s in seen.values()]
 
 
+def sample_images(folder: Path, transform, count: int) -> Tensor:
+    """`count` images of an ImageFolder tree spread over its classes (every k-th), transformed, as one batch."""
+    dataset = ImageFolderSet(folder, transform)
+    step = max(1, len(dataset) // count)
+    return torch.stack([dataset[i][0] for i in range(0, len(dataset), step)][:count])
+
+
 def kept_of_run(run_dir: Path, images: Path, count: int = 64) -> list[float]:
-    """kept_per_layer of a run's newest checkpoint on `count` images of an ImageFolder tree (spread over its
-    classes: every k-th image), in fp32 on the CPU."""
+    """kept_per_layer of a run's newest checkpoint on `count` images of an ImageFolder tree, in fp32 on the CPU."""
     from eval.checkpoint import load_ours  # the model loaders: only where a run is measured
 
     loaded = load_ours(Path(run_dir), "cpu")
-    dataset = ImageFolderSet(images, loaded.transform)
-    step = max(1, len(dataset) // count)
-    batch = torch.stack([dataset[i][0] for i in range(0, len(dataset), step)][:count])
-    return kept_per_layer(loaded.model.float(), batch)
+    return kept_per_layer(loaded.model.float(), sample_images(images, loaded.transform, count))
+
+
+def curve_of(run_dir: Path) -> list[list]:
+    """[[samples seen, [kept of layer 1, ...]], ...] from the evaluations a run logged with eval.smoothing."""
+    lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
+    records = [r for r in map(json.loads, lines) if "smoothing/layer1" in r]
+    return [[r["samples_seen"], [r[f"smoothing/layer{i}"] for i in range(1, 1 + count_layers(r))]] for r in records]
+
+
+def count_layers(record: dict) -> int:
+    return sum(1 for k in record if k.startswith("smoothing/layer"))
+
+
+def figure(runs: list[dict], path: Path) -> None:
+    """The mean over layers of the kept share against samples seen, per attention (colour) and size (panel)."""
+    sizes = list(dict.fromkeys(r["size"] for r in runs if r.get("kept_curve")))
+    attentions = list(dict.fromkeys(r["attention"] for r in runs))
+    fig, axes = plt.subplots(1, len(sizes), figsize=(4.6 * len(sizes), 3.6), dpi=110, squeeze=False)
+    for ax, size in zip(axes[0], sizes):
+        for r in (r for r in runs if r["size"] == size and r.get("kept_curve")):
+            x, y = [s for s, _ in r["kept_curve"]], [sum(k) / len(k) for _, k in r["kept_curve"]]
+            colour = plt.get_cmap("tab10")(attentions.index(r["attention"]) % 10)
+            ax.plot(x, y, marker=".", ms=3, color=colour, label=r["attention"])
+        ax.set(xscale="log", xlabel="samples seen", ylabel="kept share of token spread (mean over layers)", title=size)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
 
 
 def section(runs: list[dict]) -> list[str]:
-    """The report's section on over-smoothing, from the runs' `kept` (none where no run was measured)."""
+    """The report's section on over-smoothing, from the runs' `kept` and `kept_curve` (none where not measured)."""
     measured = [r for r in runs if r.get("kept")]
     if not measured:
         return []
-    rows = [
-        "| size | attention | image tokens | kept share of token spread, layer 1 ... last | mean |",
-        "|---|---|---|---|---|",
-    ]
+    rows = ["| size | attention | image tokens | kept share of token spread, layer 1 ... last | mean |"]
+    rows.append("|---|---|---|---|---|")
     for r in sorted(measured, key=lambda r: (r.get("image_tokens") or 0, r["size"], r["attention"])):
         layers, mean = " / ".join(f"{k:.3f}" for k in r["kept"]), sum(r["kept"]) / len(r["kept"])
         rows.append(f"| {r['size']} | {r['attention']} | {r.get('image_tokens')} | {layers} | {mean:.3f} |")
+    curves = (
+        [f"![kept share of token spread during training]({FIGURE})\n"] if any(r.get("kept_curve") for r in runs) else []
+    )
     return [
         "## Over-smoothing (the mechanism of claim (b))\n",
         "\n".join(rows) + "\n",
@@ -94,5 +134,7 @@ def section(runs: list[dict]) -> list[str]:
         "spread(v), the share of the tokens' differences in the values v that the attention's output o keeps, "
         "where spread(x) = mean_i |x_i - mean_j x_j|^2 / mean_i |x_i|^2 (eval/smoothing.py). 1: each token keeps "
         "its own value; 0: every token gets the same output (the uniform average). The paper's mechanism predicts "
-        "that the normalised form keeps less, and less at more tokens.\n",
+        "that the normalised form keeps less, and less at more tokens. The figure: the same at every evaluation "
+        "during training (eval.smoothing), the mean over layers.\n",
+        *curves,
     ]

@@ -238,6 +238,9 @@ def figures(out: Path, study, jobs) -> tuple[list[dict], dict, int]:
     if study.smoothing:  # each layer's kept share of token spread (eval/smoothing.py) on the zero-shot images
         for row in runs:
             row["kept"] = smoothing.kept_of_run(Path(row["run_dir"]), out / "data" / "eval", study.smoothing)
+            row["kept_curve"] = smoothing.curve_of(Path(row["run_dir"]))  # logged with eval.smoothing, if it was
+        if any(row["kept_curve"] for row in runs):
+            smoothing.figure(runs, out / smoothing.FIGURE)
     mains = [j for j in jobs if j.after is None]  # the full-budget runs, not their cooldown branches
     label = {str(j.run_dir): j.size for j in mains}  # the study's size names (SIZE@RESpx with image_sizes)
     curves = points(mains, "error", "all").assign(error=lambda d: 1 - d["zeroshot/top1"])

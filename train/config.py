@@ -170,6 +170,9 @@ class EvalConfig:
     # folder of images with `txt` captions (e.g. the validation shards); recall@1/5/10 both ways as retrieval/<metric>
     retrieval: str | None = None
     retrieval_split: str = "test"  # the split folder of a clip_benchmark webdataset (a folder of .tar: itself)
+    # over-smoothing (eval/smoothing.py): on this many images of eval.dataset (an ImageFolder tree), the share of the
+    # tokens' differences each image-tower layer's attention keeps, logged as smoothing/layer<i>; 0 = not measured
+    smoothing: int = 0
 
 
 @dataclass
@@ -435,6 +438,7 @@ RANGES = {
     ("eval", "cache_mb"): at_least(0),
     ("eval", "fewshot"): (lambda v: all(k >= 1 for k in v), "a list of shots >= 1"),
     ("eval", "fewshot_draws"): at_least(1),
+    ("eval", "smoothing"): at_least(0),
     ("data", "cache_mb"): at_least(0),
     ("data", "max_skip_fraction"): (lambda v: 0 <= v <= 1, "in [0, 1]"),
     ("data", "shard_timeout_s"): above(0),

@@ -30,6 +30,7 @@ from eval.datasets import EvalInputError, open_retrieval
 from eval.replay import Replay
 from eval.retrieval import evaluate_pairs
 from eval.sharding import Shard, random_state_kept
+from eval.smoothing import kept_per_layer, sample_images
 from eval.val_loss import check_val_shards, validation_loss
 from eval.zeroshot import evaluate
 from models import ModelConfig, build_clip, run_folder, summary, tokenizer, transforms
@@ -183,6 +184,11 @@ def preflight(cfg: Config, world_size: int) -> None:
         raise ConfigError(
             f"eval.dataset={cfg.eval.dataset} does not exist; point it at an ImageFolder tree or set eval.dataset=null"
         )
+    if cfg.eval.smoothing and not (cfg.eval.dataset and Path(cfg.eval.dataset).is_dir()):
+        raise ConfigError(
+            f"eval.smoothing={cfg.eval.smoothing} measures on images of eval.dataset, which must be an ImageFolder "
+            f"tree (it is {cfg.eval.dataset}); set eval.dataset to one or eval.smoothing=0"
+        )
     if cfg.eval.retrieval:
         try:
             open_retrieval(cfg.eval.retrieval, lambda image: image, cfg.eval.retrieval_split)
@@ -319,7 +325,7 @@ def make_evaluator(cfg: Config, accelerator, model: nn.Module, teacher: nn.Modul
     teacher/zeroshot/*; with an EMA of the weights (train.ema), its results as ema/val_loss, ema/zeroshot/* and
     ema/retrieval/*."""
     zeroshot, val = make_zeroshot(cfg, accelerator, model), make_val_loss(cfg, accelerator, model)
-    retrieval = make_retrieval(cfg, accelerator, model)
+    retrieval, smoothing = make_retrieval(cfg, accelerator, model), make_smoothing(cfg, accelerator, model)
     if zeroshot is None and val is None and retrieval is None:
         return None
     ema_eval = make_ema_evaluator(cfg, accelerator, ema) if ema is not None else None
@@ -332,6 +338,7 @@ def make_evaluator(cfg: Config, accelerator, model: nn.Module, teacher: nn.Modul
         results = val() if val is not None else {}
         results.update(zeroshot() if zeroshot is not None else {})
         results.update(retrieval() if retrieval is not None else {})
+        results.update(smoothing() if smoothing is not None else {})
         if teacher_zeroshot is not None and not teacher_done:  # every rank takes part (sharded eval), once
             teacher_results.update({f"teacher/{k}": v for k, v in teacher_zeroshot().items()})
             teacher_done = True
@@ -409,6 +416,28 @@ def make_retrieval(cfg: Config, accelerator, model: nn.Module, net_of=None):
                 shard=shard,
             )
         return {f"retrieval/{k}": v for k, v in out.items() if "_R@" in k} if accelerator.is_main_process else {}
+
+    return run
+
+
+def make_smoothing(cfg: Config, accelerator, model: nn.Module):
+    """A callable returning {"smoothing/layer<i>": ...} on rank 0 ({} on the others): each image-tower layer's kept
+    share of token spread (eval/smoothing.py) on eval.smoothing images of eval.dataset; None when it is 0."""
+    if not cfg.eval.smoothing or not cfg.eval.dataset:
+        return None
+    _, eval_transform = transforms(cfg.model)
+    images = sample_images(Path(cfg.eval.dataset), eval_transform, cfg.eval.smoothing)
+
+    def run() -> dict:
+        net = eval_model(accelerator, model, cfg.model)  # every rank: under FSDP the full copy is gathered
+        if not accelerator.is_main_process:
+            return {}
+        was_training = net.training
+        net.eval()
+        with random_state_kept(accelerator.device):
+            kept = kept_per_layer(net, images.to(accelerator.device))
+        net.train(was_training)
+        return {f"smoothing/layer{i + 1}": k for i, k in enumerate(kept)}
 
     return run
 
