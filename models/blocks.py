@@ -85,6 +85,12 @@ class Block(nn.Module):
         x = x + self.ls_1(self.attn(self.ln_1(x), key_mask, rope))
         return x + self.ls_2(self.mlp(self.ln_2(x)))
 
+    def step(self, x: Tensor, state: tuple, rope: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, tuple]:
+        """The causal forward at one position from the attention's recurrent state: x [B, C] -> (y [B, C], state)."""
+        y, state = self.attn.step(self.ln_1(x), state, rope)
+        x = x + self.ls_1(y)
+        return x + self.ls_2(self.mlp(self.ln_2(x))), state
+
 
 class Transformer(nn.Module):
     """A stack of `Block`s, one registry attention name (and options dict) per layer."""
@@ -118,3 +124,19 @@ class Transformer(nn.Module):
             else:
                 x = block(x, key_mask, rope)
         return x
+
+    def init_state(self, batch: int, device=None, dtype: torch.dtype = torch.float32) -> list[tuple]:
+        """Every layer's recurrent state before the first token; one line naming the first layer without one."""
+        for i, block in enumerate(self.resblocks):
+            try:
+                block.attn.check_recurrent(block.attn.causal)
+            except ValueError as err:
+                raise ValueError(f"layer {i}: {err}") from None
+        return [block.attn.init_state(batch, device, dtype) for block in self.resblocks]
+
+    def step(self, x: Tensor, states: list[tuple], rope: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, list]:
+        """One token through every layer: x [B, C] at position t -> (y [B, C], the states after t)."""
+        states = list(states)
+        for i, block in enumerate(self.resblocks):
+            x, states[i] = block.step(x, states[i], rope)
+        return x, states

@@ -61,14 +61,17 @@ class TextTower(nn.Module):
             nn.init.normal_(block.mlp.c_proj.weight, std=proj_std)
         nn.init.normal_(self.text_projection, std=width**-0.5)
 
-    def encode_text_features(self, text: Tensor) -> Tensor:
-        """[B, L] ids -> [B, output_dim], pooled at each row's end-of-text token."""
-        length = text.shape[1]
+    def check_length(self, length: int) -> None:
         if length > self.context_length:
             raise ValueError(
                 f"text of {length} tokens exceeds the context length {self.context_length}; "
                 "tokenize with models.tokenizer(name)"
             )
+
+    def encode_text_features(self, text: Tensor) -> Tensor:
+        """[B, L] ids -> [B, output_dim], pooled at each row's end-of-text token."""
+        length = text.shape[1]
+        self.check_length(length)
         x = self.token_embedding(text)
         if self.text_pos_embed == "rope":
             x = self.transformer(x, key_mask=None, rope=rope.text_table(length, self.text_head_dim, x.device))
@@ -77,3 +80,27 @@ class TextTower(nn.Module):
         eot = text.argmax(dim=-1)  # [B]
         x = self.ln_final(x[torch.arange(x.shape[0], device=x.device), eot])  # [B, C]
         return x @ self.text_projection
+
+    def encode_recurrent(self, text: Tensor) -> Tensor:
+        """encode_text_features computed token by token: [B, L] ids -> [B, output_dim]. Each layer carries its
+        attention's recurrent state of fixed size (no KV cache) through the tokens up to the last row's end-of-text
+        token; one line naming the first layer whose attention has no recurrent step."""
+        self.check_length(text.shape[1])
+        eot = text.argmax(dim=-1)  # [B]
+        length = int(eot.max()) + 1
+        x = self.token_embedding(text[:, :length])
+        table = None
+        if self.text_pos_embed == "rope":
+            table = rope.text_table(length, self.text_head_dim, x.device)
+        else:
+            x = x + self.positional_embedding[:length]
+        try:
+            states = self.transformer.init_state(x.shape[0], x.device, x.dtype)
+        except ValueError as err:
+            raise ValueError(f"text tower {err}") from None
+        pooled = torch.zeros_like(x[:, 0])
+        for t in range(length):
+            position = None if table is None else (table[0][t : t + 1], table[1][t : t + 1])
+            y, states = self.transformer.step(x[:, t], states, position)
+            pooled = torch.where((eot == t)[:, None], y, pooled)
+        return self.ln_final(pooled) @ self.text_projection

@@ -18,6 +18,9 @@
 | deltanet (causal only) | delta.py      | delta.recurrent      |
 
 Rotary positions (model.*_pos_embed: rope) turn q and k before any of them: rope.py, reference.rope.
+Recurrent inference (no KV cache): a causal layer whose class sets `supports_recurrent` runs token by token,
+`init_state` / `step` (base.py); the steps are ops/recurrent.py (linear ops, hedgehog), decay.decayed_step (retention,
+ssd, gla) and delta.delta_step; the rest refuse in one line (`check_recurrent`).
 """
 
 from models.attention import (  # noqa: F401

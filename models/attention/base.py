@@ -41,6 +41,10 @@ class Attention(nn.Module):
     # A positive feature map phi that RoPE must not rotate into negative values (elu + 1): with rotary positions
     # the layer runs RoFormer's form, the numerator rotated, the denominator not (rope.rotated_linear).
     rope_feature_map: ClassVar[Callable | None] = None
+    # Recurrent inference (`init_state`, `step`): a causal form with a state of fixed size runs token by token with
+    # no KV cache; a variant that sets True implements `state_shapes` and `token_step`.
+    supports_recurrent: ClassVar[bool] = False
+    why_not_recurrent: ClassVar[str] = "needs its KV cache: no recurrent state"
 
     def __init__(self, dim: int, num_heads: int, *, causal: bool = False, qkv_bias: bool = True, **options):
         super().__init__()
@@ -87,10 +91,7 @@ class Attention(nn.Module):
         """x [B, N, C] -> [B, N, C]; `rope`: the (cos, sin) table of rotary positions (models/attention/rope.py)
         that turns q and k before the attention, or None (positions came with the tokens)."""
         B, N, C = x.shape
-        qkv = F.linear(x, self.in_proj_weight, self.in_proj_bias)  # [B, N, 3C]
-        q, k, v = qkv.view(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # 3 x [B, H, N, D]
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = self.project(x)
         with autocast_off(x.device.type, not self.under_autocast):
             if rope is None:
                 o = self.attention(q, k, v, key_mask)
@@ -101,6 +102,54 @@ class Attention(nn.Module):
             else:
                 o = self.attention(rotate(q, rope), rotate(k, rope), v, key_mask)
         return self.out_proj(o.transpose(1, 2).reshape(B, N, C))
+
+    def project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """x [B, N, C] -> q, k, v [B, H, N, D], q and k normalised per head under model.qk_norm."""
+        B, N, _ = x.shape
+        qkv = F.linear(x, self.in_proj_weight, self.in_proj_bias)  # [B, N, 3C]
+        q, k, v = qkv.view(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # 3 x [B, H, N, D]
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        return q, k, v
+
+    @classmethod
+    def check_recurrent(cls, causal: bool) -> None:
+        """One line when this variant, or this layer's direction, has no recurrent step."""
+        if not cls.supports_causal:
+            raise ValueError(f"{cls.name} cannot be causal ({cls.why_not_causal}): no recurrent state")
+        if not cls.supports_recurrent:
+            raise ValueError(f"{cls.name} {cls.why_not_recurrent}")
+        if not causal:
+            raise ValueError(
+                f"{cls.name} is two-sided here (image tower): only a causal layer runs token by token; "
+                "build it with causal=True"
+            )
+
+    def state_shapes(self) -> list[tuple[int, ...]]:
+        """The shapes of the recurrent state's tensors, batch left out: fixed, whatever the number of tokens."""
+        raise NotImplementedError
+
+    def token_step(self, q: Tensor, k: Tensor, v: Tensor, state: tuple, rope) -> tuple[Tensor, tuple]:
+        """One token's q, k, v [B, H, 1, D] and the state -> (o [B, H, 1, D] in the compute dtype, the new state);
+        `rope` is the position's (cos, sin) only for a variant with a `rope_feature_map` (else q, k come turned)."""
+        raise NotImplementedError
+
+    def init_state(self, batch: int, device=None, dtype: torch.dtype = torch.float32) -> tuple[Tensor, ...]:
+        """The state before the first token: zeros in the compute dtype of `dtype` (fp32, fp64 for fp64)."""
+        self.check_recurrent(self.causal)
+        work = torch.promote_types(dtype, torch.float32)
+        return tuple(torch.zeros(batch, *shape, device=device, dtype=work) for shape in self.state_shapes())
+
+    def step(self, x: Tensor, state: tuple, rope: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, tuple]:
+        """The causal forward at one position t from a state of fixed size (no KV cache): x [B, C], the token at t,
+        -> (y [B, C], the state after t); `rope`: the (cos, sin) [1, D/2] of position t, or None."""
+        self.check_recurrent(self.causal)
+        q, k, v = self.project(x[:, None])  # [B, H, 1, D]
+        with autocast_off(x.device.type, not self.under_autocast):
+            if rope is not None and self.rope_feature_map is None:
+                q, k, rope = rotate(q, rope), rotate(k, rope), None
+            o, state = self.token_step(q, k, v, state, rope)
+        return self.out_proj(o.to(q.dtype).reshape(x.shape[0], self.dim)), state
 
 
 def autocast_off(device_type: str, wanted: bool):

@@ -56,6 +56,13 @@ def prepare(q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None) -> tuple[T
     return q, k, v
 
 
+def decayed_step(state: tuple, q: Tensor, k: Tensor, v: Tensor, log_decay: Tensor) -> tuple[Tensor, tuple]:
+    """One token of a causal decayed sum (retention, ssd, gla): S_t = diag(exp g_t) S_{t-1} + k_t^T v_t [B, H, D, D],
+    o_t = q_t S_t; q (scaled by 1 / sqrt(D)), k, v [B, H, 1, D], g_t = log_decay [B or 1, H, 1, 1 or D] (<= 0)."""
+    s = log_decay.exp().transpose(-1, -2) * state[0] + k.transpose(-1, -2) @ v
+    return q @ s, (s,)
+
+
 def scan(q: Tensor, k: Tensor, v: Tensor, log_gamma: Tensor, width: int, rows: int, strict: bool) -> Tensor:
     """o at (r, c) = sum over keys at (r', c') with r' <= r (r' < r when `strict`) of gamma^(r - r' + |c - c'|)
     (q . k) v: q, k, v [B, H, N, D] with N = R * width tokens row-major, log_gamma [H], `rows` rows per block."""
@@ -168,10 +175,18 @@ class RetentionAttention(LinearAttention):
 
     function = staticmethod(retention)
     reference = staticmethod(reference.retention)
+    supports_recurrent = True
 
     def __init__(self, dim: int, num_heads: int, *, causal: bool = False, qkv_bias: bool = True, **options):
         check_options(self.name, options, ("chunk_size",))
         super().__init__(dim, num_heads, causal=causal, qkv_bias=qkv_bias, **options)
+
+    def state_shapes(self) -> list[tuple[int, ...]]:
+        return [(self.num_heads, self.head_dim, self.head_dim)]
+
+    def token_step(self, q: Tensor, k: Tensor, v: Tensor, state: tuple, table) -> tuple[Tensor, tuple]:
+        q, k, v = prepare(q, k, v, None)
+        return decayed_step(state, q, k, v, log_gammas(self.num_heads, q)[:, None, None])
 
 
 @register_attention("retention_2d")

@@ -51,11 +51,17 @@ def recurrent(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, *, key_mask: Tensor
     B, H, N, D = q.shape
     state, out = q.new_zeros(B, H, v.shape[-1], D), []
     for t in range(N):
-        kt = k[:, :, t]
-        correction = beta[:, :, t, None] * (v[:, :, t] - (state @ kt[..., None])[..., 0])
-        state = state + correction[..., None] * kt[..., None, :]
-        out.append((state @ q[:, :, t, :, None])[..., 0])
+        o, state = delta_step(state, q[:, :, t], k[:, :, t], v[:, :, t], beta[:, :, t])
+        out.append(o)
     return torch.stack(out, 2).to(dtype)
+
+
+def delta_step(state: Tensor, q: Tensor, k: Tensor, v: Tensor, beta: Tensor) -> tuple[Tensor, Tensor]:
+    """One token of the rule on normalised q, k and v [B, H, D], beta [B, H]: the state S [B, H, D_v, D_k] after
+    the token's correction and o = S q [B, H, D_v]."""
+    correction = beta[..., None] * (v - (state @ k[..., None])[..., 0])
+    state = state + correction[..., None] * k[..., None, :]
+    return (state @ q[..., None])[..., 0], state
 
 
 def chunked(
@@ -88,6 +94,7 @@ class DeltaNetAttention(Attention):
     and token; q, k L2-normalised; causal only; option chunk_size (64)."""
 
     supports_bidirectional = False
+    supports_recurrent = True
     why_not_bidirectional = (
         "the delta rule's state depends on the order of every earlier correction; it has no two-sided form"
     )
@@ -107,3 +114,12 @@ class DeltaNetAttention(Attention):
 
     def attention_reference(self, q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None) -> Tensor:
         return recurrent(q, k, v, self.beta(v), key_mask=key_mask)
+
+    def state_shapes(self) -> list[tuple[int, ...]]:
+        return [(self.num_heads, self.head_dim, self.head_dim)]
+
+    def token_step(self, q: Tensor, k: Tensor, v: Tensor, state: tuple, table) -> tuple[Tensor, tuple]:
+        """beta from the token's own v, as the chunked forward reads it; q, k normalised as there."""
+        q, k, v, beta = normalised(q, k, v, self.beta(v), None)
+        o, s = delta_step(state[0], q[:, :, 0], k[:, :, 0], v[:, :, 0], beta[:, :, 0])
+        return o[:, :, None], (s,)

@@ -45,7 +45,7 @@ from torch import Tensor, nn
 
 from models.attention import reference
 from models.attention.base import Attention
-from models.attention.decay import check_options, prepare
+from models.attention.decay import check_options, decayed_step, prepare
 from models.attention.ops.common import compute_dtype
 from models.attention.registry import register_attention
 
@@ -111,6 +111,7 @@ class GatedAttention(Attention):
 
     known: tuple[str, ...] = ("chunk_size",)
     default_chunk = 64
+    supports_recurrent = True
 
     def __init__(self, dim: int, num_heads: int, *, causal: bool = False, qkv_bias: bool = True, **options):
         check_options(self.name, options, self.known)
@@ -127,6 +128,15 @@ class GatedAttention(Attention):
 
     def attention_reference(self, q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None) -> Tensor:
         return reference.gated(q, k, v, self.log_decay(v), causal=self.causal, key_mask=key_mask)
+
+    def state_shapes(self) -> list[tuple[int, ...]]:
+        return [(self.num_heads, self.head_dim, self.head_dim)]
+
+    def token_step(self, q: Tensor, k: Tensor, v: Tensor, state: tuple, table) -> tuple[Tensor, tuple]:
+        """The decays from the token's own v, as the chunked forward reads them (decay.decayed_step)."""
+        g = self.log_decay(v)
+        q, k, v = prepare(q, k, v, None)
+        return decayed_step(state, q, k, v, g.to(q.dtype))
 
 
 @register_attention("ssd")

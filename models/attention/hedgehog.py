@@ -22,6 +22,7 @@ from models.attention import reference
 from models.attention.base import Attention
 from models.attention.ops.chunked import causal_linear
 from models.attention.ops.common import compute_dtype, key_weights, safe_divide
+from models.attention.ops.recurrent import kernel_step
 from models.attention.registry import register_attention
 
 
@@ -34,6 +35,8 @@ def feature_map(x: Tensor, weight: Tensor) -> Tensor:
 @register_attention("hedgehog")
 class HedgehogAttention(Attention):
     """Learnable feature maps phi_q, phi_k (module docstring); options `feature_dim` and `chunk_size` (causal)."""
+
+    supports_recurrent = True
 
     def __init__(
         self,
@@ -78,6 +81,16 @@ class HedgehogAttention(Attention):
             num = phi_q @ (phi_k.transpose(1, 2) @ vf)  # [G, N, 2F] @ [G, 2F, D]
             den = phi_q @ phi_k.sum(1).unsqueeze(-1)  # [G, N, 1]
         return safe_divide(num, den).reshape(B, H, N, D).to(q.dtype)
+
+    def state_shapes(self) -> list[tuple[int, ...]]:
+        features = 2 * self.feature_q.shape[-1]
+        return [(self.num_heads, features, self.head_dim), (self.num_heads, features)]
+
+    def token_step(self, q: Tensor, k: Tensor, v: Tensor, state: tuple, table) -> tuple[Tensor, tuple]:
+        """The normalised running sums of ops/recurrent.py on the learned features phi_q(q), phi_k(k) [B, H, 1, 2F]."""
+        work = compute_dtype(q)
+        phi_q, phi_k = feature_map(q.to(work), self.feature_q), feature_map(k.to(work), self.feature_k)
+        return kernel_step(state, phi_q, phi_k, v, normalised=True)
 
     def attention_reference(self, q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None) -> Tensor:
         return reference.hedgehog(q, k, v, self.feature_q, self.feature_k, causal=self.causal, key_mask=key_mask)

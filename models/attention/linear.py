@@ -12,7 +12,7 @@ from torch import Tensor
 
 from models.attention import reference, rope
 from models.attention.base import Attention
-from models.attention.ops import dispatch, linear_affine, linear_affine_nodenom, linear_elu
+from models.attention.ops import dispatch, linear_affine, linear_affine_nodenom, linear_elu, recurrent
 from models.attention.ops.common import compute_dtype, flatten, key_weights
 from models.attention.registry import register_attention
 
@@ -38,11 +38,22 @@ class LinearAttention(Attention):
 
 class DispatchedAttention(LinearAttention):
     """A linear attention whose op has several implementations: option `impl` (auto | reference | torch | cpu |
-    triton, ops/dispatch.py) is checked here, when the layer is built, and resolved at its first forward."""
+    triton, ops/dispatch.py) is checked here, when the layer is built, and resolved at its first forward. Causal, it
+    also runs token by token (ops/recurrent.py)."""
+
+    supports_recurrent = True
 
     def __init__(self, dim: int, num_heads: int, *, causal: bool = False, **options):
         super().__init__(dim, num_heads, causal=causal, **options)
         dispatch.check(self.name, options.get("impl", "auto"), causal)
+
+    def state_shapes(self) -> list[tuple[int, ...]]:
+        return recurrent.state_shapes(dispatch.TABLES[self.name].op, self.num_heads, self.head_dim)
+
+    def token_step(self, q: Tensor, k: Tensor, v: Tensor, state: tuple, table) -> tuple[Tensor, tuple]:
+        """ops/recurrent.py's step, whatever `impl` says; `table`: RoPE's (cos, sin) for a positive feature map."""
+        turn = None if table is None else (lambda f: rope.rotate(f, table))
+        return recurrent.step(dispatch.TABLES[self.name].op, q, k, v, state, turn)
 
 
 @register_attention("linear_affine")
