@@ -30,15 +30,16 @@ def reach(run: dict, target: float) -> float:
     return first_reach([s for s, _ in run["curve"]], [1 - t for _, t in run["curve"]], target)
 
 
-def seconds(run: dict, target: float, n_images: int, n_boot: int = N_BOOT) -> tuple[float, float, float]:
-    """(seconds to the target, lo, hi); inf when the run never reaches it (and in the replicates that miss it)."""
+def seconds(run: dict, target: float, n_images: int, n_boot: int = N_BOOT) -> tuple[float, np.ndarray]:
+    """(seconds to the target, its bootstrap replicates); inf when the run never reaches it (and in the replicates
+    that miss it). Replicate i of every run uses generator seed i, so ratios of runs pair their replicates."""
     samples, top1 = zip(*run["curve"])
-    errors = 1 - np.asarray(top1)
-    rng = np.random.default_rng(0)
-    draws = [first_reach(samples, rng.binomial(n_images, errors) / n_images, target) for _ in range(n_boot)]
-    lo, hi = np.quantile(draws, [0.025, 0.975], method="nearest")
-    rate = run["samples_per_s"]
-    return reach(run, target) / rate, float(lo) / rate, float(hi) / rate
+    errors, rate = 1 - np.asarray(top1), run["samples_per_s"]
+    draws = [
+        first_reach(samples, np.random.default_rng(i).binomial(n_images, errors) / n_images, target)
+        for i in range(n_boot)
+    ]
+    return reach(run, target) / rate, np.asarray(draws) / rate
 
 
 def shared_target(runs: list[dict], targets: list[float]) -> float | None:
@@ -54,10 +55,52 @@ def rows_of(runs: list[dict], target: float, n_images: int) -> list[dict]:
     """One row per run with image tokens: attention, tokens, samples to the target, samples/s, seconds [lo, hi]."""
     out = []
     for r in sorted((r for r in runs if r.get("image_tokens")), key=lambda r: (r["attention"], r["image_tokens"])):
-        s, lo, hi = seconds(r, target, n_images)
+        s, draws = seconds(r, target, n_images)
+        lo, hi = np.quantile(draws, [0.025, 0.975], method="nearest")
         out.append({"attention": r["attention"], "tokens": r["image_tokens"], "samples": reach(r, target)})
-        out[-1] |= {"rate": r["samples_per_s"], "seconds": s, "lo": lo, "hi": hi}
+        out[-1] |= {"rate": r["samples_per_s"], "seconds": s, "lo": float(lo), "hi": float(hi), "draws": draws}
     return out
+
+
+def crossing(tokens: np.ndarray, ratios: np.ndarray) -> float:
+    """The token count where a least-squares line of log ratio on log tokens crosses 1; inf when the ratio does not
+    fall with tokens (or a ratio is not finite)."""
+    if not np.all(np.isfinite(ratios)) or np.any(ratios <= 0):
+        return math.inf
+    slope, intercept = np.polyfit(np.log(tokens), np.log(ratios), 1)
+    return math.exp(-intercept / slope) if slope < 0 else math.inf
+
+
+def break_even(rows: list[dict], attention: str) -> tuple[float, float, float] | None:
+    """The image tokens at which `attention`'s time to the target equals softmax's (crossing of their ratio) and its
+    95% bootstrap interval (replicates paired across runs); None without both at two or more token counts."""
+    soft = {r["tokens"]: r for r in rows if r["attention"] == "softmax"}
+    mine = [r for r in rows if r["attention"] == attention and r["tokens"] in soft]
+    if len(mine) < 2:
+        return None
+    tokens = np.array([r["tokens"] for r in mine], dtype=float)
+    point = crossing(tokens, np.array([r["seconds"] / soft[r["tokens"]]["seconds"] for r in mine]))
+    reps = [
+        crossing(tokens, np.array([r["draws"][i] / soft[r["tokens"]]["draws"][i] for r in mine])) for i in range(N_BOOT)
+    ]
+    lo, hi = np.quantile(reps, [0.025, 0.975], method="nearest")
+    return point, float(lo), float(hi)
+
+
+def break_even_lines(rows: list[dict]) -> list[str]:
+    span = (min(r["tokens"] for r in rows), max(r["tokens"] for r in rows))
+    lines = []
+    for attention in dict.fromkeys(r["attention"] for r in rows if r["attention"] != "softmax"):
+        found = break_even(rows, attention)
+        if found is None:
+            continue
+        n, lo, hi = (f"{v:,.0f}" if math.isfinite(v) else "none" for v in found)
+        where = "within" if span[0] <= found[0] <= span[1] else "outside (extrapolated beyond)"
+        lines.append(
+            f"- {attention}: break-even at {n} image tokens [95% CI {lo}, {hi}], {where} the measured "
+            f"{span[0]}-{span[1]} tokens"
+        )
+    return lines
 
 
 def figure(rows: list[dict], target: float, path: Path) -> None:
@@ -69,7 +112,13 @@ def figure(rows: list[dict], target: float, path: Path) -> None:
             continue
         x, y = [r["tokens"] for r in mine], np.array([r["seconds"] for r in mine])
         err = [y - [r["lo"] for r in mine], np.minimum([r["hi"] for r in mine], 1e12) - y]
-        ax.errorbar(x, y, yerr=err, marker="o", ms=4, capsize=3, color=plt.get_cmap("tab10")(i % 10), label=attention)
+        colour = plt.get_cmap("tab10")(i % 10)
+        ax.errorbar(x, y, yerr=err, marker="o", ms=4, capsize=3, color=colour, label=attention)
+        found = break_even(rows, attention) if attention != "softmax" else None
+        if found and math.isfinite(found[0]):
+            outside = not min(x) <= found[0] <= max(x)
+            label = f"{attention} break-even {found[0]:,.0f}{' (extrapolated)' if outside else ''}"
+            ax.axvline(found[0], color=colour, ls=":" if outside else "--", lw=1, label=label)
     ax.set(xscale="log", yscale="log", xlabel="image tokens", ylabel=f"training seconds to {100 * target:.0f}% error")
     ax.grid(True, which="both", alpha=0.3)
     plain_ticks(ax)
@@ -121,5 +170,9 @@ def section(runs: list[dict], targets: list[float], n_images: int) -> list[str]:
         + __doc__.split("\n\n")[1].replace("\n", " ")
         + "\n",
         "\n".join(table) + "\n",
+        "Break-even: the token count at which the ratio of times to softmax's, a line in log-log through the "
+        "measured token counts, crosses 1 ('none': the ratio does not fall with tokens); the interval from the "
+        "same bootstrap, replicates paired across runs.\n",
+        "\n".join(break_even_lines(rows)) + "\n",
         f"![time to target against tokens]({FIGURE})\n",
     ]

@@ -32,6 +32,9 @@ def test_seconds_are_samples_to_the_target_over_samples_per_second(tmp_path):
     text = "\n".join(time_to_target.section(RUNS, [0.5, 0.25, 0.0625], 720))
     assert "| linear_affine_nodenom | 257 | 4,000 | 80 | 50 [" in text and "| 0.42x |" in text
     assert "| linear_affine | 257 | not reached |" in text
+    # ratio 40/30 at 65 tokens, 50/120 at 257: a line in log-log crosses 1 at 65 * (4/3)^(1/0.846) = 91 tokens
+    assert "- linear_affine_nodenom: break-even at 91 image tokens [95% CI " in text
+    assert "within the measured 65-257 tokens" in text and "- linear_affine:" not in text
     time_to_target.draw(RUNS, [0.5, 0.25, 0.0625], 720, tmp_path)
     assert (tmp_path / time_to_target.FIGURE).stat().st_size > 0
 
