@@ -23,6 +23,8 @@ counted once. Reversing all tokens maps row r to R - 1 - r and column c to W - 1
 Options: chunk_size (tokens per block: retention 64; retention_2d 256, as max(1, 256 // W) whole rows), and for
 retention_2d width and prefix_tokens. Memory: N x block for the matrices and N D^2 / (rows per block) for the
 states, all blocks at once (1-D: N D^2 / 64); retention_2d's larger blocks keep its states, and their traffic, down.
+On CUDA retention runs flash-linear-attention's chunk_retention instead, causal and two-sided (ops/fla_kernels.py,
+when fla imports).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from torch import Tensor
 from models.attention import reference
 from models.attention.base import Attention, scale
 from models.attention.linear import LinearAttention
+from models.attention.ops import fla_kernels
 from models.attention.ops.common import check_key_mask, compute_dtype
 from models.attention.registry import register_attention
 
@@ -120,6 +123,8 @@ def retention(
     """Sun et al. 2023, Eq. 5 without xPos: o_i = sum_j gamma_h^|i - j| (q_i . k_j / sqrt(D)) v_j (j <= i when causal),
     [B, H, N, D] x3 -> [B, H, N, D] in the dtype of q; chunks of `chunk_size` tokens."""
     dtype, (q, k, v) = q.dtype, prepare(q, k, v, key_mask)
+    if fla_kernels.use_fla(q):
+        return fla_kernels.decayed(q, k, v, None, two_sided=not causal).to(dtype)
     log_gamma = log_gammas(q.shape[1], q)
     if causal:
         return scan(q, k, v, log_gamma, 1, chunk_size, strict=False).to(dtype)

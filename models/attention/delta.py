@@ -18,8 +18,9 @@ k_t) solve the unit lower-triangular system (I + diag(beta) StrictTril(K K^T)) U
     W = T K, U' = T V with T = (I + diag(beta) StrictTril(K K^T))^-1 diag(beta)   (all chunks at once)
     U = U' - W S^T,  O = Q S^T + (Q K^T masked to j <= i) U,  S <- S + U^T K        (a loop over chunks)
 
-O(N) memory (the chunks' C x C matrices and a D x D state per chunk). On CUDA flash-linear-attention's
-`fla.ops.delta_rule.chunk_delta_rule` computes the same (not a dependency here).
+O(N) memory (the chunks' C x C matrices and a D x D state per chunk). flash-linear-attention's
+`fla.ops.delta_rule.chunk_delta_rule` computes the same but refuses fp32, the compute dtype here, so deltanet keeps
+this form on CUDA too (its fp32 kernels match `recurrent` to 1e-6 under TRITON_INTERPRET=1, unchecked on a GPU).
 """
 
 from __future__ import annotations

@@ -29,9 +29,9 @@ chunk the decayed [C, C] matrix (gla: [C, C, D], its decay per feature) from cum
 <= 0; across chunks a D x D state carried in a loop, decayed by the chunk's total. Memory: N C (gla: N C D) for
 the chunks' matrices, N D^2 / C for the states.
 
-On CUDA the fused kernels of flash-linear-attention would replace `chunk_scan` in `gated_attention` (not a dependency
-here): gla `fla.ops.gla.chunk_gla(q, k, v, g=log G)`, ssd `fla.ops.simple_gla.chunk_simple_gla(q, k, v, g=log a)` (fla
-maps Mamba-2's SSD to simple_gla), on [B, N, H, D] with scale D^-0.5; two-sided as a second call on the reversed
+On CUDA flash-linear-attention's chunk kernels replace `chunk_scan` in `gated_attention` (ops/fla_kernels.py, when fla
+imports): gla `fla.ops.gla.chunk_gla(q, k, v, g=log G)`, ssd `fla.ops.simple_gla.chunk_simple_gla(q, k, v, g=log a)`
+(fla maps Mamba-2's SSD to simple_gla), on [B, N, H, D] with scale D^-0.5; two-sided as a second call on the reversed
 tokens and shifted decays, less the diagonal (q_i . k_i) v_i / sqrt(D) that both calls count.
 """
 
@@ -46,6 +46,7 @@ from torch import Tensor, nn
 from models.attention import reference
 from models.attention.base import Attention
 from models.attention.decay import check_options, decayed_step, prepare
+from models.attention.ops import fla_kernels
 from models.attention.ops.common import compute_dtype
 from models.attention.registry import register_attention
 
@@ -87,6 +88,8 @@ def gated_attention(
     g = g.to(q.dtype)
     if key_mask is not None:
         g = g.masked_fill(~key_mask[:, None, :, None], 0)
+    if fla_kernels.use_fla(q):
+        return fla_kernels.decayed(q, k, v, g, two_sided=not causal).to(dtype)
     out = chunk_scan(q, k, v, g, chunk_size, strict=False)
     if not causal:
         # reversed tokens: token t' = N - 1 - t carries the decay of t + 1, so key j > i is decayed by a_{i+1..j}
