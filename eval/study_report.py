@@ -293,7 +293,13 @@ def clock_sentence(clock: dict, study, where: str) -> str:
         f"{clock['cpu'] / 60:.1f} CPU-minutes on {where}; the 1-minute load average was "
         f"{np.mean(loads):.1f} on average (max {max(loads):.1f}) while it ran (the study's own {study.jobs} runs and "
         f"their data-loader workers count; a load well above {study.jobs * study.threads_per_job + study.jobs} means "
-        "other jobs shared the cores).\n"
+        "other jobs shared the cores)."
+        + (
+            f" Resumed (--resume): {clock['resumed']} finished runs of the same config were kept from an earlier "
+            "invocation; their training is not in this clock.\n"
+            if clock.get("resumed")
+            else "\n"
+        )
     )
 
 

@@ -21,10 +21,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from eval import machine, study_analysis
-from train.bench.attention import page as bench_attention_page
+from train.bench.attention import study_table
 from train.linearise import Settings, linearise
 from train.lr_sweep import adopt, choose, grid, reuse_chosen, sweep_jobs
-from train.study import REPO, Study, StudyError, data_paths, jobs_of, load_study, make_data
+from train.study import REPO, Study, StudyError, data_paths, done_before, jobs_of, load_study, make_data
 from train.study_local import run_jobs
 
 STUDY = REPO / "configs" / "study" / "demo.yaml"
@@ -41,6 +41,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--sizes", nargs="+", help="model sizes to train (default: the study's)")
     p.add_argument("--attentions", nargs="+", help="registry names, used in both towers (default: the study's)")
     p.add_argument("--rates-from", help="a finished folder of the same study: use the rates its sweep chose, no sweep")
+    p.add_argument("--resume", action="store_true", help="keep the finished runs of --out trained with the same config")
     p.add_argument(
         "--reanalyse",
         action="store_true",
@@ -58,23 +59,12 @@ def stage(text: str) -> None:
     print(f"\n== {time.strftime('%H:%M:%S')} {text}", file=sys.stderr, flush=True)
 
 
-def attention_table(out: Path, args: list[str], again: bool = True) -> str:
-    """scripts.bench_attention with the study's arguments; its Markdown table, headings nested one level. Not
-    `again`: the table the study's own run measured, where it has one (a re-analysis times nothing)."""
-    if again or not (out / "bench_attention.md").is_file():
-        bench_attention_page([*map(str, args), "--out", str(out / "bench_attention")])
-    _title, _header, *body = (out / "bench_attention.md").read_text().split("\n\n")  # the report's header covers them
-    command = f"`python -m scripts.bench_attention {' '.join(map(str, args))}`"
-    lines = "\n\n".join([command, *body]).splitlines()
-    return "\n".join("#" + line if line.startswith("#") else line for line in lines) + "\n"  # its sections nest
-
-
 def analyse(out: Path, study: Study, jobs, clock: dict, args: argparse.Namespace, sweep: list[dict] = ()) -> None:
     """Fits, figures, the attention benchmark and the report, from the finished runs."""
     stage("fitting scaling laws per attention")
     runs, fits, classes = study_analysis.figures(out, study, jobs)
     stage("timing the attention layers")
-    bench = attention_table(out, study.bench, again=not clock.get("final"))
+    bench = study_table(out, study.bench, again=not clock.get("final"))
     if not clock.get("final"):  # a re-analysis keeps the clock of the study's own run, and its machine
         clock.update(wall=time.perf_counter() - clock["wall"], cpu=machine.cpu_seconds() - clock["cpu"], final=True)
         clock["machine"] = machine.describe()
@@ -105,6 +95,11 @@ def reanalyse(out: Path, study: Study, args: argparse.Namespace) -> Path:
 
 
 def train(jobs: list, study: Study, what: str, clock: dict) -> None:
+    if clock.get("resume"):  # --resume: finished runs of the same config stay (their times are not on this clock)
+        kept = [j for j in jobs if done_before(j)]
+        for job in kept:
+            job.reused = True
+        jobs, clock["resumed"] = [j for j in jobs if not j.reused], clock.get("resumed", 0) + len(kept)
     stage(what)  # the study's runs on this machine; the load averages while they ran go on the clock
     report = lambda m: print("   " + m, file=sys.stderr)  # noqa: E731
     clock["load"] += run_jobs(jobs, study.jobs, study.threads_per_job, report=report, launch=study.launch)
@@ -125,6 +120,7 @@ def main(argv: list[str] | None = None) -> Path:
         return reanalyse(out, study, args)
     out.mkdir(parents=True, exist_ok=True)
     clock = {"wall": time.perf_counter(), "cpu": machine.cpu_seconds(), "load": [os.getloadavg()[0]]}
+    clock["resume"] = args.resume
     stage(f"making the synthetic data set in {out / 'data'}")
     paths = make_data(out / "data", study, args.seed)
     sweep = []

@@ -81,6 +81,20 @@ def finished(run_dir: Path) -> bool:
     return any(folder.name == run_folder.step_name(last) for folder in run_folder.step_folders(run_dir))
 
 
+def done_before(job: Job) -> bool:
+    """The job's folder holds a finished run trained with the job's own config (train.resume aside; keys added to the
+    config since then read at their defaults): a resumed study (scripts.demo --resume) does not train it again."""
+    from train.config import load_config, to_dict  # the config's checks: only where a study resumes
+
+    if not finished(job.run_dir):
+        return False
+    saved = to_dict(load_config([str(job.run_dir / run_folder.CONFIG)], warn=False))
+    wanted = to_dict(load_config(job.argv[job.argv.index("train") + 1 :], warn=False))
+    for cfg in (saved, wanted):
+        cfg["train"].pop("resume")
+    return saved == wanted
+
+
 def data_paths(folder: Path) -> dict[str, str]:
     """A study's data set in `folder`: {"train", "val" (shard specs), "eval" (ImageFolder)}."""
     return {k: spec_of(folder / k) for k in ("train", "val")} | {"eval": str(folder / "eval")}

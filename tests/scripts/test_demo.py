@@ -11,6 +11,7 @@ import yaml
 from eval import machine, study_analysis, study_page
 from models.config import size_config
 from scripts import demo
+from train.bench.attention import study_table
 from train.lr_sweep import reuse_chosen, sweep_jobs
 from train.study import Job, StudyError, jobs_of, load_study, overrides
 
@@ -99,7 +100,7 @@ def test_demo_quick_writes_the_report(tmp_path, quick_polls):
 def test_demo_analysis_on_a_cpu_that_emulates_bf16_skips_it_in_one_line(tmp_path, monkeypatch, capsys):
     """The attention timing of the analysis on a CPU without native bf16 (forced): finishes, one line says why."""
     monkeypatch.setenv(machine.FORCE_ENV, "1")
-    bench = demo.attention_table(tmp_path, ["--variants", "softmax", "--sizes", "77", "--budget", "0.05"])
+    bench = study_table(tmp_path, ["--variants", "softmax", "--sizes", "77", "--budget", "0.05"])
     assert bench.count("bf16 skipped: ") == 1 and "| 77 |" in bench
     assert capsys.readouterr().out.count("bf16 skipped") == 1
 

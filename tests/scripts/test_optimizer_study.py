@@ -13,7 +13,7 @@ from eval.seeds import Seed
 from eval.seeds_page import body_of
 from scripts import demo, study_seeds
 from train.lr_sweep import adopt, sweep_jobs
-from train.study import StudyError, jobs_of, load_study
+from train.study import StudyError, data_paths, done_before, jobs_of, load_study
 
 STUDY = demo.REPO / "configs" / "study" / "optimizers.yaml"
 PATHS = {"train": "t/{0..1}.tar", "val": "v/{0..1}.tar", "eval": "e"}
@@ -35,7 +35,7 @@ def test_optimizers_are_an_axis_beside_the_attentions(tmp_path):
     assert "model.text_attention=linear_affine_nodenom" in job.argv
     scales = {(j.attention, s) for s, j in sweep_jobs(study, tmp_path, PATHS, 0)}
     assert ("softmax@muon", 1.0) in scales and ("linear_affine_nodenom@muon", 0.125) in scales
-    assert ("linear_affine_nodenom@muon", 1.0) not in scales
+    assert ("linear_affine_nodenom@muon", 2.0) not in scales
     raw = yaml.safe_load(STUDY.read_text()) | {"optimizers": ["adamw", "muonn"]}
     (tmp_path / "bad.yaml").write_text(yaml.safe_dump(raw))
     with pytest.raises(StudyError, match=r"optimizers: 'muonn' is not an optimizer; known: adamw, .*muon"):
@@ -110,4 +110,10 @@ def test_the_quick_optimizer_study_writes_its_page(tmp_path, quick_polls):
     text = study_seeds.main([*map(str, outs), "--study", str(STUDY), "--out", str(tmp_path / "page.md")])
     assert text.startswith("# The optimizer study over seeds") and "| softmax | muon" in text
     assert (tmp_path / "page" / "curves.png").stat().st_size > 0
+    jobs = jobs_of(load_study(STUDY, quick=True), outs[0], data_paths(outs[0] / "data"), 0)
+    assert all(done_before(job) for job in jobs)
+    jobs[0].argv = [*jobs[0].argv, "optim.lr=0.5"]  # another config: trained again
+    assert not done_before(jobs[0])
+    again = demo.main(["--study", str(STUDY), "--quick", "--seed", "0", "--out", str(outs[0]), "--resume"])
+    assert "Resumed (--resume): 4 finished runs of the same config were kept" in (again / "report.md").read_text()
     assert optimizer_study.is_optimizer_study([seed_of(0, {"softmax": 1.0})])

@@ -298,3 +298,14 @@ def page(argv: list[str]) -> Path:
     args = parse_args(argv)
     frame, info = run(args)
     return attention_page.write(frame, info, args)
+
+
+def study_table(out: Path, args: list[str], again: bool = True) -> str:
+    """scripts.bench_attention with a study's arguments (scripts.demo's report); its Markdown table, headings nested
+    one level. Not `again`: the table the study's own run measured, where it has one (a re-analysis times nothing)."""
+    if again or not (out / "bench_attention.md").is_file():
+        page([*map(str, args), "--out", str(out / "bench_attention")])
+    _title, _header, *body = (out / "bench_attention.md").read_text().split("\n\n")  # the report's header covers them
+    command = f"`python -m scripts.bench_attention {' '.join(map(str, args))}`"
+    lines = "\n\n".join([command, *body]).splitlines()
+    return "\n".join("#" + line if line.startswith("#") else line for line in lines) + "\n"  # its sections nest
