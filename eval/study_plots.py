@@ -128,10 +128,17 @@ def sweep_figure(rows: list[dict], attentions: list[str], path) -> None:
     learning rate, one line per attention, the chosen rate circled."""
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), dpi=110)
     for ax, (column, label) in zip(axes, (("val_loss", "final validation loss"), ("error", "final zero-shot error"))):
-        for attention in attentions:
-            mine = sorted((r for r in rows if r["attention"] == attention), key=lambda r: r["lr"])
+        sizes = list(dict.fromkeys(r.get("size") for r in rows))  # one line per attention and swept size
+        for attention, size in [(a, z) for a in attentions for z in sizes]:
+            mine = sorted(
+                (r for r in rows if r["attention"] == attention and r.get("size") == size), key=lambda r: r["lr"]
+            )
+            if not mine:
+                continue
             values = [r["val_loss"] if column == "val_loss" else 1 - r["top1"] for r in mine]
-            ax.plot([r["lr"] for r in mine], values, "-o", ms=4, color=colour(attentions, attention), label=attention)
+            label = f"{attention} at {size}" if len(sizes) > 1 else attention
+            line = "-o" if sizes.index(size) == 0 else "--s"
+            ax.plot([r["lr"] for r in mine], values, line, ms=4, color=colour(attentions, attention), label=label)
             chosen = [(r["lr"], v) for r, v in zip(mine, values) if r["chosen"]]
             ax.plot(*zip(*chosen), "o", ms=11, mfc="none", color=colour(attentions, attention)) if chosen else None
         ax.set(xscale="log", yscale="log", xlabel="peak learning rate", ylabel=label)

@@ -420,24 +420,46 @@ def scales_text(rows: list[dict]) -> str:
     return "; ".join(f"{a}: {scales_of(rows, a)}" for a in attentions)
 
 
+def size_cell(row: dict, several: bool) -> str:
+    return f" {row.get('size')} |" if several else ""
+
+
 def sweep_table(rows: list[dict], sweep: dict) -> str:
     """The report's section on the learning-rate sweep (train/lr_sweep.py; `sweep` its settings, '' without one)."""
     if not rows:
         return ""
+    sizes = list(dict.fromkeys(r.get("size") for r in rows))  # rows of older studies name none: lr_sweep.size
+    sizes = [sweep["size"]] if sizes == [None] else sizes
+    several = len(sizes) > 1
     lines = [
         "## Learning rate per attention\n",
-        f"Each attention trained at {sweep['size']} with {scales_text(rows)} x its learning rate; the lowest final "
-        f"{'validation loss' if sweep.get('metric', 'val_loss') == 'val_loss' else 'zero-shot error'} chose the "
-        f"multiple every size of that attention then used (train/lr_sweep.py).\n",
+        f"Each attention trained at {', '.join(map(str, sizes))} with {scales_text(rows)} x its learning rate; the "
+        f"lowest final {'validation loss' if sweep.get('metric', 'val_loss') == 'val_loss' else 'zero-shot error'} "
+        + (
+            "chose the multiple at each swept size; where an attention's sizes chose the same multiple it transfers "
+            "and every size uses it, else each swept size uses its own and the other sizes the nearest swept "
+            "size's (train/lr_sweep.py).\n"
+            if several
+            else "chose the multiple every size of that attention then used (train/lr_sweep.py).\n"
+        ),
         "![learning-rate sweep](lr_sweep.png)\n",
-        "| attention | multiple | learning rate | final val loss | zero-shot top-1 | chosen |",
-        "|---|---|---|---|---|---|",
+        f"| attention |{' size |' if several else ''} multiple | learning rate | final val loss | zero-shot top-1 "
+        "| chosen |",
+        "|---|---|---|---|---|---|" + ("---|" if several else ""),
     ]
     lines += [
-        f"| {r['attention']} | {r['scale']:g}x | {r['lr']:.3g} | {r['val_loss']:.3f} | {100 * r['top1']:.1f}% | "
+        f"| {r['attention']} |{size_cell(r, several)} "
+        f"{r['scale']:g}x | {r['lr']:.3g} | {r['val_loss']:.3f} | {100 * r['top1']:.1f}% | "
         f"{'**yes**' if r['chosen'] else ''} |"
         for r in rows
     ]
+    if several:
+        moved = sorted({r["attention"] for r in rows if r["chosen"] and not r.get("transfers", True)})
+        lines.append(
+            f"\nDoes not transfer across sizes: {', '.join(moved)}."
+            if moved
+            else "\nEvery attention's choice transfers."
+        )
     edge = [
         f"{r['attention']} ({r['scale']:g}x)"
         for r in rows

@@ -1,8 +1,10 @@
-"""A study's learning-rate sweep: every attention at one size with a few multiples of its learning rate; the
-best multiple (lowest final validation loss, or zero-shot error) is then used by that attention at every size.
+"""A study's learning-rate sweep: every attention at one size (or several) with a few multiples of its learning
+rate; the best multiple (lowest final validation loss, or zero-shot error) is then used by that attention at every
+size where the sweep shows it transfers (apply).
 
     lr_sweep:                      # in configs/study/*.yaml; {} = no sweep
-      size: demo-w32               # where the sweep runs (a size of the study)
+      size: demo-w32               # where the sweep runs (a size of the study), or several: [demo-w16, demo-w64]
+                                   # (the smallest and the largest: the choice transfers when they agree)
       scales: [0.5, 1.0, 2.0]      # multiples of each attention's learning rate (its size's optim.lr x lr_scale),
                                    # or per attention: {softmax: [0.25, 0.5, 1.0], linear_elu: [0.5, 1.0, 2.0]}
       metric: val_loss             # or error (zero-shot top-1 error) at the end of the run
@@ -34,13 +36,20 @@ def scales_of(study: Study, attention: str) -> list[float]:
     return list(scales[attention] if isinstance(scales, dict) else scales)
 
 
+def sweep_sizes(study: Study) -> list[str]:
+    """The sizes lr_sweep.size names (one size, or a list: e.g. the smallest and the largest), in the study's order."""
+    size = study.lr_sweep["size"]
+    named = set(size) if isinstance(size, list) else {size}
+    return [s for s in study.sizes if s in named]
+
+
 def sweep_jobs(study: Study, out: Path, paths: dict[str, str], seed: int) -> list[tuple[float, Job]]:
-    """[(scale, job)]: each attention at lr_sweep.size with each scale of its learning rate."""
+    """[(scale, job)]: each attention at each of lr_sweep's sizes with each scale of its learning rate."""
     sweep, pairs = study.lr_sweep, []
     for scale in sorted({s for a in study.attentions for s in scales_of(study, a)}):
         sub = copy.deepcopy(study)
         sub.attentions = [a for a in study.attentions if scale in scales_of(study, a)]
-        sub.sizes = {sweep["size"]: study.sizes[sweep["size"]]}
+        sub.sizes = {size: study.sizes[size] for size in sweep_sizes(study)}
         sub.run = {**study.run, **(sweep.get("run") or {})}
         for attention in sub.attentions:
             own = sub.per_attention.setdefault(attention, {})
@@ -57,17 +66,18 @@ def command_but_folder(job: Job) -> list[str]:
 def reuse_chosen(rows: list[dict], pairs: list[tuple[float, Job]], jobs: list[Job]) -> list[Job]:
     """The grid's jobs still to run: a grid run whose command is its chosen sweep run's (but for the folder) takes
     that run's folder and times instead of training again, and its budget branches start from there."""
-    chosen = {r["attention"]: r["scale"] for r in rows if r["chosen"]}
+    chosen = {(r.get("size"), r["attention"]): r["scale"] for r in rows if r["chosen"]}  # no size: the one swept
     done = {
-        job.attention: job
+        (job.size, job.attention): job
         for scale, job in pairs
-        if chosen.get(job.attention) == scale and (job.process is not None or finished(job.run_dir))
+        if chosen.get((job.size, job.attention), chosen.get((None, job.attention))) == scale
+        and (job.process is not None or finished(job.run_dir))
     }
     to_run, branches = [], {id(b) for job in jobs for b in job.budgets}
     for job in jobs:
         if id(job) in branches:
             continue  # kept below with its run
-        source = done.get(job.attention)
+        source = done.get((job.size, job.attention))
         if source is None or job.size != source.size or command_but_folder(job) != command_but_folder(source):
             to_run += [job, *job.budgets]
             continue
@@ -83,44 +93,61 @@ def reuse_chosen(rows: list[dict], pairs: list[tuple[float, Job]], jobs: list[Jo
 
 
 def choose(study: Study, pairs: list[tuple[float, Job]]) -> list[dict]:
-    """One row per sweep run (attention, scale, learning rate, final val loss and top-1, chosen); the chosen scale
-    of each attention is multiplied into its per_attention lr_scale for the grid."""
+    """One row per sweep run (size, attention, scale, learning rate, final val loss and top-1, chosen); the chosen
+    scales then set each attention's rate at every size (apply)."""
     metric = study.lr_sweep.get("metric", "val_loss")
     rows = []
     for scale, job in pairs:
         error = load_points([job.run_dir], y="error", points="last").iloc[-1]
         loss = load_points([job.run_dir], y="val_loss", points="last").iloc[-1]
         lr = next(float(a.split("=", 1)[1]) for a in job.argv if a.startswith("optim.lr="))
-        row = {"attention": job.attention, "scale": scale, "lr": lr, "val_loss": float(loss["val_loss"])}
-        row |= {"top1": float(error["zeroshot/top1"]), "chosen": False}
+        row = {"size": job.size, "attention": job.attention, "scale": scale, "lr": lr}
+        row |= {"val_loss": float(loss["val_loss"]), "top1": float(error["zeroshot/top1"]), "chosen": False}
         rows.append(row)
-    for attention in study.attentions:
-        mine = [r for r in rows if r["attention"] == attention]
+    for size, attention in dict.fromkeys((r["size"], r["attention"]) for r in rows):
+        mine = [r for r in rows if r["attention"] == attention and r["size"] == size]
         best = min(mine, key=lambda r: r["val_loss"] if metric == "val_loss" else 1 - r["top1"])
         if not math.isfinite(best["val_loss"]):
-            raise StudyError(f"lr_sweep: every {attention} run diverged; lower lr_sweep.scales")
+            raise StudyError(f"lr_sweep: every {attention} run at {size} diverged; lower lr_sweep.scales")
         best["chosen"] = True
-        own = study.per_attention.setdefault(attention, {})
-        own["lr_scale"] = own.get("lr_scale", 1) * best["scale"]
+    apply(study, rows)
     return rows
+
+
+def apply(study: Study, rows: list[dict]) -> None:
+    """The chosen multiples into the grid's rates. An attention whose sweep chose one multiple at every swept size
+    (it transfers) takes it at every size (per_attention lr_scale); one whose choices differ takes each swept size's
+    own at that size and, at a size not swept, the nearest swept size's in the study's order (study.lr_by_size): the
+    rate is carried only as far as the sweep shows. Each chosen row records `transfers`."""
+    sizes = list(study.sizes)
+    for attention in study.attentions:
+        chosen = {r.get("size"): r for r in rows if r["attention"] == attention and r["chosen"]}
+        transfers = len({r["scale"] for r in chosen.values()}) == 1
+        for row in chosen.values():
+            row["transfers"] = transfers
+        if transfers:
+            own = study.per_attention.setdefault(attention, {})
+            own["lr_scale"] = own.get("lr_scale", 1) * next(iter(chosen.values()))["scale"]
+            continue
+        swept = [s for s in sizes if s in chosen]
+        for size in sizes:
+            nearest = min(swept, key=lambda s: (abs(sizes.index(s) - sizes.index(size)), sizes.index(s)))
+            study.lr_by_size.setdefault(size, {})[attention] = chosen[nearest]["scale"]
 
 
 def adopt(study: Study, folder: Path) -> None:
     """Train with the rates another study folder's sweep chose (FOLDER/lr_sweep.json, e.g. seed 0's) instead of
-    sweeping again: each attention's chosen multiple goes into its per_attention lr_scale, and the sweep is dropped.
-    A folder without a sweep, or without a choice for one of the study's attentions, is one StudyError line."""
+    sweeping again (apply, as the sweep would), the sweep dropped. A folder without a choice for one of the study's
+    attentions is one StudyError line."""
     path = Path(folder) / "lr_sweep.json"
     rows = json.loads(path.read_text()) if path.is_file() else []
-    chosen = {r["attention"]: r["scale"] for r in rows if r.get("chosen")}
-    missing = [a for a in study.attentions if a not in chosen]
+    missing = [a for a in study.attentions if not any(r["attention"] == a and r.get("chosen") for r in rows)]
     if missing:
         raise StudyError(
             f"{path} has no learning rate chosen for {missing[0]}: give a finished study folder of the same study "
             "whose learning-rate sweep ran"
         )
-    for attention in study.attentions:
-        own = study.per_attention.setdefault(attention, {})
-        own["lr_scale"] = own.get("lr_scale", 1) * chosen[attention]
+    apply(study, rows)
     study.lr_sweep = {}
 
 

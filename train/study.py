@@ -62,6 +62,9 @@ class Study:
     # ATTENTION@OPTIMIZER (per_attention and lr_sweep.scales keyed by either name); [] = the run config's optimizer.
     # Expanded into `attentions` on load (eval/optimizer_study.py: ARM_SEPARATOR, attention_of).
     optimizers: list[str] = field(default_factory=list)
+    # {size: {attention: multiple}}: the learning-rate multiples a sweep at several sizes chose where its choice did not
+    # transfer across sizes (train/lr_sweep.apply); read by attention_settings
+    lr_by_size: dict = field(default_factory=dict)
     # images per full-budget run on which eval/smoothing.py measures each image-tower layer's kept share of token
     # spread after training (the report's over-smoothing section); 0 = not measured
     smoothing: int = 0
@@ -214,8 +217,11 @@ def check_sweep(study: Study, path: Path) -> None:
     unknown = sorted(set(sweep) - SWEEP_KEYS)
     if unknown:
         raise StudyError(f"{path}: lr_sweep: unknown key {unknown[0]!r}; valid keys: {', '.join(sorted(SWEEP_KEYS))}")
-    if sweep.get("size") not in study.sizes:
-        raise StudyError(f"{path}: lr_sweep.size must be one of the study's sizes: {', '.join(study.sizes)}")
+    named = sweep.get("size") if isinstance(sweep.get("size"), list) else [sweep.get("size")]
+    if not named or any(size not in study.sizes for size in named):
+        raise StudyError(
+            f"{path}: lr_sweep.size must be one of the study's sizes, or a list of them: {', '.join(study.sizes)}"
+        )
     scales = sweep.get("scales") or []
     by_attention = scales if isinstance(scales, dict) else dict.fromkeys(study.attentions, scales)
     missing = [a for a in study.attentions if a not in by_attention]
@@ -257,11 +263,12 @@ def attention_settings(study: Study, size: str) -> dict[str, dict]:
     for attention in study.attentions:
         settings = study.per_attention.get(attention) or {}
         overrides = dict(settings.get("run") or {})
-        if settings.get("lr_scale", 1) != 1:
+        scale = settings.get("lr_scale", 1) * (study.lr_by_size.get(size) or {}).get(attention, 1)
+        if scale != 1:
             base = {**study.run, **(study.sizes[size] or {})}.get("optim.lr")
             if base is None:
                 base = yaml.safe_load((REPO / study.run_config).read_text())["optim"]["lr"]
-            overrides["optim.lr"] = float(base) * settings["lr_scale"]
+            overrides["optim.lr"] = float(base) * scale
         out[attention] = overrides
     return out
 

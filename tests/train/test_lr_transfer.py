@@ -1,0 +1,79 @@
+"""A learning-rate sweep at several sizes (lr_sweep.size: [smallest, largest]): an attention's chosen multiple is
+used at every size only where the sweep shows that it transfers (train/lr_sweep.apply)."""
+
+import json
+
+import pytest
+import yaml
+
+from eval.study_report import sweep_table
+from train.lr_sweep import adopt, apply, sweep_jobs
+from train.study import REPO, StudyError, jobs_of, load_study
+
+DEMO = REPO / "configs" / "study" / "demo.yaml"
+PATHS = {"train": "t/{0..1}.tar", "val": "v/{0..1}.tar", "eval": "e"}
+
+
+def study_swept_at(tmp_path, sizes):
+    raw = yaml.safe_load(DEMO.read_text())
+    raw["lr_sweep"]["size"] = sizes
+    (tmp_path / "study.yaml").write_text(yaml.safe_dump(raw))
+    return load_study(tmp_path / "study.yaml")
+
+
+def rows(choices: dict[tuple[str, str], float]) -> list[dict]:
+    """Sweep rows at multiples 0.25, 0.5, 1 per (size, attention), the given multiple chosen."""
+    out = []
+    for (size, attention), best in choices.items():
+        for scale in (0.25, 0.5, 1.0):
+            out.append({"size": size, "attention": attention, "scale": scale, "lr": scale, "val_loss": 1.0 + scale})
+            out[-1] |= {"top1": 0.5, "chosen": scale == best}
+    return out
+
+
+def test_the_sweep_runs_at_each_listed_size(tmp_path):
+    study = study_swept_at(tmp_path, ["demo-w16", "demo-w64"])
+    pairs = sweep_jobs(study, tmp_path, PATHS, 0)
+    assert {job.size for _, job in pairs} == {"demo-w16", "demo-w64"}
+    assert len(pairs) == 2 * sum(len(v) for v in study.lr_sweep["scales"].values())
+    with pytest.raises(StudyError, match=r"lr_sweep.size must be one of the study's sizes, or a list of them"):
+        study_swept_at(tmp_path, ["demo-w16", "demo-w99"])
+
+
+def test_a_choice_transfers_only_where_the_sizes_agree(tmp_path):
+    study = study_swept_at(tmp_path, ["demo-w16", "demo-w64"])
+    choices = {(size, "softmax"): 0.5 for size in ("demo-w16", "demo-w64")}
+    choices |= {(size, "linear_affine"): 1.0 for size in ("demo-w16", "demo-w64")}
+    choices |= {("demo-w16", "linear_affine_nodenom"): 0.25, ("demo-w64", "linear_affine_nodenom"): 1.0}
+    swept = rows(choices)
+    apply(study, swept)
+    assert study.per_attention["softmax"]["lr_scale"] == 0.5 and "softmax" not in study.lr_by_size["demo-w32"]
+    # Eq. 7 chose differently: each swept size its own, demo-w32 (as near to both) the smaller size's
+    assert {s: study.lr_by_size[s]["linear_affine_nodenom"] for s in study.sizes} == {
+        "demo-w16": 0.25,
+        "demo-w32": 0.25,
+        "demo-w64": 1.0,
+    }
+    lr = {
+        (j.size, j.attention): next(a for a in j.argv if a.startswith("optim.lr="))
+        for j in jobs_of(study, tmp_path, PATHS, 0)
+        if j.after is None
+    }
+    assert lr["demo-w64", "linear_affine_nodenom"] == f"optim.lr={2.5e-3 * 1.0}"
+    assert lr["demo-w16", "linear_affine_nodenom"] == f"optim.lr={5.0e-3 * 0.25}"
+    assert lr["demo-w32", "softmax"] == f"optim.lr={4.0e-3 * 0.5}"
+    text = sweep_table(swept, study.lr_sweep)
+    assert (
+        "| linear_affine_nodenom | demo-w64 | 1x |" in text
+        and "Does not transfer across sizes: linear_affine_nodenom." in text
+    )
+
+
+def test_another_seed_adopts_the_same_per_size_choice(tmp_path):
+    study = study_swept_at(tmp_path, ["demo-w16", "demo-w64"])
+    choices = {(s, a): 0.5 for s in ("demo-w16", "demo-w64") for a in study.attentions}
+    choices[("demo-w64", "softmax")] = 0.25
+    (tmp_path / "lr_sweep.json").write_text(json.dumps(rows(choices)))
+    adopt(study, tmp_path)
+    assert not study.lr_sweep and study.lr_by_size["demo-w64"]["softmax"] == 0.25
+    assert study.per_attention["linear_affine"]["lr_scale"] == 0.5
