@@ -382,3 +382,23 @@ def test_families_study_puts_the_2025_26_families_at_257_tokens():
     assert all(steps[a] == 3 * steps["softmax"] for a in study.attentions[1:])
     assert set(study.lr_sweep["scales"]) == set(study.attentions) and study.lr_sweep["size"] == size
     assert load_study(demo.REPO / "configs" / "study" / "families.yaml", quick=True).run["train.max_steps"] < 10
+
+
+def test_a_sweep_at_two_sizes_trains_reuses_and_reports(tmp_path, quick_polls):
+    """lr_sweep.size [smallest, largest] end to end in seconds: the sweep runs at both sizes, each chosen run is its
+    size's grid run (nothing trained twice), and the report's sweep table has a size column and the transfer line."""
+    raw = yaml.safe_load((demo.REPO / "configs" / "study" / "sizes.yaml").read_text())
+    raw["sizes"] = {"demo-w16": {"optim.lr": 5.0e-3}, "demo-w32": {"optim.lr": 4.0e-3}}
+    raw["attentions"] = ["softmax", "linear_affine_nodenom"]
+    raw["lr_sweep"] = {"size": ["demo-w16", "demo-w32"], "scales": [0.5, 1.0], "metric": "val_loss"}
+    raw["quick"]["lr_sweep"] = raw["lr_sweep"]
+    (tmp_path / "study.yaml").write_text(yaml.safe_dump(raw))
+    out = demo.main(["--study", str(tmp_path / "study.yaml"), "--quick", "--out", str(tmp_path / "run")])
+    sweep = json.loads((out / "lr_sweep.json").read_text())
+    assert {(r["size"], r["attention"]) for r in sweep if r["chosen"]} == {
+        (s, a) for s in ("demo-w16", "demo-w32") for a in ("softmax", "linear_affine_nodenom")
+    }
+    runs = json.loads((out / "runs.json").read_text())
+    assert all("/lr_sweep/" in r["run_dir"] for r in runs)  # every grid run is its chosen sweep run
+    report = (out / "report.md").read_text()
+    assert "| attention | size | multiple |" in report and "transfer" in report

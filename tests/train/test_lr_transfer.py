@@ -77,3 +77,17 @@ def test_another_seed_adopts_the_same_per_size_choice(tmp_path):
     adopt(study, tmp_path)
     assert not study.lr_sweep and study.lr_by_size["demo-w64"]["softmax"] == 0.25
     assert study.per_attention["linear_affine"]["lr_scale"] == 0.5
+
+
+def test_the_sizes_study_sweeps_its_smallest_and_largest_of_four_sizes():
+    """configs/study/sizes.yaml: claim (c)'s 4 sizes spanning >= 10x in parameters, rates swept at both ends."""
+    from models import ModelConfig, build_clip
+    from models.counts import summary
+
+    study = load_study(REPO / "configs" / "study" / "sizes.yaml")
+    assert list(study.sizes) == ["demo-w16", "demo-w32", "demo-w48", "demo-w64"]
+    assert study.lr_sweep["size"] == ["demo-w16", "demo-w64"]
+    params = [
+        summary(build_clip(ModelConfig(name=s)), macs=False)["params_without_token_embedding"] for s in study.sizes
+    ]
+    assert params == sorted(params) and params[-1] / params[0] >= 10
