@@ -316,6 +316,9 @@ def hierarchical(seeds: list[Seed], draw, log: bool = False, n_boot: int = 2000,
         values = np.array([draw(seeds[i], rng) for i in rng.integers(len(seeds), size=len(seeds))], dtype=float)
         with np.errstate(divide="ignore"):
             reps.append(float(np.exp(np.mean(np.log(values)))) if log else float(np.mean(values)))
+    reps = [r for r in reps if not math.isnan(r)]  # a replicate with no value at some seed drawn (draw gave NaN)
+    if not reps:
+        return math.nan, math.nan
     lo, hi = (float(np.quantile(reps, q, method=m)) for q, m in ((0.025, "lower"), (0.975, "higher")))
     return lo, hi
 
@@ -329,12 +332,15 @@ def resampled(run: dict, n_images: int, rng) -> tuple[list[int], np.ndarray]:
 def boot_multiplier(
     seeds: list[Seed], attention: str, size: str, target: float, n_images: int, reference: str = "softmax"
 ) -> tuple[float, float]:
-    """The samples multiplier's two-level bootstrap interval (never reaching the target: its samples seen, a bound)."""
+    """The samples multiplier's two-level bootstrap interval (never reaching the target: its samples seen, a bound;
+    replicates in which the reference misses the target are left out, as eval/multiplier.py does)."""
 
     def draw(seed: Seed, rng) -> float:
         run, ref = run_of(seed, attention, size), run_of(seed, reference, size)
         mine = first_reach(*resampled(run, n_images, rng), target)
         theirs = first_reach(*resampled(ref, n_images, rng), target)
+        if not math.isfinite(theirs):  # the reference misses the target in this replicate: no multiplier (left out)
+            return math.nan
         return (mine if math.isfinite(mine) else run["samples_seen"]) / theirs
 
     return hierarchical(seeds, draw, log=True)

@@ -118,3 +118,16 @@ def test_the_quick_optimizer_study_writes_its_page(tmp_path, quick_polls):
     again = demo.main(["--study", str(STUDY), "--quick", "--seed", "0", "--out", str(outs[0]), "--resume"])
     assert "Resumed (--resume): 4 finished runs of the same config were kept" in (again / "report.md").read_text()
     assert optimizer_study.is_optimizer_study([seed_of(0, {"softmax": 1.0})])
+
+
+def test_replicates_where_the_reference_misses_the_target_are_left_out():
+    """A reference that reaches the target only at its last evaluation misses it in many bootstrap replicates; those
+    give no multiplier (as eval/multiplier.py), not a multiplier of 0."""
+    from eval.seeds import boot_multiplier
+
+    seeds = [seed_of(s, {"softmax": 1.5}) for s in range(3)]
+    for seed in seeds:  # adamw's curve just under 60% error at its last point only
+        run = next(r for r in seed.runs if r["attention"] == "softmax@adamw")
+        run["curve"] = [[s, min(t, 0.401)] for s, t in run["curve"]]
+    lo, hi = boot_multiplier(seeds, "softmax@muon", "demo-w64", 0.6, n_images=50, reference="softmax@adamw")
+    assert 0 < lo <= hi < 1
