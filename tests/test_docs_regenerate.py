@@ -20,6 +20,25 @@ GENERATED = sorted(
 )
 
 
+def bench_pages() -> list[Path]:
+    """Benchmark pages written from their <stem>.csv and <stem>.json (train/bench/attention_page.py)."""
+    import json
+
+    from train.bench.attention_page import WRITER
+
+    found = [p.with_suffix(".md") for p in DOCS.glob("*.json") if p.with_suffix(".csv").is_file()]
+    return sorted(
+        p for p in found if p.is_file() and json.loads(p.with_suffix(".json").read_text()).get("writer") == WRITER
+    )
+
+
+@pytest.mark.parametrize("page", bench_pages(), ids=lambda p: p.name)
+def test_a_benchmark_page_is_its_data_written_again(page):
+    from train.bench.attention_page import rebuild
+
+    assert rebuild(page) == page.read_text()
+
+
 def test_the_main_jobs_pages_are_generated():
     assert {DOCS / "study.md", DOCS / "study_seeds.md"} <= {page for page, _ in GENERATED}
 
@@ -53,3 +72,41 @@ def test_the_readmes_results_table_is_the_seeds_pages_data_written_again():
     assert pages, "the README has no results block of a page over seeds"
     for page in pages:
         assert seeds_page.readme_block(page) in readme
+
+
+def bench_frame():
+    import pandas as pd
+
+    rows = []
+    for variant, scale in (("softmax", 1.0), ("linear_affine_nodenom", 0.3)):
+        for n in (77, 1024):
+            rows.append(
+                {"variant": variant, "mode": "full", "dtype": "float32", "passes": "fwd+bwd", "N": n}
+                | {"extrapolated": "", "status": "", "time_ms": scale * n / 97.0, "median_ms": scale * n / 90.0}
+                | {"reps": 3, "peak_mb": 0.1 * n, "impl": "" if variant == "softmax" else "cpu"}
+                | {"gbs": float("nan") if variant == "softmax" else 1.234567, "gflops": 10.0 / 3}
+            )
+    return pd.DataFrame(rows)
+
+
+def test_an_attention_benchmark_page_is_its_data_written_again(tmp_path):
+    """A benchmark page (train/bench/attention_page.py) is written from its CSV and JSON, so writing it again from
+    them gives the page, its findings section kept."""
+    from types import SimpleNamespace
+
+    from train.bench import attention_page
+
+    info = {"machine": "a test machine", "gemm": 100.0, "gemm_bf16": 200.0, "chunk_n": 1024}
+    info |= {"chunk_cumsum_ms": 1.0, "chunk_loop_ms": 2.0, "load_start": 0.5, "load_end": 0.7}
+    args = SimpleNamespace(batch=1, heads=6, head_dim=64, budget=0.1, device="cpu", argv=["--quick"])
+    args.out = str(tmp_path / "bench")
+    page = attention_page.write(attention_page.add_ratios(bench_frame(), info), info, args)
+    text = page.read_text()
+    assert attention_page.rebuild(page) == text and "| 0.3x" not in text and "(0.3x)" in text
+    first = text.index("\n## ")
+    page.write_text(
+        text[: first + 1] + "## Findings\n\nlinear_affine_nodenom takes 0.3x softmax's time.\n" + text[first:]
+    )
+    assert attention_page.rebuild(page) == page.read_text()
+    attention_page.write(attention_page.add_ratios(bench_frame(), info), info, args)  # measured again: findings stay
+    assert "## Findings\n\nlinear_affine_nodenom takes 0.3x" in page.read_text()

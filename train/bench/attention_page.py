@@ -1,14 +1,21 @@
 """The page of the attention benchmark (train/bench/attention.py, scripts/bench_attention.py): ratios to the softmax
-peer, the aims checked on the run's own numbers, the Markdown tables and the plot. Device-independent."""
+peer, the aims checked on the run's own numbers, the Markdown tables and the plot. Device-independent.
+
+The page is written from its data: <out>.csv (every point) and <out>.json (the header's stamp - commit, date,
+machine, load - the machine's probes and the arguments the page reads), with the page's "## Findings" section (written
+by a person) kept after the header; `rebuild(page)` writes it again from those two files alone
+(tests/test_docs_regenerate.py compares it with the committed page)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pandas as pd
 import torch
 
-from eval import pages
+from eval import pages, study_page
 from models.attention.ops import dispatch
 
 # (variant, mode, dtype, N, what, target, test): "time / softmax" tests the ratio, "softmax / time" its inverse
@@ -121,13 +128,13 @@ def wide(part: pd.DataFrame, values) -> pd.DataFrame:
     return pivot
 
 
-def header(info: dict, args) -> list[str]:
+def header(info: dict, args, made: dict | None = None) -> list[str]:
     shape = f"B={args.batch}, H={args.heads}, D={args.head_dim}"
     what_ran = pages.command("scripts.bench_attention", getattr(args, "argv", None))
     title = "Attention benchmark: forward + backward on q, k, v [B, H, N, D]"
     lines = [
-        pages.header(title, what_ran, load=info.get("load_end"), where=info["machine"]),
-        f"torch {torch.__version__}; {shape}. All numbers come from this one run, so the ratios are "
+        pages.header(title, what_ran, load=info.get("load_end"), where=info["machine"], made=made),
+        f"torch {info.get('torch', torch.__version__)}; {shape}. All numbers come from this one run, so the ratios are "
         f"side by side on the same machine. Time: best of repeats within {args.budget} s per point, in ms; (r x) is "
         "the ratio to SDPA softmax in the same mode, dtype, pass and N; * = extrapolated, not run; OOM = out of "
         "memory (see the script's docstring).",
@@ -157,8 +164,8 @@ def header(info: dict, args) -> list[str]:
     ]
 
 
-def markdown(frame: pd.DataFrame, info: dict, args) -> str:
-    lines, checks = header(info, args), aims(frame, args.device)
+def markdown(frame: pd.DataFrame, info: dict, args, made: dict | None = None) -> str:
+    lines, checks = header(info, args, made), aims(frame, args.device)
     if checks:
         where = info.get("kernel", "the implementations the dispatcher picks")
         lines += ["", "## Aims (forward + backward)", "", f"Linear ops computed by {where}.", "", *checks]
@@ -215,13 +222,54 @@ def plot(frame: pd.DataFrame, path: Path, title: str, dtype: str) -> None:
     fig.savefig(path, dpi=120)
 
 
+WRITER = "train.bench.attention_page"  # in <out>.json: what writes the page again (tests/test_docs_regenerate.py)
+# what the page reads of the benchmark's arguments (saved in <out>.json with the stamp and the probes)
+PAGE_ARGS = ("batch", "heads", "head_dim", "budget", "device", "argv")
+
+
+# the CSV's numeric columns (an empty cell is NaN there; in the text columns it stays '')
+NUMERIC = (
+    "time_ms",
+    "median_ms",
+    "peak_mb",
+    "gbs",
+    "gflops",
+    "ratio_to_softmax",
+    "gemm_fraction",
+    "bandwidth_fraction",
+)
+
+
+def read_back(csv: Path) -> pd.DataFrame:
+    """The frame as its CSV holds it (empty cells as '', numbers at the CSV's precision): the page is written from
+    this, so that writing it again from the CSV gives the same text."""
+    frame = pd.read_csv(csv, keep_default_na=False, na_values={c: [""] for c in NUMERIC})
+    for column in ("extrapolated", "status", "impl"):
+        if column in frame:
+            frame[column] = frame[column].astype(str)
+    return frame
+
+
 def write(frame: pd.DataFrame, info: dict, args) -> Path:
-    """<out>.csv, <out>.png and <out>.md; returns the .md."""
+    """<out>.csv, <out>.json, <out>.png and <out>.md (keeping the page's findings); returns the .md."""
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     frame.to_csv(out.with_suffix(".csv"), index=False, float_format="%.6g")
+    made = pages.stamp(load=info.get("load_end"), where=info["machine"])
+    saved = {"writer": WRITER, "made": made, "info": {**info, "torch": torch.__version__}}
+    saved["args"] = {k: getattr(args, k, None) for k in PAGE_ARGS}
+    out.with_suffix(".json").write_text(json.dumps(saved, indent=1, default=str))
     title = f"attention math, B={args.batch} H={args.heads} D={args.head_dim}, {info['machine']}"
     plot(frame, out.with_suffix(".png"), title, "bfloat16" if args.device == "cuda" else "float32")
-    out.with_suffix(".md").write_text(markdown(frame, info, args))
-    print(f"wrote {out}.csv, {out}.png, {out}.md")
-    return out.with_suffix(".md")
+    page = out.with_suffix(".md")
+    page.write_text(rebuild(page))
+    print(f"wrote {out}.csv, {out}.json, {out}.png, {out}.md")
+    return page
+
+
+def rebuild(page: Path) -> str:
+    """The page written from <page>.csv and <page>.json, with its committed findings section."""
+    page = Path(page)
+    saved = json.loads(page.with_suffix(".json").read_text())
+    text = markdown(read_back(page.with_suffix(".csv")), saved["info"], SimpleNamespace(**saved["args"]), saved["made"])
+    return study_page.page_text(text, page.stem, study_page.findings_of(page))
