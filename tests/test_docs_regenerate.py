@@ -2,6 +2,8 @@
 page (eval/study_page.py): every number on it comes from docs/<page>/data/, none is typed by hand outside its
 "## Findings" section."""
 
+import importlib
+import json
 from pathlib import Path
 
 import pytest
@@ -20,23 +22,20 @@ GENERATED = sorted(
 )
 
 
-def bench_pages() -> list[Path]:
-    """Benchmark pages written from their <stem>.csv and <stem>.json (train/bench/attention_page.py)."""
-    import json
+def bench_pages() -> list[tuple[Path, str]]:
+    """Benchmark pages written from their data: (page, the module whose rebuild writes it again), from the JSON
+    beside each CSV in docs/ that names its writer (train/bench/attention_page.py, train/bench/long.py)."""
+    found = []
+    for data in sorted(DOCS.glob("*.json")):
+        writer = json.loads(data.read_text()).get("writer") if data.with_suffix(".csv").is_file() else None
+        if writer and data.with_suffix(".md").is_file():
+            found.append((data.with_suffix(".md"), writer))
+    return found
 
-    from train.bench.attention_page import WRITER
 
-    found = [p.with_suffix(".md") for p in DOCS.glob("*.json") if p.with_suffix(".csv").is_file()]
-    return sorted(
-        p for p in found if p.is_file() and json.loads(p.with_suffix(".json").read_text()).get("writer") == WRITER
-    )
-
-
-@pytest.mark.parametrize("page", bench_pages(), ids=lambda p: p.name)
-def test_a_benchmark_page_is_its_data_written_again(page):
-    from train.bench.attention_page import rebuild
-
-    assert rebuild(page) == page.read_text()
+@pytest.mark.parametrize("page,writer", bench_pages(), ids=lambda p: getattr(p, "name", ""))
+def test_a_benchmark_page_is_its_data_written_again(page, writer):
+    assert importlib.import_module(writer).rebuild(page) == page.read_text()
 
 
 def test_the_main_jobs_pages_are_generated():
@@ -110,3 +109,25 @@ def test_an_attention_benchmark_page_is_its_data_written_again(tmp_path):
     assert attention_page.rebuild(page) == page.read_text()
     attention_page.write(attention_page.add_ratios(bench_frame(), info), info, args)  # measured again: findings stay
     assert "## Findings\n\nlinear_affine_nodenom takes 0.3x" in page.read_text()
+
+
+def test_the_long_sequence_page_is_its_data_written_again(tmp_path):
+    """train/bench/long.py writes bench_long.md from its CSV and JSON, so writing it again from them gives the page."""
+    from types import SimpleNamespace
+
+    from train.bench import long
+
+    rows = [
+        {"part": part, "length": n, "tokens": n + 1, "attention": a, "checkpointing": ckpt, "how": "measured"}
+        | {"seconds": n * (1.0 if a == "softmax" else 0.4) / 977, "peak_mb": None if ckpt else n / 3, "ratio": 1.0}
+        | {"flop_bound": 1.0 if a == "softmax" else 0.31}
+        for part in ("image", "text")
+        for n in (64, 256, 1024)
+        for a in ("softmax", "linear_affine_nodenom")
+        for ckpt in (False, True)
+    ]
+    args = SimpleNamespace(out=str(tmp_path), size="demo-w32", bf16=False, steps=2, argv=["--quick"])
+    page = long.write(rows, args, SimpleNamespace(device="cpu"), 61.0)
+    assert long.rebuild(page) == page.read_text() and "total 1.0 min" in page.read_text()
+    page.write_text(page.read_text() + "\n## Findings\n\nLinear attention takes 0.4x softmax's time.\n")
+    assert long.rebuild(page) == page.read_text()

@@ -16,6 +16,7 @@ def test_bench_long_writes_every_row_and_marks_extrapolated_ones(tmp_path):
     argv += ["--block-above", "40", "--steps", "1", "--threads", "1", "--out", str(tmp_path)]
     argv += ["--attentions", "softmax,linear_affine_nodenom,linear_elu"]
     md = bench_long.main(argv)
+    assert long.rebuild(md) == md.read_text()  # the page is its CSV and JSON written again
     with open(tmp_path / "bench_long.csv") as f:
         rows = list(csv.DictReader(f))
     image = {(r["length"], r["attention"], r["checkpointing"]) for r in rows if r["part"] == "image"}

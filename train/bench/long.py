@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import csv
 import itertools
+import json
 import math
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from eval import pages
+from eval import pages, study_page
 from models import ModelConfig, build_clip
 from models.blocks import Block
 from models.config import size_config
@@ -229,36 +230,69 @@ def plot(rows: list[dict], fitted: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def write(rows: list[dict], args, probe, total: float) -> None:
+WRITER = "train.bench.long"  # in bench_long.json: what writes the page again (tests/test_docs_regenerate.py)
+FLOATS = ("seconds", "peak_mb", "ratio", "flop_bound")
+
+
+def read_rows(path: Path) -> list[dict]:
+    """bench_long.csv's rows with their types back (an empty number is NaN): the page is written from these."""
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    for r in rows:
+        r["tokens"], r["checkpointing"] = int(r["tokens"]), r["checkpointing"] == "True"
+        r.update({k: float(r[k]) if r[k] not in ("", "None") else math.nan for k in FLOATS})
+    return rows
+
+
+def write(rows: list[dict], args, probe, total: float) -> Path:
+    """<out>/bench_long.csv, .json (the header's stamp and the arguments the page reads), .png and .md (its findings
+    kept); returns the .md."""
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "bench_long.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
+    rows = read_rows(out / "bench_long.csv")
+    plain = [r for r in rows if not r["checkpointing"] and r["part"] != "clip"]
+    plot(plain, slopes(plain), out / "bench_long.png")
+    made = pages.stamp(probe.device)
+    settings = {"size": args.size, "bf16": args.bf16, "skipped": getattr(args, "skipped", ""), "steps": args.steps}
+    saved = {"writer": WRITER, "made": made, "args": {**settings, "argv": args.argv, "total": total}}
+    (out / "bench_long.json").write_text(json.dumps(saved, indent=1))
+    page = out / "bench_long.md"
+    page.write_text(rebuild(page))
+    return page
+
+
+def rebuild(page: Path) -> str:
+    """bench_long.md written from bench_long.csv and bench_long.json beside it, with its findings section."""
+    page = Path(page)
+    saved = json.loads(page.with_suffix(".json").read_text())
+    text = markdown(read_rows(page.with_suffix(".csv")), saved["args"], saved["made"])
+    return study_page.page_text(text, page.stem, study_page.findings_of(page)).replace(f"]({page.stem}/", "](")
+
+
+def markdown(rows: list[dict], args: dict, made: dict) -> str:
     plain = [r for r in rows if not r["checkpointing"] and r["part"] != "clip"]
     fitted = slopes(plain)
-    plot(plain, fitted, out / "bench_long.png")
-    precision = (
-        "bf16 autocast"
-        if args.bf16
-        else "fp32" + (f" ({skipped}; --bf16 ignored)" if (skipped := getattr(args, "skipped", "")) else "")
-    )
+    skipped = args.get("skipped", "")
+    precision = "bf16 autocast" if args["bf16"] else "fp32" + (f" ({skipped}; --bf16 ignored)" if skipped else "")
     title = "Long sequences: training-step time of the whole model against length"
     lines = [
-        pages.header(title, pages.command("scripts.bench_long", args.argv), probe.device),
-        f"{args.size}, {precision}; fastest of {args.steps} rounds; "
-        f"total {total / 60:.1f} min. Ratio: the attention's step time over softmax's (SDPA) at the same length "
-        "and checkpointing; bound: the FLOP model's ratio (scripts/bench_long.py). Peak MB on a CPU: the process's "
-        "resident-set high-water mark above what it held before the step; the allocator keeps freed memory, so a "
-        "step after a bigger one reads about 0 (no new peak); on a GPU: the CUDA allocator's peak above what was "
+        pages.header(title, pages.command("scripts.bench_long", args["argv"]), made=made),
+        f"{args['size']}, {precision}; fastest of {args['steps']} rounds; "
+        f"total {args['total'] / 60:.1f} min. Ratio: the attention's step time over softmax's (SDPA) at the same "
+        "length and checkpointing; bound: the FLOP model's ratio (scripts/bench_long.py). Peak MB on a CPU: the "
+        "process's resident-set high-water mark above what it held before the step; the allocator keeps freed memory, "
+        "so a step after a bigger one reads about 0 (no new peak); on a GPU: the CUDA allocator's peak above what was "
         "allocated before the step.",
         "",
         "| tower | length | tokens | attention | checkpointing | s / step | peak MB | ratio | FLOP bound | how |",
         "| --- | --- | ---: | --- | --- | ---: | ---: | ---: | ---: | --- |",
     ]
     for r in rows:
-        peak = "" if r["peak_mb"] is None or math.isnan(r["peak_mb"]) else f"{r['peak_mb']:.0f}"
+        peak = "" if math.isnan(r["peak_mb"]) else f"{r['peak_mb']:.0f}"
         bound = "" if math.isnan(r["flop_bound"]) or r["attention"] == "softmax" else f"{r['flop_bound']:.2f}"
         ratio = "" if r["attention"] == "softmax" else f"{r['ratio']:.2f}"
         lines.append(
@@ -268,4 +302,4 @@ def write(rows: list[dict], args, probe, total: float) -> None:
     lines += ["", "Slopes of log step time against log tokens (the longest three lengths, no checkpointing):", ""]
     lines += [f"- {part} tower, {attention}: {s:.2f}" for (part, attention), s in sorted(fitted.items())]
     lines += ["", "![step time against tokens](bench_long.png)", ""]
-    (out / "bench_long.md").write_text("\n".join(lines))
+    return "\n".join(lines)
