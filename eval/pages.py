@@ -11,10 +11,16 @@ gives
     threads; bf16 native, fp16 emulated; load average 1.9 at the end.
 
 A date, never a time of day; the commit carries the history ("with uncommitted changes" when the tree differs).
+
+A benchmark page is written from its data: `write_page(page, rebuild, made, meta, rows)` keeps beside it, in
+<page stem>.json (save_data), the module that writes it again (the one of `rebuild(page)`), the header's stamp, the
+settings and measured extras its text reads and its rows, then writes the page as rebuild renders it from
+`load_data(page)` alone; tests/test_docs_regenerate.py writes every such page in docs/ again and compares.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import subprocess
@@ -70,3 +76,24 @@ def header(
         f"# {title}\n\n`{what_ran}`; commit {made['commit']}; {made['date']}; "
         f"{made['machine']}; load average {made['load']:.1f} at the end.\n"
     )
+
+
+def save_data(page: Path, writer: str, made: dict, meta: dict, rows: list[dict]) -> Path:
+    """<page stem>.json beside `page`: {"writer": the module whose rebuild(page) writes it again, "made": stamp(),
+    "meta": what the text reads besides the rows, "rows": the rows} (JSON keeps floats exactly, NaN included)."""
+    data = Path(page).with_suffix(".json")
+    saved = {"writer": writer, "made": made, "meta": meta, "rows": rows}
+    data.write_text(json.dumps(saved, indent=1, default=lambda x: x.item()) + "\n")  # .item(): NumPy scalars
+    return data
+
+
+def write_page(page: Path, rebuild, made: dict, meta: dict, rows: list[dict]) -> Path:
+    """save_data, naming rebuild's module as the writer, then `page` as rebuild(page) writes it from that data."""
+    save_data(page, rebuild.__module__, made, meta, rows)
+    Path(page).write_text(rebuild(page))
+    return Path(page)
+
+
+def load_data(page: Path) -> dict:
+    """What save_data kept beside `page`."""
+    return json.loads(Path(page).with_suffix(".json").read_text())

@@ -103,6 +103,14 @@ def findings_of(page: Path) -> str:
     return text[start : end if end >= 0 else len(text)].rstrip() + "\n"
 
 
+def with_findings(page: Path, text: str, beside: bool = False) -> str:
+    """A generated page's `text` with the "## Findings" section of the page as committed (page_text); `beside`: its
+    figure links stay as written (the figures sit beside the page, not in docs/<stem>/)."""
+    page = Path(page)
+    kept = page_text(text, page.stem, findings_of(page))
+    return kept.replace(f"]({page.stem}/", "](") if beside else kept
+
+
 def publish(folder: Path, page: Path, findings: str | None = None) -> Path:
     """The study in `folder` as the docs page `page`: data and figures into docs/<stem>/, the page written from
     them. `findings` None keeps the page's own findings section."""

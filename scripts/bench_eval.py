@@ -10,10 +10,11 @@ the folder with `eval.zeroshot.evaluate`, clip_benchmark with torchvision's Imag
 `clip_benchmark.metrics.zeroshot_classification.evaluate`, as its CLI does. A timed run is the whole
 evaluation (class embeddings + images); the class-embedding phase is also timed alone. Rounds alternate between
 the tools; the best round of each is kept. Also records top-1/top-5 of both (they must agree). Writes
-docs/bench_eval.csv, docs/bench_eval.png and docs/bench_eval.md (train/bench/zeroshot.py).
+docs/bench_eval.csv, .json, .png and .md (train/bench/zeroshot.py).
 """
 
 import argparse
+import sys
 
 import torch
 
@@ -31,6 +32,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch CPU threads")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args(argv)
+    args.argv = sys.argv[1:] if argv is None else argv
     torch.set_num_threads(args.threads)
     zeroshot.write_outputs(zeroshot.measure(args), args)
 

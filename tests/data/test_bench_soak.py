@@ -4,7 +4,7 @@ page, CSV and figure."""
 import csv
 
 from scripts.bench_soak import main
-from train.bench.soak import growth
+from train.bench.soak import growth, rebuild
 
 
 def test_soak_reads_the_rss_at_every_mark_of_both_loaders_and_writes_the_page(tmp_path):
@@ -24,3 +24,4 @@ def test_soak_reads_the_rss_at_every_mark_of_both_loaders_and_writes_the_page(tm
     numeric = [{**r, "main_rss_mb": float(r["main_rss_mb"])} for r in rows]
     assert f"{growth(numeric, 'ours', 'main_rss_mb'):+.1%}" in page
     assert (tmp_path / "bench_soak.png").stat().st_size > 10_000
+    assert rebuild(tmp_path / "bench_soak.md") == page  # the page is its JSON written again

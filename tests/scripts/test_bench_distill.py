@@ -4,6 +4,7 @@ table written (figures are not asserted: timing)."""
 import csv
 
 from scripts import bench_distill
+from train.bench import distill_step
 
 
 def test_bench_distill_times_every_kind_of_step(tmp_path):
@@ -15,3 +16,4 @@ def test_bench_distill_times_every_kind_of_step(tmp_path):
     assert float(rows[0]["vs_training"]) == 1.0
     text = md.read_text()
     assert "| tiny-s | 4 | transfer |" in text and "1.6x aim" in text
+    assert distill_step.rebuild(md) == text  # the page is its JSON written again

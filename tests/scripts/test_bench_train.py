@@ -25,6 +25,7 @@ def test_tiny_run_writes_csv_table_and_plot(tmp_path):
     assert {(r["pixels"], r["attention"]) for r in rows[len(first) :]} == {("64", "linear_affine"), ("64", "softmax")}
     assert all(float(r["ours_s"]) > 0 and r["status"] == "" for r in rows)
     assert "| 64 | linear_affine |" in (tmp_path / "bench_train.md").read_text()
+    assert training.rebuild(tmp_path / "bench_train.md") == (tmp_path / "bench_train.md").read_text()  # its JSON
     assert (tmp_path / "bench_train.png").stat().st_size > 0
 
 

@@ -2,7 +2,7 @@
 how: its docstring).
 
     rounds = [checkpoint.one_round(root, 62_300_000, step) for step in (1, 2, 3)]   # seconds of each phase
-    checkpoint.write_page(checkpoint.summary(rounds, 62_300_000), out)            # <out>/bench_checkpoint.csv, .md
+    checkpoint.write_page(checkpoint.summary(rounds, 62_300_000), out)       # <out>/bench_checkpoint.csv, .json, .md
 """
 
 import csv
@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from eval import pages
+from eval import pages, study_page
 from models import run_folder
 
 
@@ -57,21 +57,36 @@ def summary(rounds: list[dict], params: int) -> dict:
     return row
 
 
-def write_page(row: dict, out: Path) -> None:
-    line = (
-        f"{row['params'] / 1e6:.1f}M parameters, {row['bytes'] / 1e9:.2f} GB of checkpoint files: write "
-        f"{row['write_s']:.1f} s, finish (hash into the manifest, fsync, rename) {row['finish_s']:.1f} s "
-        f"({row['finish_over_write']:.2f}x the write), check before resume {row['check_s']:.1f} s "
-        f"({row['hash_mb_per_s']:.0f} MB/s)"
-    )
-    print(line)
+def write_page(row: dict, out: Path) -> Path:
+    """<out>/bench_checkpoint.csv, .json (the header's stamp and the row) and .md (its findings kept); returns the
+    .md."""
+    print(line(row))
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "bench_checkpoint.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(row))
         writer.writeheader()
         writer.writerow(row)
-    (out / "bench_checkpoint.md").write_text(
-        pages.header("Checkpoint verification cost", f"python -m scripts.bench_checkpoint --params {row['params']:.4g}")
-        + "Median of the rounds (other jobs share the cores and the disk).\n\n"
-        f"{line}.\n"
+    page = out / "bench_checkpoint.md"
+    return pages.write_page(page, rebuild, pages.stamp(), {}, [row])
+
+
+def line(row: dict) -> str:
+    return (
+        f"{row['params'] / 1e6:.1f}M parameters, {row['bytes'] / 1e9:.2f} GB of checkpoint files: write "
+        f"{row['write_s']:.1f} s, finish (hash into the manifest, fsync, rename) {row['finish_s']:.1f} s "
+        f"({row['finish_over_write']:.2f}x the write), check before resume {row['check_s']:.1f} s "
+        f"({row['hash_mb_per_s']:.0f} MB/s)"
     )
+
+
+def rebuild(page: Path) -> str:
+    """bench_checkpoint.md written from bench_checkpoint.json beside it, with its findings section."""
+    saved = pages.load_data(page)
+    row = saved["rows"][0]
+    what_ran = f"python -m scripts.bench_checkpoint --params {row['params']:.4g}"
+    text = (
+        pages.header("Checkpoint verification cost", what_ran, made=saved["made"])
+        + "Median of the rounds (other jobs share the cores and the disk).\n\n"
+        f"{line(row)}.\n"
+    )
+    return study_page.with_findings(page, text)

@@ -2,7 +2,7 @@
 scripts/bench_distill.py (what it times and how: its docstring).
 
     rows = distill_step.measure("ViT-S-16", "linear_affine_nodenom", steps=5, batch=None, probe=probe, folder=tmp)
-    distill_step.write(rows, args, probe.device, minutes)     # <out>/bench_distill[_cuda].csv and .md
+    distill_step.write(rows, args, probe.device, minutes)     # <out>/bench_distill[_cuda].csv, .json and .md
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from eval import pages
+from eval import pages, study_page
 from models import ModelConfig, build_clip
 from models.clip import image_size, tokenizer
 from train import distill
@@ -98,32 +98,46 @@ def measure(size: str, attention: str, steps: int, batch: int | None, probe, fol
 
 
 def write(rows: list[dict], args, device: str, minutes: float) -> Path:
-    """<out>/bench_distill[_cuda].csv and .md; returns the .md. args: the script's (attention, steps, out, argv)."""
+    """<out>/bench_distill[_cuda].csv, .json (the header's stamp, the arguments the page reads, the rows) and .md (its
+    findings kept); returns the .md. args: the script's (attention, steps, out, argv)."""
     out, stem = Path(args.out), "bench_distill" if device == "cpu" else "bench_distill_cuda"
     out.mkdir(parents=True, exist_ok=True)
     with open(out / f"{stem}.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, FIELDS)
         writer.writeheader()
         writer.writerows(rows)
+    meta = {"argv": args.argv, "attention": args.attention, "steps": args.steps, "aim": AIM}
+    meta |= {"torch": torch.__version__, "minutes": minutes}
+    page = out / f"{stem}.md"
+    return pages.write_page(page, rebuild, pages.stamp(device), meta, rows)
+
+
+def rebuild(page: Path) -> str:
+    """bench_distill[_cuda].md written from the JSON beside it, with its findings section."""
+    return study_page.with_findings(page, markdown(pages.load_data(page)))
+
+
+def markdown(saved: dict) -> str:
+    meta, aim = saved["meta"], saved["meta"]["aim"]
     title = "A linearisation step against a training step of the student"
-    header = pages.header(title, pages.command("scripts.bench_distill", args.argv), device) + (
-        f"\nTorch {torch.__version__}. Student: "
-        f"{args.attention} in both towers; teacher: softmax, same size. A step = zero_grad, forward, loss, backward, "
-        f"gradient norm, AdamW (train.loop's functions); training = the student alone on the contrastive loss, "
-        "transfer = stage 1 (teacher forward + per-layer output MSE, attention parameters only), distill = stage 2 "
-        f"(teacher forward + contrastive, embedding and similarity terms, all parameters). Median of {args.steps} "
-        f"rounds after one warm-up, the kinds taking turns. Total {minutes:.1f} min."
+    what_ran = pages.command("scripts.bench_distill", meta["argv"])
+    header = pages.header(title, what_ran, made=saved["made"]) + (
+        f"\nTorch {meta['torch']}. Student: {meta['attention']} in both towers; teacher: softmax, same size. A step = "
+        "zero_grad, forward, loss, backward, gradient norm, AdamW (train.loop's functions); training = the student "
+        "alone on the contrastive loss, transfer = stage 1 (teacher forward + per-layer output MSE, attention "
+        "parameters only), distill = stage 2 (teacher forward + contrastive, embedding and similarity terms, all "
+        f"parameters). Median of {meta['steps']} rounds after one warm-up, the kinds taking turns. Total "
+        f"{meta['minutes']:.1f} min."
     )
     lines = [
         header,
         "",
-        f"| size | batch | step | s/step | / training step | within the {AIM}x aim |",
+        f"| size | batch | step | s/step | / training step | within the {aim}x aim |",
         "| --- | ---: | --- | ---: | ---: | --- |",
     ]
-    for r in rows:
-        verdict = "" if r["kind"] == "training" else ("yes" if r["vs_training"] <= AIM else "no")
+    for r in saved["rows"]:
+        verdict = "" if r["kind"] == "training" else ("yes" if r["vs_training"] <= aim else "no")
         lines.append(
             f"| {r['size']} | {r['batch']} | {r['kind']} | {r['s_per_step']:.3f} | {r['vs_training']:.2f} | {verdict} |"
         )
-    (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
-    return out / f"{stem}.md"
+    return "\n".join(lines) + "\n"

@@ -2,7 +2,7 @@
 the page of scripts/bench_data.py (what it times and how: its docstring).
 
     rows = loader.rounds(spec, transform, tokenizer, args)   # one row per loader and round
-    loader.write_report(rows, out, args)                      # <out>/bench_data.csv and .md
+    loader.write_report(rows, out, args)                      # <out>/bench_data.csv, .json and .md
 """
 
 import csv
@@ -18,7 +18,7 @@ from open_clip_train.data import get_wds_dataset
 from webdataset.tariterators import tar_file_expander
 
 from data import DataConfig, build_train_data
-from eval import pages
+from eval import pages, study_page
 
 
 def time_epoch(batches) -> tuple[int, float]:
@@ -55,17 +55,31 @@ def open_clips(spec: str, transform, tokenizer, args) -> tuple[int, float]:
     return time_epoch(info.dataloader)
 
 
-def write_report(rows: list[dict], out: Path, args) -> None:
+def write_report(rows: list[dict], out: Path, args) -> Path:
+    """<out>/bench_data.csv, .json (the header's stamp, the arguments the page reads, the rows) and .md (its findings
+    kept); returns the .md."""
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "bench_data.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-    argv = ["--samples", args.samples, "--image-size", args.image_size, "--batch-size", args.batch_size]
-    argv = [str(a) for a in [*argv, "--workers", args.workers, "--rounds", args.rounds]]
+    meta = {k: getattr(args, k) for k in ("samples", "image_size", "batch_size", "workers", "rounds")}
+    page = out / "bench_data.md"
+    return pages.write_page(page, rebuild, pages.stamp(), meta | {"torch": torch.__version__}, rows)
+
+
+def rebuild(page: Path) -> str:
+    """bench_data.md written from bench_data.json beside it, with its findings section."""
+    return study_page.with_findings(page, markdown(pages.load_data(page)))
+
+
+def markdown(saved: dict) -> str:
+    meta, rows = saved["meta"], saved["rows"]
+    argv = ["--samples", meta["samples"], "--image-size", meta["image_size"], "--batch-size", meta["batch_size"]]
+    argv = [str(a) for a in [*argv, "--workers", meta["workers"], "--rounds", meta["rounds"]]]
     lines = [
-        pages.header("Data loader throughput", pages.command("scripts.bench_data", argv)),
-        f"Other jobs share the cores, so single rounds are noisy; torch {torch.__version__}.",
+        pages.header("Data loader throughput", pages.command("scripts.bench_data", argv), made=saved["made"]),
+        f"Other jobs share the cores, so single rounds are noisy; torch {meta['torch']}.",
         "Synthetic JPEG shards; open_clip train transform and ViT-B-16 tokenizer in the workers; one epoch "
         "per round, worker start-up included; median over rounds.",
         "",
@@ -82,7 +96,7 @@ def write_report(rows: list[dict], out: Path, args) -> None:
         f"ratio of the medians: {ratio:.2f})",
         "",
     ]
-    (out / "bench_data.md").write_text("\n".join(lines))
+    return "\n".join(lines)
 
 
 def median_rate(rows: list[dict], name: str) -> float:

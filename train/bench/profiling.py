@@ -2,7 +2,7 @@
 (what it times and how: its docstring).
 
     per_step, groups = profiling.model_step(profiling.config("demo-w64", "softmax", shards, folder))
-    profiling.write(rows, out, "demo-w64", minutes)          # <out>/profile_step.md and .csv
+    profiling.write(rows, out, "demo-w64", minutes)          # <out>/profile_step.md, .csv and .json
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from data.stream import decode, tar_samples
-from eval import pages
+from eval import pages, study_page
 from train import main as train_main
 from train.config import load_config
 from train.dist import make_accelerator
@@ -142,15 +142,24 @@ def process_costs(shards: str, folder: Path, eval_folder: Path) -> dict[str, flo
 
 
 def write(rows: list[dict], out: Path, size: str, minutes: float) -> Path:
-    """<out>/profile_step.csv and .md; returns the .md."""
+    """<out>/profile_step.csv, .json (the header's stamp, the settings the page reads, the rows) and .md (its
+    findings kept); returns the .md."""
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "profile_step.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, ["part", "what", "ms"])
         writer.writeheader()
         writer.writerows(rows)
+    page = out / "profile_step.md"
+    return pages.write_page(page, rebuild, pages.stamp(), {"size": size, "minutes": minutes}, rows)
+
+
+def rebuild(page: Path) -> str:
+    """profile_step.md written from profile_step.json beside it, with its findings section."""
+    saved = pages.load_data(page)
+    what = "Where the main job's training step spends its time"
     lines = [
-        pages.header("Where the main job's training step spends its time", pages.command("scripts.profile_step", [])),
-        f"{size}, batch 64, 32 px, one torch thread; {minutes:.1f} min. Model step: "
+        pages.header(what, pages.command("scripts.profile_step", []), made=saved["made"]),
+        f"{saved['meta']['size']}, batch 64, 32 px, one torch thread; {saved['meta']['minutes']:.1f} min. Model step: "
         "forward, contrastive loss, backward, "
         "gradient norm, AdamW on loaded batches (op groups by self time under torch.profiler, scaled to the "
         "unprofiled step). Data: the stages of the data worker, in this process. Per process: wall seconds.",
@@ -158,6 +167,5 @@ def write(rows: list[dict], out: Path, size: str, minutes: float) -> Path:
         "| part | what | ms |",
         "| --- | --- | ---: |",
     ]
-    lines += [f"| {r['part']} | {r['what']} | {r['ms']:.1f} |" for r in rows]
-    (out / "profile_step.md").write_text("\n".join(lines) + "\n")
-    return out / "profile_step.md"
+    lines += [f"| {r['part']} | {r['what']} | {r['ms']:.1f} |" for r in saved["rows"]]
+    return study_page.with_findings(page, "\n".join(lines) + "\n")

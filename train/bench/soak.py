@@ -4,7 +4,7 @@ scripts/bench_soak.py.
 
     spec = soak.write_shards(folder, shards, per_shard, corrupt_every)
     rows = soak.soak(spec, "ours", transform, tokenizer, args)      # one row per --every samples
-    soak.write_report(rows, out, args)                              # <out>/bench_soak.csv, .png, .md
+    soak.write_report(rows, out, args, argv)                        # <out>/bench_soak.csv, .json, .png, .md
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import psutil
 from PIL import Image
 
 from data import DataConfig, build_train_data
-from eval import pages
+from eval import pages, study_page
 
 MB = 2**20
 FLAT = 0.05  # the curve counts as flat when no point after the first lies more than 5% above it
@@ -149,25 +149,45 @@ def figure(rows: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
-def write_report(rows: list[dict], out: Path, args, argv: list[str]) -> None:
+SETTINGS = ("samples", "image_size", "corrupt_every", "workers", "batch_size", "every")
+
+
+def write_report(rows: list[dict], out: Path, args, argv: list[str]) -> Path:
+    """<out>/bench_soak.csv, .json (the header's stamp, the arguments the page reads, the rows), .png and .md (its
+    findings kept); returns the .md."""
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "bench_soak.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
     figure(rows, out / "bench_soak.png")
+    meta = {k: getattr(args, k) for k in SETTINGS} | {"argv": argv, "flat": FLAT}
+    page = out / "bench_soak.md"
+    return pages.write_page(page, rebuild, pages.stamp(), meta, rows)
+
+
+def rebuild(page: Path) -> str:
+    """bench_soak.md written from bench_soak.json beside it, with its findings section (the figure beside it)."""
+    return study_page.with_findings(page, markdown(pages.load_data(page)), beside=True)
+
+
+def markdown(saved: dict) -> str:
+    meta, rows, flat = saved["meta"], saved["rows"], saved["meta"]["flat"]
+    names = list(dict.fromkeys(r["loader"] for r in rows))
     lines = [
-        pages.header("Loader memory over a long run", pages.command("scripts.bench_soak", argv)),
-        f"Each loader streams {args.samples:,} samples (resampled shards of {args.image_size} px JPEGs, 1 in "
-        f"{args.corrupt_every} corrupt) in {args.workers} workers at batch {args.batch_size}; the RSS of the main "
-        f"process and the summed RSS of the workers every {args.every:,} samples. Flat means no point more than "
-        f"{FLAT:.0%} above the first one.",
+        pages.header(
+            "Loader memory over a long run", pages.command("scripts.bench_soak", meta["argv"]), made=saved["made"]
+        ),
+        f"Each loader streams {meta['samples']:,} samples (resampled shards of {meta['image_size']} px JPEGs, 1 in "
+        f"{meta['corrupt_every']} corrupt) in {meta['workers']} workers at batch {meta['batch_size']}; the RSS of the "
+        f"main process and the summed RSS of the workers every {meta['every']:,} samples. Flat means no point more "
+        f"than {flat:.0%} above the first one.",
         "",
         "| loader | main RSS first / last / max (MB) | growth | workers RSS first / last / max (MB) | growth "
         "| seconds |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
-    for name in LOADERS:
+    for name in names:
         mine = [r for r in rows if r["loader"] == name]
         cells = []
         for key in ("main_rss_mb", "workers_rss_mb"):
@@ -175,9 +195,9 @@ def write_report(rows: list[dict], out: Path, args, argv: list[str]) -> None:
             cells += [f"{values[0]:.0f} / {values[-1]:.0f} / {max(values):.0f}", f"{growth(rows, name, key):+.1%}"]
         lines.append(f"| {name} | {' | '.join(cells)} | {mine[-1]['seconds']:.0f} |")
     verdicts = []
-    for name in LOADERS:
+    for name in names:
         worst = max(growth(rows, name, key) for key in ("main_rss_mb", "workers_rss_mb"))
-        verdicts.append(f"{name}: {'flat' if worst <= FLAT else 'not flat'} (largest rise {worst:+.1%})")
+        verdicts.append(f"{name}: {'flat' if worst <= flat else 'not flat'} (largest rise {worst:+.1%})")
     ours_last = [r for r in rows if r["loader"] == "ours"][-1]
     theirs_last = [r for r in rows if r["loader"] == "open_clip"][-1]
     total = (ours_last["main_rss_mb"] + ours_last["workers_rss_mb"]) / (
@@ -190,4 +210,4 @@ def write_report(rows: list[dict], out: Path, args, argv: list[str]) -> None:
         "![RSS over the run](bench_soak.png)",
         "",
     ]
-    (out / "bench_soak.md").write_text("\n".join(lines))
+    return "\n".join(lines)

@@ -3,7 +3,7 @@ measurements and the page of scripts/bench_step.py (what it times and how: its d
 
     trees = {"baseline": step.baseline_tree("8fc8415", tmp), "ours": step.REPO}
     best = step.race(trees, "softmax", shards, 200, parallel=2, rounds=2, tmp=tmp)   # {name: (samples/s, CPU s)}
-    step.write(rows, args, settings, minutes)              # <out>/bench_step.csv and .md
+    step.write(rows, args, settings, minutes)              # <out>/bench_step.csv, .json and .md
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import yaml
 
-from eval import pages
+from eval import pages, study_page
 from models import run_folder
 
 REPO = Path(__file__).resolve().parents[2]
@@ -101,22 +101,38 @@ def race(trees: dict, attention: str, shards: str, steps: int, parallel: int, ro
 
 
 def write(rows: list[dict], args, settings: dict, minutes: float) -> Path:
-    """<out>/bench_step.csv and .md; returns the .md. args: the script's (baseline, steps, rounds, out); settings:
-    each tree's study `run:`."""
+    """<out>/bench_step.csv, .json (the header's stamp, the arguments and settings the page reads, the rows) and .md
+    (its findings kept); returns the .md. args: the script's (baseline, steps, rounds, out); settings: each tree's
+    study `run:`."""
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "bench_step.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, FIELDS)
         writer.writeheader()
         writer.writerows(rows)
-    argv = ["--steps", str(args.steps), "--rounds", str(args.rounds), "--baseline", args.baseline]
+    meta = {"baseline": args.baseline, "steps": args.steps, "rounds": args.rounds, "settings": settings}
+    page = out / "bench_step.md"
+    return pages.write_page(page, rebuild, pages.stamp(), meta | {"minutes": minutes}, rows)
+
+
+def rebuild(page: Path) -> str:
+    """bench_step.md written from bench_step.json beside it, with its findings section."""
+    return study_page.with_findings(page, markdown(pages.load_data(page)))
+
+
+def markdown(saved: dict) -> str:
+    meta, rows = saved["meta"], saved["rows"]
+    argv = ["--steps", str(meta["steps"]), "--rounds", str(meta["rounds"]), "--baseline", meta["baseline"]]
     header = pages.header(
-        "The main job's training step: ours against the baseline commit", pages.command("scripts.bench_step", argv)
+        "The main job's training step: ours against the baseline commit",
+        pages.command("scripts.bench_step", argv),
+        made=saved["made"],
     ) + (
-        f"\nOurs = that commit, baseline = {args.baseline}; "
-        f"demo-w64, batch 64, 32 px, 4,000 training samples ({args.steps * 64 / 4000:.1f} epochs), 1 torch thread per "
-        f"run, each tree's study settings (`run:` of configs/study/demo.yaml: ours {settings['ours']}, baseline "
-        f"{settings['baseline']}), no evaluation; fastest of {args.rounds} rounds; total {minutes:.1f} min."
+        f"\nOurs = that commit, baseline = {meta['baseline']}; "
+        f"demo-w64, batch 64, 32 px, 4,000 training samples ({meta['steps'] * 64 / 4000:.1f} epochs), 1 torch thread "
+        f"per run, each tree's study settings (`run:` of configs/study/demo.yaml: ours {meta['settings']['ours']}, "
+        f"baseline {meta['settings']['baseline']}), no evaluation; fastest of {meta['rounds']} rounds; total "
+        f"{meta['minutes']:.1f} min."
     )
     lines = [
         header,
@@ -130,5 +146,4 @@ def write(rows: list[dict], args, settings: dict, minutes: float) -> Path:
             f"| {r['setting']} | {r['attention']} | {r['contender']} | {r['samples_per_s']:.0f} | "
             f"{r['cpu_s_per_1k']:.1f} | {speedup} |"
         )
-    (out / "bench_step.md").write_text("\n".join(lines) + "\n")
-    return out / "bench_step.md"
+    return "\n".join(lines) + "\n"

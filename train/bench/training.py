@@ -3,7 +3,7 @@ attention: the measurements and the page of scripts/bench_train.py (what it time
 
     rows = training.ours_vs_open_clip(["ViT-S-16"], batch_size=8, rounds=3, probe=probe)     # part 1
     rows += training.attentions("ViT-S-16", names, [224, 448], 2, 3, probe, folder)          # part 2
-    training.write_outputs(rows, args, probe, seconds)       # <out>/bench_train[_cuda].csv, .md and .png
+    training.write_outputs(rows, args, probe, seconds)       # <out>/bench_train[_cuda].csv, .json, .md, .png
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ except ImportError as err:  # models/ builds on open_clip's configs and tokenize
         f"error: open_clip is needed ({err}); pip install open_clip_torch, or carry its wheel (scripts/gpu_check.sh)"
     ) from None
 
-from eval import machine, pages
+from eval import machine, pages, study_page
 from models import ModelConfig, build_clip
 from train.bench.probes import OOM, race
 from train.config import OptimConfig
@@ -126,7 +126,9 @@ def seconds(value: float) -> str:
     return OOM if value != value else f"{value:.3f}"
 
 
-def write_outputs(rows: list[dict], args, probe, total: float) -> None:
+def write_outputs(rows: list[dict], args, probe, total: float) -> Path:
+    """<out>/bench_train[_cuda].csv, .json (the header's stamp, the arguments and versions the page reads, the rows),
+    .png and .md (its findings kept); returns the .md."""
     out, stem = Path(args.out), "bench_train" if probe.device == "cpu" else "bench_train_cuda"
     out.mkdir(parents=True, exist_ok=True)
     fields = ["part", "model", "pixels", "precision", "attention", "ours_s", "open_clip_s", "ratio", "peak_mb"]
@@ -134,14 +136,34 @@ def write_outputs(rows: list[dict], args, probe, total: float) -> None:
         writer = csv.DictWriter(f, [*fields, "status"])
         writer.writeheader()
         writer.writerows(rows)
-    first = [r for r in rows if r["part"] == "vs_open_clip"]
-    second = [r for r in rows if r["part"] == "attention"]
+    meta = {k: getattr(args, k) for k in ("command", "batch_size", "steps", "attention_size", "attention_batch_size")}
+    meta |= {"torch": torch.__version__, "open_clip": open_clip.__version__, "total": total}
+    meta["bf16_skipped"] = machine.emulated(probe.device).get("bfloat16", "")
+    page = out / f"{stem}.md"
+    pages.write_page(page, rebuild, pages.stamp(probe.device), meta, rows)
+    plot(*parts(rows), out / f"{stem}.png")
+    return page
+
+
+def rebuild(page: Path) -> str:
+    """bench_train[_cuda].md written from the JSON beside it, with its findings section (the figure beside it)."""
+    return study_page.with_findings(page, markdown(pages.load_data(page), Path(page).stem), beside=True)
+
+
+def parts(rows: list[dict]) -> tuple[list[dict], list[dict]]:
+    """(ours against open_clip, each attention)."""
+    return [r for r in rows if r["part"] == "vs_open_clip"], [r for r in rows if r["part"] == "attention"]
+
+
+def markdown(saved: dict, stem: str) -> str:
+    meta, (first, second) = saved["meta"], parts(saved["rows"])
+    skipped = meta["bf16_skipped"] and "bf16" not in {r["precision"] for r in first}
     lines = [
-        pages.header("Training step: ours against open_clip, and each attention", args.command, probe.device),
-        f"Batch {args.batch_size}, torch {torch.__version__}, open_clip {open_clip.__version__}; fastest of "
-        f"{args.steps} steps after one warm-up; a step = forward, contrastive loss, backward, AdamW step; peak = "
-        f"memory above what was held before the step. Total run {total / 60:.1f} min.",
-        *([f"{machine.emulated(probe.device)['bfloat16']}."] if "bf16" not in {r["precision"] for r in first} else []),
+        pages.header("Training step: ours against open_clip, and each attention", meta["command"], made=saved["made"]),
+        f"Batch {meta['batch_size']}, torch {meta['torch']}, open_clip {meta['open_clip']}; fastest of "
+        f"{meta['steps']} steps after one warm-up; a step = forward, contrastive loss, backward, AdamW step; peak = "
+        f"memory above what was held before the step. Total run {meta['total'] / 60:.1f} min.",
+        *([f"{meta['bf16_skipped']}."] if skipped else []),
         "",
         "## Softmax CLIP, ours vs open_clip (224 px for the ViT-*-16)",
         "",
@@ -156,7 +178,7 @@ def write_outputs(rows: list[dict], args, probe, total: float) -> None:
     precision = second[0]["precision"] if second else ""
     lines += [
         "",
-        f"## Image attention variants ({args.attention_size}, batch {args.attention_batch_size}, "
+        f"## Image attention variants ({meta['attention_size']}, batch {meta['attention_batch_size']}, "
         f"text tower softmax, {precision})",
         "",
         "| pixels | attention | s/step | / softmax | peak MB |",
@@ -168,8 +190,7 @@ def write_outputs(rows: list[dict], args, probe, total: float) -> None:
         for r in second
     ]
     lines += ["", f"![seconds per step]({stem}.png)", ""]
-    (out / f"{stem}.md").write_text("\n".join(lines))
-    plot(first, second, out / f"{stem}.png")
+    return "\n".join(lines)
 
 
 def plot(first: list[dict], second: list[dict], path: Path) -> None:

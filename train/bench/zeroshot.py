@@ -1,12 +1,10 @@
 """Zero-shot evaluation throughput, ours (eval.zeroshot) against clip_benchmark 1.6.2, on the same model and image
 folder: the measurements and the page of scripts/bench_eval.py (what it times and how: its docstring).
 
-    zeroshot.write_outputs(zeroshot.measure(args), args)    # docs/bench_eval.csv, .png and .md
+    zeroshot.write_outputs(zeroshot.measure(args), args)    # docs/bench_eval.csv, .json, .png and .md
 """
 
 import csv
-import os
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -21,7 +19,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from data import make_synthetic
-from eval import datasets, machine, pages, zeroshot
+from eval import datasets, pages, zeroshot
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 
@@ -114,9 +112,14 @@ def measure(args) -> list[dict]:
     ]
 
 
-def write_outputs(rows: list[dict], args) -> None:
-    DOCS.mkdir(exist_ok=True)
-    with open(DOCS / "bench_eval.csv", "w", newline="") as f:
+MARKER = "<!-- bench_eval.py results -->"  # the page above it is written by hand and kept; below, from the data
+
+
+def write_outputs(rows: list[dict], args, out: Path = DOCS) -> Path:
+    """<out>/bench_eval.csv, .json (the header's stamp, the arguments the page reads, the rows), .png and .md (the
+    hand-written part above MARKER kept); returns the .md."""
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "bench_eval.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
@@ -124,35 +127,47 @@ def write_outputs(rows: list[dict], args) -> None:
     ax.barh([r["tool"] for r in rows], [r["images_per_s"] for r in rows], color=["tab:blue", "tab:gray"])
     ax.set_xlabel(f"images/s ({args.model}, {args.device}, batch {args.batch_size}, {args.workers} workers)")
     fig.tight_layout()
-    fig.savefig(DOCS / "bench_eval.png", dpi=120)
+    fig.savefig(out / "bench_eval.png", dpi=120)
+    plt.close(fig)
+    meta = {k: getattr(args, k) for k in ("argv", "model", "device", "batch_size", "workers", "rounds")}
+    page = out / "bench_eval.md"
+    pages.write_page(page, rebuild, pages.stamp(args.device), meta, rows)
     ratio = rows[0]["images_per_s"] / rows[1]["images_per_s"]
-    table = [
+    print("\n".join(table(rows)) + f"\nratio ours / clip_benchmark = {ratio:.2f}")
+    return page
+
+
+def table(rows: list[dict]) -> list[str]:
+    lines = [
         "| tool | images | seconds | of which class embeddings (s) | images/s | top-1 | top-5 |",
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
-    table += [
+    return lines + [
         f"| {r['tool']} | {r['images']} | {r['seconds']} | {r['classifier_s']} | {r['images_per_s']} | "
         f"{r['top1']:.4f} | {r['top5']:.4f} |"
         for r in rows
     ]
-    text = (DOCS / "bench_eval.md").read_text() if (DOCS / "bench_eval.md").exists() else ""
-    marker = "<!-- bench_eval.py results -->"
-    # keep the hand-written part of the page above the marker; replace what the last run wrote below it
+
+
+def rebuild(page: Path) -> str:
+    """bench_eval.md written from bench_eval.json beside it: the page's hand-written part above MARKER (a header
+    from the saved stamp where there is none), then the results."""
+    page, saved = Path(page), pages.load_data(page)
+    meta, rows, made = saved["meta"], saved["rows"], saved["made"]
+    what_ran = pages.command("scripts.bench_eval", meta["argv"])
+    text = page.read_text() if page.is_file() else ""
     head = (
-        text.split(marker)[0]
-        if text
-        else pages.header(
-            "Evaluation throughput and agreement", pages.command("scripts.bench_eval", sys.argv[1:]), args.device
-        )
+        text.split(MARKER)[0]
+        if MARKER in text
+        else pages.header("Evaluation throughput and agreement", what_ran, made=made)
     )
-    (DOCS / "bench_eval.md").write_text(
-        f"{head}{marker}\n\n## Throughput (written by scripts/bench_eval.py)\n\n"
-        f"`{pages.command('scripts.bench_eval', sys.argv[1:])}` on "
-        f"{machine.describe(args.device)} (load average {os.getloadavg()[0]:.1f} at the end), "
-        f"model {args.model} (random init), {args.device}, batch "
-        f"{args.batch_size}, {args.workers} workers, best of {args.rounds} alternating rounds:\n\n"
-        + "\n".join(table)
+    ratio = rows[0]["images_per_s"] / rows[1]["images_per_s"]
+    return (
+        f"{head}{MARKER}\n\n## Throughput (written by scripts/bench_eval.py)\n\n"
+        f"`{what_ran}` on {made['machine']} (load average {made['load']:.1f} at the end), model {meta['model']} "
+        f"(random init), {meta['device']}, batch {meta['batch_size']}, {meta['workers']} workers, best of "
+        f"{meta['rounds']} alternating rounds:\n\n"
+        + "\n".join(table(rows))
         + f"\n\nRatio ours / clip_benchmark: **{ratio:.2f}x**. "
         f"Top-1 difference: {abs(rows[0]['top1'] - rows[1]['top1']) * 100:.2f} points.\n\n![](bench_eval.png)\n"
     )
-    print("\n".join(table) + f"\nratio ours / clip_benchmark = {ratio:.2f}")
