@@ -3,7 +3,7 @@
     make demo                                            # = .venv/bin/python -m scripts.demo
     .venv/bin/python -m scripts.demo --quick             # the same pipeline in seconds (what the test runs)
     .venv/bin/python -m scripts.demo --seed 1 --out runs/demo-seed1
-    .venv/bin/python -m scripts.demo --full                # twice each attention's budget (configs/study/full.yaml)
+    .venv/bin/python -m scripts.demo --full                # 4 sizes spanning 13.5x (configs/study/sizes.yaml)
 
 The study is configs/study/demo.yaml (train/study.py reads it): makes the synthetic shards, trains every (size,
 attention) pair (train/study_local.py), fits power laws per attention and draws the figures (eval/study_analysis.py),
@@ -28,7 +28,7 @@ from train.study import REPO, Study, StudyError, data_paths, done_before, jobs_o
 from train.study_local import run_jobs
 
 STUDY = REPO / "configs" / "study" / "demo.yaml"
-FULL = REPO / "configs" / "study" / "full.yaml"  # twice the budgets, the main job's learning rates (--full)
+FULL = REPO / "configs" / "study" / "sizes.yaml"  # claim (c)'s 4 sizes, rates swept at both ends (--full)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -36,7 +36,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", help="run folder (default runs/demo-<UTC time>)")
     p.add_argument("--quick", action="store_true", help="a few steps per run: checks the pipeline, not the science")
     p.add_argument("--study", default=str(STUDY), help="the study config (default configs/study/demo.yaml)")
-    p.add_argument("--full", action="store_true", help="the longer study: --study configs/study/full.yaml")
+    p.add_argument("--full", action="store_true", help="the 4-size study: --study configs/study/sizes.yaml")
     p.add_argument("--seed", type=int, default=0, help="seed of the data set and of every run")
     p.add_argument("--sizes", nargs="+", help="model sizes to train (default: the study's)")
     p.add_argument("--attentions", nargs="+", help="registry names, used in both towers (default: the study's)")

@@ -296,11 +296,11 @@ def test_sweep_scales_may_differ_per_attention(tmp_path):
         load_study(tmp_path / "bad.yaml")
 
 
-def test_full_study_doubles_the_budgets_with_the_main_jobs_rates():
-    """--full: configs/study/full.yaml, the main job's grid at twice each attention's steps, the learning-rate
-    multiples the main job's sweep chose, no sweep."""
-    assert demo.parse_args(["--full"]).study == str(demo.FULL)
-    main, full = load_study(SHAPES), load_study(demo.FULL)
+def test_the_longer_shapes_study_doubles_the_budgets_with_the_main_jobs_rates():
+    """configs/study/full.yaml: the shapes study's grid at twice each attention's steps, the learning-rate multiples
+    its sweep chose, no sweep (--full is the 4-size study: tests/train/test_lr_transfer.py)."""
+    assert demo.parse_args(["--full"]).study == str(demo.REPO / "configs" / "study" / "sizes.yaml")
+    main, full = load_study(SHAPES), load_study(demo.REPO / "configs" / "study" / "full.yaml")
     assert full.attentions == main.attentions and not full.lr_sweep
     assert len(full.sizes) > len(main.sizes) and all(full.sizes[s] == main.sizes[s] for s in main.sizes)
     steps = {a: (full.per_attention[a]["run"]["train.max_steps"]) for a in full.attentions}
