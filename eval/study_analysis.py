@@ -138,8 +138,8 @@ def run_rows(jobs, floor: float = 0.0) -> list[dict]:
                 "cpu_seconds": job.cpu_seconds,
                 "samples_per_s": throughput(job.run_dir),
                 "image_tokens": image_tokens(final),
-                "optimizer": str(final.get("optim.name", "adamw")),
-                "lr": float(final["optim.lr"]),
+                "optimizer": str(final.get("optim.name", "adamw")),  # runs from elsewhere may not say
+                "lr": float(final.get("optim.lr", math.nan)),
                 "params_without_token_embedding": int(final["params_without_token_embedding"]),
                 "gmacs_per_sample": float(final["gmacs_per_sample"]),
                 "samples_seen": int(final["samples_seen"]),
