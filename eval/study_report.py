@@ -420,6 +420,10 @@ def scales_text(rows: list[dict]) -> str:
     return "; ".join(f"{a}: {scales_of(rows, a)}" for a in attentions)
 
 
+def at_size(row: dict, several: bool) -> str:
+    return f" at {row.get('size')}" if several else ""
+
+
 def size_cell(row: dict, several: bool) -> str:
     return f" {row.get('size')} |" if several else ""
 
@@ -461,7 +465,7 @@ def sweep_table(rows: list[dict], sweep: dict) -> str:
             else "\nEvery attention's choice transfers."
         )
     edge = [
-        f"{r['attention']} ({r['scale']:g}x)"
+        f"{r['attention']} ({r['scale']:g}x{at_size(r, several)})"
         for r in rows
         if r["chosen"] and r["scale"] in (min(scales_of(rows, r["attention"])), max(scales_of(rows, r["attention"])))
     ]
