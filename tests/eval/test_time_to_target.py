@@ -41,3 +41,13 @@ def test_seconds_are_samples_to_the_target_over_samples_per_second(tmp_path):
 
 def test_one_token_count_has_no_section():
     assert time_to_target.section([r for r in RUNS if r["image_tokens"] == 257], [0.25], 720) == []
+
+
+def test_a_run_at_the_target_at_its_first_evaluation_gives_upper_bounds():
+    runs = [
+        *RUNS[:2],
+        run("linear_affine_nodenom", 65, 100.0, [0.2, 0.1]),
+        run("linear_affine_nodenom", 257, 80.0, [0.2, 0.1]),
+    ]
+    text = "\n".join(time_to_target.section(runs, [0.5, 0.25], 720))
+    assert "| linear_affine_nodenom | 257 | <=1,000 | 80 | <=12 [" in text and "from upper bounds" in text
