@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from eval.datasets import ImageFolderSet
+from eval.scaling_plot import plain_ticks
 
 FIGURE = "smoothing.png"
 
@@ -108,6 +109,7 @@ def figure(runs: list[dict], path: Path) -> None:
             ax.plot(x, y, marker=".", ms=3, color=colour, label=r["attention"])
         ax.set(xscale="log", xlabel="samples seen", ylabel="kept share of token spread (mean over layers)", title=size)
         ax.grid(True, which="both", alpha=0.3)
+        plain_ticks(ax)
         ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path)
