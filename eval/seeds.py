@@ -5,7 +5,7 @@
 
 One study's bootstrap intervals (eval/multiplier.py, eval/scaling_fit.py) cover the noise of its zero-shot set and
 of the fit, not that of training: another seed draws another data set, other initial weights and another batch
-order, and at two seeds the samples multipliers moved by more than their intervals (docs/study_shapes.md). This module
+order, and a samples multiplier can move between seeds by more than one study's interval. This module
 reads the finished study folders (runs.json, fits.json, lr_sweep.json, report.md) and gives each number as its
 value per seed, its mean over seeds and a 95% Student-t interval over seeds (multipliers on a log scale, so the
 mean is a geometric mean). With n seeds the interval has n - 1 degrees of freedom: three seeds give a wide one,
@@ -48,7 +48,7 @@ from eval.scaling_fit import R2_MIN
 TRAIN_FIT = "train_loss_params"  # eval/study_analysis.py FITS: training loss against parameters, as the paper plots
 
 RULES = (
-    "(a) the verdict every seed gives by the single-study rule (docs/study_shapes.md), undetermined when the seeds "
+    "(a) the verdict every seed gives by the single-study rule (eval/claims.py), undetermined when the seeds "
     f"disagree; the top-1 gap's interval is shown beside it (comparable: within {100 * GAP:.0f} points). "
     f"(b) supported when the lower bound of the seed interval of linear_affine's samples multiplier (at the largest "
     f"size, the hardest target softmax reaches at every seed) is >= {MUCH_SLOWER:g}x, not supported when its upper "

@@ -15,8 +15,8 @@ Per text attention (the image tower softmax in every run), four runs of the size
 Each is evaluated on the long-caption retrieval set (groups of four images that differ only in the sixth shape,
 described after at least 80 tokens: a 16-token text tower can only guess within a group) as text-to-image R@1, and
 zero-shot on the short-caption classes (top-1). Learning rates: the shapes study's sweep's choices at demo-w32
-(docs/study_shapes.md: softmax 2e-3, linear_affine_nodenom 1e-3), a quarter of it for fine-tuning. Writes
-OUT/long_clip.md and .json.
+(softmax 2e-3, linear_affine_nodenom 1e-3: demo-w32's rate x configs/study/full.yaml's lr_scale), a quarter of it for
+fine-tuning. Writes OUT/long_clip.md and .json.
 """
 
 from __future__ import annotations

@@ -12,7 +12,8 @@ from pathlib import Path
 from models.config import size_config
 from train.study import REPO, Job, overrides, spec_of
 
-RATES = {"softmax": 2e-3, "linear_affine_nodenom": 1e-3}  # the main job's sweep at demo-w32 (docs/study_shapes.md)
+# the shapes study's sweep's choices at demo-w32 (configs/study/full.yaml)
+RATES = {"softmax": 2e-3, "linear_affine_nodenom": 1e-3}
 
 
 def jobs_of(out: Path, data: dict[str, Path], args) -> list[Job]:

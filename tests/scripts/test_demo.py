@@ -156,7 +156,7 @@ def test_full_study_shows_scaling(tmp_path):
 
 
 def check_full_study(out: Path) -> None:
-    """The checks of a finished full study folder (also run by hand on one: docs/study_shapes.md)."""
+    """The checks of a finished full study folder (also run by hand on one: `python -m scripts.demo`'s run folder)."""
     runs, fits, report = read(out)
     classes = (out / "data" / "eval" / "classnames.txt").read_text().splitlines()
     assert 1 / len(classes) <= 0.05
