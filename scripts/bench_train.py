@@ -46,7 +46,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, help="timed rounds (default 3 on the CPU, 5 on a GPU)")
     parser.add_argument("--sizes", default="ViT-S-16,ViT-B-16")
     parser.add_argument("--attention-size", default="ViT-S-16")
-    parser.add_argument("--attentions", help="part 2, comma-separated (default: all; on a GPU softmax + the linear)")
+    parser.add_argument(
+        "--attentions", help="part 2, comma-separated (default: every image attention; on a GPU softmax + the linear)"
+    )
     parser.add_argument("--image-sizes", help="part 2 (default 224,448 on the CPU, 224,448,896 on a GPU)")
     parser.add_argument("--attention-batch-size", type=int, help="part 2 (default 2 on the CPU, 16 on a GPU)")
     parser.add_argument("--threads", type=int, default=1, help="CPU intra-op threads")
@@ -58,7 +60,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         if getattr(args, key) is None:
             setattr(args, key, value)
     names = args.attentions.split(",") if args.attentions else GPU_ATTENTIONS if args.device == "cuda" else None
-    args.attention_names = sorted(set(names or ATTENTIONS) | {"softmax"})  # softmax: the peer of every ratio
+    image_tower = [n for n, cls in ATTENTIONS.items() if cls.supports_bidirectional]  # deltanet is causal only
+    args.attention_names = sorted(set(names or image_tower) | {"softmax"})  # softmax: the peer of every ratio
     return args
 
 

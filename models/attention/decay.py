@@ -19,7 +19,9 @@ is one token); inside a block the decayed [block, block] matrix, across blocks a
 down the rows with decay gamma per row and mixed over the W columns by gamma^|c - c'| at readout (two scans over
 the columns). The two-sided forms are LION's construction (Afzal et al. 2025): the downward pass over rows <= r
 plus the same pass on the reversed tokens over rows > r, so the diagonal (1-D) or the query's own row (2-D) is
-counted once. Reversing all tokens maps row r to R - 1 - r and column c to W - 1 - c, which keeps every |c - c'|.
+counted once; a sequence that fits one block takes its whole decayed matrix once instead (`one_block`: one pass
+where the two would each build the same [block, block] matrix). Reversing all tokens maps row r to R - 1 - r and
+column c to W - 1 - c, which keeps every |c - c'|.
 Options: chunk_size (tokens per block: retention 64; retention_2d 256, as max(1, 256 // W) whole rows), and for
 retention_2d width and prefix_tokens. Memory: N x block for the matrices and N D^2 / (rows per block) for the
 states, all blocks at once (1-D: N D^2 / 64); retention_2d's larger blocks keep its states, and their traffic, down.
@@ -111,10 +113,21 @@ def two_sided_columns(states: Tensor, log_gamma: Tensor) -> Tensor:
 
 
 def two_sided(q: Tensor, k: Tensor, v: Tensor, log_gamma: Tensor, width: int, rows: int) -> Tensor:
-    """`scan` over rows <= r plus, on the reversed tokens, over rows > r (LION): every key once, decayed both ways."""
+    """`scan` over rows <= r plus, on the reversed tokens, over rows > r (LION): every key once, decayed both ways.
+    A sequence that fits one block (N <= rows * width) takes its decayed [N, N] matrix once (one_block)."""
+    if q.shape[2] <= rows * width:
+        return one_block(q, k, v, log_gamma, width)
     down = scan(q, k, v, log_gamma, width, rows, strict=False)
     up = scan(q.flip(2), k.flip(2), v.flip(2), log_gamma, width, rows, strict=True)
     return down + up.flip(2)
+
+
+def one_block(q: Tensor, k: Tensor, v: Tensor, log_gamma: Tensor, width: int) -> Tensor:
+    """((q k^T) * gamma^(|r - r'| + |c - c'|)) v with the whole matrix at once, tokens row-major on `width` columns
+    (1-D: width 1): the sum of two_sided's two passes in one, for a sequence no longer than a block."""
+    i = torch.arange(q.shape[2], device=q.device)
+    distance = (i[:, None] // width - i[None] // width).abs() + (i[:, None] % width - i[None] % width).abs()
+    return ((q @ k.transpose(-1, -2)) * (log_gamma[:, None, None] * distance).exp()) @ v
 
 
 def retention(

@@ -24,10 +24,14 @@ Mamba-2's other parts (its own B, C per group, the dt scaling of x, the D skip, 
 v are the block's projections as for every variant. Padded tokens (key_mask False) leave the sequence: their k and v
 are zeroed and their decay is 1, so a padded input gives exactly the input without the padding.
 
-Fast path (`chunk_scan`), O(N) in memory, never N x N: chunks of `chunk_size` tokens (ssd 64, gla 8); inside a
-chunk the decayed [C, C] matrix (gla: [C, C, D], its decay per feature) from cumulative log decays, every exponent
-<= 0; across chunks a D x D state carried in a loop, decayed by the chunk's total. Memory: N C (gla: N C D) for
-the chunks' matrices, N D^2 / C for the states.
+Fast path (`chunk_scan`), O(N) in memory, never N x N: chunks of `chunk_size` tokens (ssd 64, gla 32); inside a
+chunk the decayed [C, C] matrix from cumulative log decays b (b_i the log decay from the chunk's start through token
+i); across chunks a D x D state carried in a loop, decayed by the chunk's total. ssd's matrix is exp(b_i - b_j)
+masked before exp, every exponent <= 0. gla's per-feature decays factorise, (q_i e^(b_i)) . (k_j e^(-b_j)), one
+matmul as GLA's chunk form (Yang et al. 2024, sec. 4.1), as long as no chunk decays by more than e^-LIMIT (LIMIT =
+30) on any feature, so e^(-b_j) <= e^30 stays far inside fp32; when some chunk does, the call takes chunks of
+`exact_chunk` = 8 tokens and the exact [C, C, D] decays, every exponent <= 0 (the same numbers, more elementwise
+work). Memory: N C for the chunks' matrices (the exact form: N C D), N D^2 / C for the states.
 
 On CUDA flash-linear-attention's chunk kernels replace `chunk_scan` in `gated_attention` (ops/fla_kernels.py, when fla
 imports): gla `fla.ops.gla.chunk_gla(q, k, v, g=log G)`, ssd `fla.ops.simple_gla.chunk_simple_gla(q, k, v, g=log a)`
@@ -50,23 +54,35 @@ from models.attention.ops import fla_kernels
 from models.attention.ops.common import compute_dtype
 from models.attention.registry import register_attention
 
+LIMIT = 30.0  # the steepest decay inside a chunk (as -log) that gla's factorised form takes: e^30 is far from fp32's
 
-def chunk_scan(q: Tensor, k: Tensor, v: Tensor, log_decay: Tensor, chunk_size: int, strict: bool) -> Tensor:
+
+def chunk_scan(
+    q: Tensor, k: Tensor, v: Tensor, log_decay: Tensor, chunk_size: int, strict: bool, exact_chunk: int = 8
+) -> Tensor:
     """o_i = sum_{j <= i} (j < i when `strict`) sum_d q_id k_jd exp(L_id - L_jd) v_j, L the cumulative sum of
-    log_decay over the tokens: q, k [B, H, N, D], v [B, H, N, E], log_decay [B, H, N, 1 or D] (<= 0) -> [B, H, N, E]."""
+    log_decay over the tokens: q, k [B, H, N, D], v [B, H, N, E], log_decay [B, H, N, 1 or D] (<= 0) -> [B, H, N, E].
+    Per-feature decays (gla) whose chunks decay by more than e^-LIMIT take chunks of `exact_chunk` tokens and the
+    exact [C, C, D] decays."""
     N = q.shape[2]
     C = min(chunk_size, N)
+    per_feature = log_decay.shape[-1] > 1
+    exact = per_feature and not factorisable(log_decay, C)
+    if exact:
+        C = min(exact_chunk, N)
     chunks, pad = -(-N // C), -N % C
     q, k, v, g = (F.pad(t, (0, 0, 0, pad)).unflatten(2, (chunks, C)) for t in (q, k, v, log_decay))
     b = g.cumsum(3)  # [B, H, chunks, C, 1 or D]: log decay from the chunk's start through token i
     i = torch.arange(C, device=q.device)
     keep = (i[:, None] > i[None]) if strict else (i[:, None] >= i[None])
-    # within a chunk: exp(b_i - b_j) for the keys a query sees, masked before exp so no exponent is positive
-    decay = torch.where(keep[:, :, None], b[..., :, None, :] - b[..., None, :, :], float("-inf")).exp()
-    if g.shape[-1] == 1:
-        scores = (q @ k.transpose(-1, -2)) * decay[..., 0]  # [B, H, chunks, C, C]
-    else:
+    if exact:  # exp(b_i - b_j) per feature, masked before exp so no exponent is positive
+        decay = torch.where(keep[:, :, None], b[..., :, None, :] - b[..., None, :, :], float("-inf")).exp()
         scores = torch.einsum("...id,...jd,...ijd->...ij", q, k, decay)
+    elif per_feature:  # q_i e^(b_i) . k_j e^(-b_j): e^(-b_j) <= e^LIMIT (factorisable)
+        scores = torch.where(keep, (q * b.exp()) @ (k * (-b).exp()).transpose(-1, -2), 0)
+    else:
+        decay = torch.where(keep, b - b.transpose(-1, -2), float("-inf")).exp()  # [B, H, chunks, C, C]
+        scores = (q @ k.transpose(-1, -2)) * decay
     out = scores @ v
     # across chunks: each chunk's keys as one D x E state, decayed to the chunk's last token
     last = b[..., -1:, :]  # [B, H, chunks, 1, 1 or D]
@@ -79,8 +95,23 @@ def chunk_scan(q: Tensor, k: Tensor, v: Tensor, log_decay: Tensor, chunk_size: i
     return out.flatten(2, 3)[:, :, :N]
 
 
+def factorisable(log_decay: Tensor, C: int) -> bool:
+    """Whether every chunk of C tokens decays by at most e^-LIMIT on every feature (log_decay [B, H, N, D], <= 0)."""
+    N = log_decay.shape[2]
+    totals = F.pad(log_decay.detach(), (0, 0, 0, -N % C)).unflatten(2, (-(-N // C), C)).sum(3)
+    return bool(totals.min() >= -LIMIT)
+
+
 def gated_attention(
-    q: Tensor, k: Tensor, v: Tensor, g: Tensor, *, causal: bool = False, key_mask: Tensor | None = None, chunk_size=64
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor,
+    *,
+    causal=False,
+    key_mask: Tensor | None = None,
+    chunk_size=64,
+    exact_chunk=8,
 ) -> Tensor:
     """The module docstring's ssd (g = log a [B, H, N, 1]) or gla (g = log G [B, H, N, D]) on q, k, v [B, H, N, D]
     -> [B, H, N, D] in the dtype of q; two-sided unless `causal`. Padded tokens' k, v are zeroed, their decay is 1."""
@@ -90,11 +121,12 @@ def gated_attention(
         g = g.masked_fill(~key_mask[:, None, :, None], 0)
     if fla_kernels.use_fla(q):
         return fla_kernels.decayed(q, k, v, g, two_sided=not causal).to(dtype)
-    out = chunk_scan(q, k, v, g, chunk_size, strict=False)
+    out = chunk_scan(q, k, v, g, chunk_size, strict=False, exact_chunk=exact_chunk)
     if not causal:
         # reversed tokens: token t' = N - 1 - t carries the decay of t + 1, so key j > i is decayed by a_{i+1..j}
         g_reversed = F.pad(g.flip(2)[:, :, :-1], (0, 0, 1, 0))
-        out = out + chunk_scan(q.flip(2), k.flip(2), v.flip(2), g_reversed, chunk_size, strict=True).flip(2)
+        reversed_tokens = (q.flip(2), k.flip(2), v.flip(2), g_reversed)
+        out = out + chunk_scan(*reversed_tokens, chunk_size, strict=True, exact_chunk=exact_chunk).flip(2)
     return out.to(dtype)
 
 
@@ -120,6 +152,7 @@ class GatedAttention(Attention):
         check_options(self.name, options, self.known)
         super().__init__(dim, num_heads, causal=causal, qkv_bias=qkv_bias)
         self.chunk_size = options.get("chunk_size", self.default_chunk)
+        self.exact_chunk = options.get("exact_chunk", 8)
 
     def log_decay(self, v: Tensor) -> Tensor:
         """v [B, H, N, D] -> log decays [B, H, N, 1 or D], <= 0, in the compute dtype."""
@@ -127,7 +160,8 @@ class GatedAttention(Attention):
 
     def attention(self, q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None) -> Tensor:
         g = self.log_decay(v)
-        return gated_attention(q, k, v, g, causal=self.causal, key_mask=key_mask, chunk_size=self.chunk_size)
+        chunks = {"chunk_size": self.chunk_size, "exact_chunk": self.exact_chunk}
+        return gated_attention(q, k, v, g, causal=self.causal, key_mask=key_mask, **chunks)
 
     def attention_reference(self, q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None) -> Tensor:
         return reference.gated(q, k, v, self.log_decay(v), causal=self.causal, key_mask=key_mask)
@@ -161,11 +195,11 @@ class SsdAttention(GatedAttention):
 @register_attention("gla")
 class GlaAttention(GatedAttention):
     """Yang et al. 2024 (GLA): gates G_t = sigmoid(v_t W_1 W_2 + b)^(1 / temperature) per key feature; options
-    chunk_size (8), gate_rank (16), gate_temperature (16). The exact in-chunk part costs N C D per pass and the
-    states between chunks N D^2 plus a loop over N / C chunks, so gla's chunks are shorter than ssd's."""
+    chunk_size (32), exact_chunk (8: the chunks when some chunk of 32 decays by more than e^-LIMIT), gate_rank (16),
+    gate_temperature (16)."""
 
-    known = ("chunk_size", "gate_rank", "gate_temperature")
-    default_chunk = 8
+    known = ("chunk_size", "exact_chunk", "gate_rank", "gate_temperature")
+    default_chunk = 32
 
     def __init__(self, dim: int, num_heads: int, *, causal: bool = False, qkv_bias: bool = True, **options):
         super().__init__(dim, num_heads, causal=causal, qkv_bias=qkv_bias, **options)

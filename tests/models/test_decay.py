@@ -92,6 +92,8 @@ def test_retention_2d_equals_reference(n, width, prefix, chunk):
         (retention, dict(causal=True, chunk_size=3)),
         (retention, dict(chunk_size=3)),
         (retention_2d, dict(width=3, chunk_size=6)),
+        (retention, dict(chunk_size=64)),  # one block: the whole decayed matrix at once
+        (retention_2d, dict(width=3, chunk_size=64)),
     ],
 )
 def test_gradcheck(fn, options):

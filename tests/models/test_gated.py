@@ -7,7 +7,7 @@ import torch
 
 from models import create_model
 from models.attention import build_attention, reference
-from models.attention.gated import chunk_scan, gated_attention
+from models.attention.gated import chunk_scan, factorisable, gated_attention
 from tests.models.test_attention import rel_err
 from tests.models.test_clip import batch, clip_loss, one_line_error
 from tests.models.test_decay import padded, qkv
@@ -87,6 +87,27 @@ def test_gradcheck(kind, causal):
     )
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_gla_factorised_and_exact_forms_both_equal_the_definition(causal):
+    """gla's chunks take the factorised matmul (q_i e^(b_i)) . (k_j e^(-b_j)) while no chunk decays by more than
+    e^-LIMIT, else chunks of 8 with the exact per-feature decays: both give the definition, forward (fp64) and
+    gradients (gradcheck), and decays as steep as e^-40 a token leave nothing infinite."""
+    mild = -0.05 * torch.rand(2, 3, 70, 8, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    steep = mild.clone()
+    steep[..., ::3] = -40.0
+    assert factorisable(mild, 64) and not factorisable(steep, 64) and not factorisable(steep, 1)
+    q, k, v = qkv(2, 3, 70)
+    for g in (mild, steep):
+        ours = gated_attention(q, k, v, g, causal=causal, key_mask=padded(2, 70))
+        assert torch.isfinite(ours).all()
+        expected = reference.gated(q, k, v, g, causal=causal, key_mask=padded(2, 70))
+        torch.testing.assert_close(ours, expected, rtol=1e-10, atol=1e-10)
+    options = dict(causal=causal, key_mask=padded(1, 8), chunk_size=6, exact_chunk=3)
+    for g in (mild[:1, :2, :8, :3], steep[:1, :2, :8, :3]):
+        inputs = [t.requires_grad_() for t in [*qkv(1, 2, 8, d=3), g.clone()]]
+        assert torch.autograd.gradcheck(lambda q, k, v, g: gated_attention(q, k, v, g, **options), inputs)
+
+
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("causal", [False, True])
 def test_fp32_layer_gradients_equal_fp64_reference(kind, causal):
@@ -114,7 +135,7 @@ def test_fp32_layer_gradients_equal_fp64_reference(kind, causal):
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("causal", [False, True])
 def test_no_n_by_n_tensor_is_saved(kind, causal):
-    """What the backward keeps is [N, C] (gla: [N, C, D]) matrices and D x D states, never [N, N]."""
+    """What the backward keeps is [N, C] matrices (gla's exact form: [N, C, D]) and D x D states, never [N, N]."""
     n, largest = 2048, []
     m = build_attention(kind, 8, 1, causal=causal)
     q, k, v = (t.requires_grad_() for t in qkv(1, 1, n, dtype=torch.float32))
@@ -143,4 +164,5 @@ def test_tiny_clip_trains_with_it_in_both_towers(kind):
 def test_one_line_errors():
     one_line_error(lambda: build_attention("ssd", 32, 4, gate_rank=4), "unknown options gate_rank; it takes chunk_size")
     one_line_error(lambda: build_attention("gla", 32, 4, chunk_size=0), "option chunk_size=0 must be an integer >= 1")
+    one_line_error(lambda: build_attention("gla", 32, 4, exact_chunk=0), "option exact_chunk=0 must be an integer >= 1")
     one_line_error(lambda: build_attention("sdd", 32, 4), "known attentions: ", "gla", "ssd", "did you mean 'ssd'?")

@@ -29,6 +29,11 @@ def test_tiny_run_writes_csv_table_and_plot(tmp_path):
     assert (tmp_path / "bench_train.png").stat().st_size > 0
 
 
+def test_the_cpu_default_times_every_attention_the_image_tower_takes():
+    names = bench_train.parse_args([]).attention_names
+    assert "softmax" in names and "gla" in names and "retention_2d" in names and "deltanet" not in names
+
+
 def test_cuda_defaults_and_error_without_a_gpu(monkeypatch):
     args = bench_train.parse_args(["--device", "cuda"])
     assert (args.batch_size, args.attention_batch_size, args.image_sizes) == (64, 16, "224,448,896")
