@@ -16,31 +16,20 @@ Each is evaluated on the long-caption retrieval set (groups of four images that 
 described after at least 80 tokens: a 16-token text tower can only guess within a group) as text-to-image R@1, and
 zero-shot on the short-caption classes (top-1). Learning rates: the shapes study's sweep's choices at demo-w32
 (softmax 2e-3, linear_affine_nodenom 1e-3: demo-w32's rate x configs/study/full.yaml's lr_scale), a quarter of it for
-fine-tuning. Writes OUT/long_clip.md and .json.
+fine-tuning. Writes OUT/long_clip.md and .json (train/long_clip.py).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
 
 from data import make_synthetic
-from eval import pages
-from models.config import size_config
-from train.long_clip import RATES, evaluate, jobs_of
+from train.long_clip import RATES, evaluate, jobs_of, write
 from train.study_local import run_jobs
-
-ARMS = ("base", "kept", "stretched", "scratch")
-NAMES = {
-    "base": "base (short captions)",
-    "kept": "fine-tuned on long captions, context kept",
-    "stretched": "fine-tuned on long captions, positions stretched",
-    "scratch": "long captions from scratch",
-}
 
 
 def parse_args(argv):
@@ -73,39 +62,7 @@ def main(argv=None) -> Path:
     jobs = jobs_of(out, data, args)
     run_jobs(jobs, parallel=2, threads=1, report=lambda m: print(m, file=sys.stderr))
     results = {job.attention: evaluate(job.run_dir, data) for job in jobs}
-    (out / "long_clip.json").write_text(json.dumps(results, indent=1) + "\n")
-    write(out, args, results, time.perf_counter() - start)
-    return out / "long_clip.md"
-
-
-def write(out: Path, args, results: dict, seconds: float) -> None:
-    argv = ["--size", args.size, "--base-steps", args.base_steps, "--tune-steps", args.tune_steps]
-    argv += ["--context", args.context, "--keep", args.keep]
-    context = size_config(args.size)["text_cfg"]["context_length"]
-    lines = [
-        pages.header(
-            "Long-CLIP's recipe on the embedded data: stretched positions against kept ones and training from scratch",
-            pages.command("scripts.long_clip", [str(a) for a in argv]),
-        ),
-        f"{seconds / 60:.1f} min. {args.size}, image tower softmax, batch 64, 32 px; base context {context} tokens, "
-        f"long context {args.context}. Long-caption retrieval: text-to-image R@1 over 24 x {args.eval_per_class} "
-        "images in groups of four that differ only in the shape described after 80+ tokens (a text tower that cannot "
-        f"see that far gets at most 25%; chance {100 / (24 * args.eval_per_class):.1f}%); short captions: zero-shot "
-        "top-1 over the 24 classes.",
-        "",
-        "| text attention | run | context | steps | long-caption R@1 | short-caption top-1 |",
-        "| --- | --- | ---: | ---: | ---: | ---: |",
-    ]
-    for attention in args.attentions:
-        for arm in ARMS:
-            r = results[f"{attention} {arm}"]
-            steps = {"base": args.base_steps, "scratch": args.base_steps + args.tune_steps}.get(arm, args.tune_steps)
-            ctx = args.context if arm in ("stretched", "scratch") else context
-            lines.append(
-                f"| {attention} | {NAMES[arm]} | {ctx} | {steps} | {100 * r['long_t2i_r1']:.1f}% | "
-                f"{100 * r['short_top1']:.1f}% |"
-            )
-    (out / "long_clip.md").write_text("\n".join(lines) + "\n")
+    return write(out, args, results, time.perf_counter() - start)
 
 
 if __name__ == "__main__":

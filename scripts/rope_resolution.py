@@ -8,7 +8,8 @@ image position table (`model.image_pos_embed: learnable`, open_clip's), once wit
 both zero-shot (python -m eval.zeroshot --image-size N) at the training resolution and at 1.5x and 2x: the
 learnable table is resampled on load (bicubic, open_clip's resize_pos_embed), RoPE needs no table. The images
 are upsampled by the eval transform, so the content is the same at every size; what changes is the patch
-grid the model sees. No fine-tuning at the new size. Writes OUT/rope_resolution.md (and the runs).
+grid the model sees. No fine-tuning at the new size. Writes OUT/rope_resolution.md and .json (train/rope_resolution.py)
+and the runs.
 """
 
 from __future__ import annotations
@@ -22,12 +23,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from data import make_synthetic
-from eval import pages
-from models.config import size_config
+from train.rope_resolution import KINDS, write
 from train.study import REPO, Job, overrides, spec_of
 from train.study_local import run_jobs
-
-KINDS = ("learnable", "rope")
 
 
 def parse_args(argv):
@@ -93,32 +91,6 @@ def zeroshot_top1(run: Path, data: Path, size: int, path: Path) -> float:
     command += ["--image-size", str(size), "--out", str(path)]
     subprocess.run(command, cwd=REPO, check=True, capture_output=True)
     return json.loads(path.read_text())["top1"]
-
-
-def write(out: Path, args, results: dict, seconds: float) -> None:
-    sizes = sorted({s for _, s in results})
-    patch = size_config(args.size)["vision_cfg"]["patch_size"]
-    lines = [
-        pages.header(
-            "RoPE against a resampled position table at other resolutions",
-            pages.command(
-                "scripts.rope_resolution", ["--size", args.size, "--steps", str(args.steps), "--lr", str(args.lr)]
-            ),
-        ),
-        f"{seconds / 60:.1f} min. Trained at 32 px (softmax, cosine over "
-        f"{args.steps} steps of 64), zero-shot top-1 on the embedded 24-class set at each evaluation size; "
-        "learnable: the table resampled on load (bicubic), rope: no table; tuned: then fine-tuned "
-        f"{args.finetune_steps} steps at {sizes[-1]} px (the 32 px training images upsampled by the transform), from "
-        "the table resampled (learnable) or as is (rope).",
-        "",
-        "| image positions | " + " | ".join(f"{s} px ({(s // patch) ** 2} patches)" for s in sizes) + " |",
-        "|---|" + "---:|" * len(sizes),
-    ]
-    for kind in [row for base in KINDS for row in (base, f"{base}-tuned")]:
-        if any((kind, s) in results for s in sizes):
-            cells = (f"{100 * results[kind, s]:.1f}%" if (kind, s) in results else "" for s in sizes)
-            lines.append(f"| {kind.replace('-tuned', ', tuned')} | " + " | ".join(cells) + " |")
-    (out / "rope_resolution.md").write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -24,12 +24,12 @@ GENERATED = sorted(
 
 
 def bench_pages() -> list[tuple[Path, str]]:
-    """Benchmark pages written from their data: (page, the module whose rebuild writes it again), from the JSON
-    beside each CSV in docs/ that names its writer (train/bench/: attention_page.py, long.py and, through
-    eval.pages.write_page, every other benchmark's page)."""
+    """Benchmark and experiment pages written from their data: (page, the module whose rebuild writes it again), from
+    each JSON in docs/ that names its writer (train/bench/: attention_page.py, long.py and, through
+    eval.pages.write_page, every other benchmark's page; train/linearise.py, long_clip.py, rope_resolution.py)."""
     found = []
     for data in sorted(DOCS.glob("*.json")):
-        writer = json.loads(data.read_text()).get("writer") if data.with_suffix(".csv").is_file() else None
+        writer = json.loads(data.read_text()).get("writer")
         if writer and data.with_suffix(".md").is_file():
             found.append((data.with_suffix(".md"), writer))
     return found

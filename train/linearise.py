@@ -21,6 +21,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import matplotlib
 
@@ -28,7 +29,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import yaml
 
-from eval import pages
+from eval import pages, study_page
 from models import run_folder
 from train.study import Job, overrides, spec_of
 from train.study_local import run_jobs
@@ -60,10 +61,8 @@ def linearise(args: Settings, run: dict | None = None, report=print) -> Path:
     teacher, scratch = study_runs(study, args.students)
     run_jobs(jobs_of(study, out, teacher, scratch, args, run), parallel=2, threads=1, report=report)
     results = compare(out, teacher, scratch, args)
-    (out / "linearise.json").write_text(json.dumps({"teacher": teacher["run_dir"], **results}, indent=1) + "\n")
     plot(out, teacher, results)
-    write(out, teacher, results, args, time.perf_counter() - start)
-    return out / "linearise.md"
+    return write(out, teacher, results, args, time.perf_counter() - start)
 
 
 def study_runs(study: Path, students: list[str] | None = None) -> tuple[dict, dict[str, dict | None]]:
@@ -207,7 +206,36 @@ def command_args(args) -> list[str]:
     return argv + (["--students", *args.students] if args.students else [])
 
 
-def write(out: Path, teacher: dict, results: dict, args, seconds: float) -> None:
+PAGE_ARGS = ("study", "transfer_steps", "distill_steps", "transfer_lr", "eval_every", "students")
+
+
+def write(out: Path, teacher: dict, results: dict, args, seconds: float) -> Path:
+    """OUT/linearise.json (each student's results under its name, as eval/seeds.py reads them, with the page's writer,
+    stamp and settings) and OUT/linearise.md written from it alone (rebuild)."""
+    settings = {name: getattr(args, name) for name in PAGE_ARGS} | {"study": str(args.study), "seconds": seconds}
+    saved = {"teacher": teacher["run_dir"], **results, "writer": __name__, "made": pages.stamp()}
+    saved["meta"] = {"teacher": {k: teacher[k] for k in ("size", "top1", "run_dir")}, "settings": settings}
+    (out / "linearise.json").write_text(json.dumps(saved, indent=1) + "\n")
+    page = out / "linearise.md"
+    page.write_text(rebuild(page))
+    return page
+
+
+def students_of(saved: dict) -> dict[str, dict]:
+    """The students' results in a linearise.json: its values that are results."""
+    return {k: v for k, v in saved.items() if isinstance(v, dict) and "linearised_steps" in v}
+
+
+def rebuild(page: Path) -> str:
+    """linearise.md written from linearise.json beside it, with the page's findings section."""
+    saved = json.loads(Path(page).with_suffix(".json").read_text())
+    meta = saved["meta"]
+    args = SimpleNamespace(**meta["settings"])
+    text = markdown(meta["teacher"], students_of(saved), args, saved["made"])
+    return study_page.with_findings(page, text, beside=True)
+
+
+def markdown(teacher: dict, results: dict, args, made: dict) -> str:
     target = SHARE * teacher["top1"]
 
     def steps(n, best):
@@ -217,8 +245,9 @@ def write(out: Path, teacher: dict, results: dict, args, seconds: float) -> None
         pages.header(
             f"Linearising {teacher['size']} softmax: attention transfer and distillation against training from scratch",
             pages.command("scripts.linearise", command_args(args)),
+            made=made,
         ),
-        f"{seconds / 60:.1f} min. Teacher: the study's best "
+        f"{args.seconds / 60:.1f} min. Teacher: the study's best "
         f"softmax run ({teacher['size']}, {100 * teacher['top1']:.1f}% zero-shot top-1); target {SHARE:.0%} of it = "
         f"{100 * target:.1f}%. Students in both towers, from the teacher's weights: stage 1 (attention transfer, "
         f"{args.transfer_steps} steps, lr {args.transfer_lr:g}), then stage 2 (contrastive + embedding + similarity "
@@ -255,7 +284,7 @@ def write(out: Path, teacher: dict, results: dict, args, seconds: float) -> None
             f"- {attention}: {drops[0]:.1f}x, {drops[len(drops) // 2]:.1f}x, {drops[-1]:.1f}x over {len(drops)} layers"
         )
     lines += ["", "![zero-shot top-1 against steps](linearise.png)"]
-    (out / "linearise.md").write_text("\n".join(lines) + "\n")
+    return "\n".join(lines) + "\n"
 
 
 def cost_lines(results: dict) -> list[str]:

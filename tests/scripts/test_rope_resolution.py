@@ -2,11 +2,13 @@
 written (the accuracies themselves are the script's result, docs/rope_resolution.md, not asserted)."""
 
 import os
+from types import SimpleNamespace
 
 import pytest
 
 from data import make_synthetic
 from scripts import rope_resolution
+from train.rope_resolution import rebuild, write
 
 
 # eight training and evaluation processes: ~40 s of a test worker, too much for the 10-minute suite; RoPE at other
@@ -24,3 +26,12 @@ def test_rope_resolution_trains_both_and_evaluates_each_size(tmp_path, quick_pol
         assert tuned.count("%") == 1, tuned
     config = (tmp_path / "o" / "learnable-tuned" / "config.yaml").read_text()
     assert "image_size: 64" in config and str(tmp_path / "o" / "learnable") in config
+
+
+def test_the_page_is_its_data_written_again(tmp_path):
+    args = SimpleNamespace(size="demo-w32", steps=800, lr=2e-3, finetune_steps=100)
+    results = {("learnable", 32): 0.6, ("learnable", 64): 0.45, ("rope", 32): 0.61, ("rope-tuned", 64): 0.52}
+    page = write(tmp_path, args, results, 120.0)
+    text = page.read_text()
+    assert "| learnable | 60.0% | 45.0% |" in text and "| rope, tuned |  | 52.0% |" in text
+    assert rebuild(page) == text

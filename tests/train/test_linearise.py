@@ -58,7 +58,13 @@ def test_students_start_from_the_best_softmax_run_and_count_both_stages(tmp_path
     assert result["mse_drop"] == {"visual.0": 20.0, "text.0": 2.0}
     assert result["linearised_steps"] == 70 and result["scratch_steps"] is None and result["scratch_best"] == 0.7
     linearise.write(tmp_path / "out", teacher, {"linear_affine_nodenom": result}, args, 60.0)
-    assert "| linear_affine_nodenom | 70 | never (best 70.0%) |" in (tmp_path / "out" / "linearise.md").read_text()
+    page = tmp_path / "out" / "linearise.md"
+    assert "| linear_affine_nodenom | 70 | never (best 70.0%) |" in page.read_text()
+    # the page is its data written again; the data keep each student's results under its name (eval/seeds.py)
+    saved = json.loads(page.with_suffix(".json").read_text())
+    assert saved["writer"] == "train.linearise" and saved["linear_affine_nodenom"]["linearised_steps"] == 70
+    assert list(linearise.students_of(saved)) == ["linear_affine_nodenom"]
+    assert linearise.rebuild(page) == page.read_text()
     # its compute counts the teacher's training (3 x 0.01 GMACs x 19,200 samples) and its forward pass on every one
     # of the 70 student batches of 64, beside the student's own steps (3 x 0.009 GMACs a sample)
     assert result["teacher_gmacs"] == 3 * 0.01 * 19200

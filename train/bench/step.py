@@ -128,7 +128,7 @@ def markdown(saved: dict) -> str:
         pages.command("scripts.bench_step", argv),
         made=saved["made"],
     ) + (
-        f"\nOurs = that commit, baseline = {meta['baseline']}; "
+        "\nOurs = that commit, baseline = the commit of `--baseline`; "
         f"demo-w64, batch 64, 32 px, 4,000 training samples ({meta['steps'] * 64 / 4000:.1f} epochs), 1 torch thread "
         f"per run, each tree's study settings (`run:` of configs/study/demo.yaml: ours {meta['settings']['ours']}, "
         f"baseline {meta['settings']['baseline']}), no evaluation; fastest of {meta['rounds']} rounds; total "
