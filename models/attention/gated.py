@@ -96,7 +96,10 @@ def chunk_scan(
 
 
 def factorisable(log_decay: Tensor, C: int) -> bool:
-    """Whether every chunk of C tokens decays by at most e^-LIMIT on every feature (log_decay [B, H, N, D], <= 0)."""
+    """Whether every chunk of C tokens decays by at most e^-LIMIT on every feature (log_decay [B, H, N, D], <= 0).
+    Tensors without values (the meta device, where models.counts counts FLOPs) take the factorised form."""
+    if log_decay.is_meta:
+        return True
     N = log_decay.shape[2]
     totals = F.pad(log_decay.detach(), (0, 0, 0, -N % C)).unflatten(2, (-(-N // C), C)).sum(3)
     return bool(totals.min() >= -LIMIT)
