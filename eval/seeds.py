@@ -139,6 +139,11 @@ def load_seed(folder: Path) -> Seed:
     )
 
 
+def students_of(saved: dict) -> dict[str, dict]:
+    """The students' results in a linearise.json (train/linearise.py): its values that are results."""
+    return {k: v for k, v in saved.items() if isinstance(v, dict) and "linearised_steps" in v}
+
+
 def linearise_section(seeds: list[Seed]) -> list[str]:
     """Per student of the linearisation arm (train/linearise.py), over the seeds that ran it: the compute to 95% of
     the teacher's top-1 over training from scratch, the teacher's training counted and not; [] without such seeds."""
@@ -151,7 +156,7 @@ def linearise_section(seeds: list[Seed]) -> list[str]:
         "training | steps to target, linearised / from scratch |",
         "|---|---|---|---|---|",
     ]
-    students = [k for k, v in arms[0].linearise.items() if isinstance(v, dict) and "linearised_steps" in v]
+    students = list(students_of(arms[0].linearise))
     for student in students:
         found = [s.linearise.get(student, {}) for s in arms]
         both = [r for r in found if r.get("linearised_gmacs") and r.get("scratch_gmacs")]

@@ -30,6 +30,7 @@ import matplotlib.pyplot as plt
 import yaml
 
 from eval import pages, study_page
+from eval.seeds import students_of
 from models import run_folder
 from train.study import Job, overrides, spec_of
 from train.study_local import run_jobs
@@ -219,11 +220,6 @@ def write(out: Path, teacher: dict, results: dict, args, seconds: float) -> Path
     page = out / "linearise.md"
     page.write_text(rebuild(page))
     return page
-
-
-def students_of(saved: dict) -> dict[str, dict]:
-    """The students' results in a linearise.json: its values that are results."""
-    return {k: v for k, v in saved.items() if isinstance(v, dict) and "linearised_steps" in v}
 
 
 def rebuild(page: Path) -> str:
