@@ -38,7 +38,7 @@ def page_data(
     return {
         "made": made,
         "study": {k: getattr(study, k) for k in ("attentions", "sizes", "data", "fits", "budgets", "lr_sweep")}
-        | {"jobs": study.jobs, "threads_per_job": study.threads_per_job},
+        | {"jobs": study.jobs, "threads_per_job": study.threads_per_job, "title": study.title},
         "args": {"quick": bool(args.quick), "seed": args.seed, "study": getattr(args, "study", None)},
         "classes": classes,
         "bench": bench,

@@ -18,6 +18,8 @@ from eval.scaling import poor_fit
 from eval.scaling_fit import R2_MIN
 
 NODENOM = "linear_affine_nodenom"
+# the report's title where a study config's `title:` is unset, and for page data saved before studies had titles
+DEFAULT_TITLE = "Softmax vs linear attention on the embedded synthetic data"
 # what fits.json keeps of each group of a fit (the seed statistics and claim (c) read n_distinct_x, x_range, r2)
 DIGEST = ("alpha", "alpha_ci", "beta", "beta_ci", "n_points", "n_distinct_x", "x_range", "r2", "no_interval", "formula")
 
@@ -313,7 +315,7 @@ def report_md(
     n_images = num_classes * study.data.get("eval_per_class", 1)
     found = multipliers(runs, targets, n_images, study.fits.get("n_boot", 1000))
     what_ran = f"python -m scripts.demo{' --quick' if args.quick else ''}{study_flag(args)} --seed {args.seed}"
-    head = pages.header("Softmax vs linear attention on the embedded synthetic data", what_ran, made=made) + (
+    head = pages.header(getattr(study, "title", DEFAULT_TITLE), what_ran, made=made) + (
         f"\n{len(runs)} runs ({len(study.sizes)} sizes x {len(study.attentions)} attentions, the same attention in "
         "both towers). " + clock_sentence(clock, study, made["machine"])
     )

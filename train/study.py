@@ -19,6 +19,7 @@ import yaml
 
 from data import make_synthetic
 from eval.optimizer_study import ARM_SEPARATOR, attention_of
+from eval.study_report import DEFAULT_TITLE
 from models import run_folder
 from models.config import ModelConfig, resolved_size
 from models.run_folder import step_name
@@ -37,6 +38,7 @@ class Study:
     data: dict  # keyword arguments of data.make_synthetic
     attentions: list[str]
     sizes: dict[str, dict]  # size -> {dotted.key: value} overrides of the run config for that size
+    title: str = DEFAULT_TITLE  # the report's and its docs page's first line
     run_config: str = "configs/demo.yaml"
     run: dict = field(default_factory=dict)  # {dotted.key: value} overrides of the run config for every run
     jobs: int = 2

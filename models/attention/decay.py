@@ -20,11 +20,13 @@ down the rows with decay gamma per row and mixed over the W columns by gamma^|c 
 the columns). The two-sided forms are LION's construction (Afzal et al. 2025): the downward pass over rows <= r
 plus the same pass on the reversed tokens over rows > r, so the diagonal (1-D) or the query's own row (2-D) is
 counted once; a sequence that fits one block takes its whole decayed matrix once instead (`one_block`: one pass
-where the two would each build the same [block, block] matrix). Reversing all tokens maps row r to R - 1 - r and
-column c to W - 1 - c, which keeps every |c - c'|.
-Options: chunk_size (tokens per block: retention 64; retention_2d 256, as max(1, 256 // W) whole rows), and for
+where the two would each build the same [block, block] matrix; causal, the one block's masked matrix). Reversing
+all tokens maps row r to R - 1 - r and column c to W - 1 - c, which keeps every |c - c'|.
+Options: chunk_size (tokens per block: retention 64, or unset the whole sequence up to WHOLE = 128 tokens, so the
+text tower's 77 take one block and no states; retention_2d 1,024, as max(1, 1024 // W) whole rows), and for
 retention_2d width and prefix_tokens. Memory: N x block for the matrices and N D^2 / (rows per block) for the
-states, all blocks at once (1-D: N D^2 / 64); retention_2d's larger blocks keep its states, and their traffic, down.
+states, all blocks at once (1-D: N D^2 / 64); retention_2d's larger blocks keep its per-column states, and their
+traffic, down (blocks of 1,024 are faster than 256 or 2,048 beyond one block: docs/bench_families.md).
 On CUDA retention runs flash-linear-attention's chunk_retention instead, causal and two-sided (ops/fla_kernels.py,
 when fla imports).
 """
@@ -43,6 +45,16 @@ from models.attention.ops.common import check_key_mask, compute_dtype
 from models.attention.registry import register_attention
 
 WHY_NOT_CAUSAL_2D = "its decay over the patch grid reaches the rows below and the columns right of every patch"
+WHOLE = 128  # unset chunk_size: sequences up to this many tokens are one chunk (the decayed matrix, no states)
+
+
+def chunk_for(n: int, chunk_size: int | None, default: int) -> int:
+    """The chunk of a 1-D decayed form (retention, ssd, gla, deltanet): `chunk_size` when given; unset, the whole
+    sequence up to WHOLE tokens, where one [n, n] matrix costs fewer and larger ops than chunks and their states
+    (the text tower's 77 tokens), else `default`."""
+    if chunk_size is not None:
+        return chunk_size
+    return n if n <= WHOLE else default
 
 
 def log_gammas(num_heads: int, like: Tensor) -> Tensor:
@@ -122,26 +134,36 @@ def two_sided(q: Tensor, k: Tensor, v: Tensor, log_gamma: Tensor, width: int, ro
     return down + up.flip(2)
 
 
-def one_block(q: Tensor, k: Tensor, v: Tensor, log_gamma: Tensor, width: int) -> Tensor:
+def one_block(q: Tensor, k: Tensor, v: Tensor, log_gamma: Tensor, width: int, causal: bool = False) -> Tensor:
     """((q k^T) * gamma^(|r - r'| + |c - c'|)) v with the whole matrix at once, tokens row-major on `width` columns
-    (1-D: width 1): the sum of two_sided's two passes in one, for a sequence no longer than a block."""
+    (1-D: width 1): the sum of two_sided's two passes in one, for a sequence no longer than a block; `causal` (1-D
+    only) keeps keys j <= i, what `scan` computes in one block."""
     i = torch.arange(q.shape[2], device=q.device)
     distance = (i[:, None] // width - i[None] // width).abs() + (i[:, None] % width - i[None] % width).abs()
-    return ((q @ k.transpose(-1, -2)) * (log_gamma[:, None, None] * distance).exp()) @ v
+    decay = (log_gamma[:, None, None] * distance).exp()  # [H, N, N]
+    return ((q @ k.transpose(-1, -2)) * (decay.tril() if causal else decay)) @ v
 
 
 def retention(
-    q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, key_mask: Tensor | None = None, chunk_size: int = 64
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    causal: bool = False,
+    key_mask: Tensor | None = None,
+    chunk_size: int | None = None,
 ) -> Tensor:
     """Sun et al. 2023, Eq. 5 without xPos: o_i = sum_j gamma_h^|i - j| (q_i . k_j / sqrt(D)) v_j (j <= i when causal),
-    [B, H, N, D] x3 -> [B, H, N, D] in the dtype of q; chunks of `chunk_size` tokens."""
+    [B, H, N, D] x3 -> [B, H, N, D] in the dtype of q; chunks of `chunk_size` tokens (unset: chunk_for's choice)."""
     dtype, (q, k, v) = q.dtype, prepare(q, k, v, key_mask)
     if fla_kernels.use_fla(q):
         return fla_kernels.decayed(q, k, v, None, two_sided=not causal).to(dtype)
-    log_gamma = log_gammas(q.shape[1], q)
+    log_gamma, chunk = log_gammas(q.shape[1], q), chunk_for(q.shape[2], chunk_size, 64)
+    if causal and q.shape[2] <= chunk:
+        return one_block(q, k, v, log_gamma, 1, causal=True).to(dtype)
     if causal:
-        return scan(q, k, v, log_gamma, 1, chunk_size, strict=False).to(dtype)
-    return two_sided(q, k, v, log_gamma, 1, chunk_size).to(dtype)
+        return scan(q, k, v, log_gamma, 1, chunk, strict=False).to(dtype)
+    return two_sided(q, k, v, log_gamma, 1, chunk).to(dtype)
 
 
 def retention_2d(
@@ -153,7 +175,7 @@ def retention_2d(
     key_mask: Tensor | None = None,
     width: int | None = None,
     prefix_tokens: int = 1,
-    chunk_size: int = 256,
+    chunk_size: int = 1024,
 ) -> Tensor:
     """Fan et al. 2024 (RMT), Manhattan self-attention, exact: o_i = sum_j gamma_h^(|r_i - r_j| + |c_i - c_j|)
     (q_i . k_j / sqrt(D)) v_j over the patch grid, prefix tokens at distance 0; [B, H, N, D] x3 -> [B, H, N, D]."""

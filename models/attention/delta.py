@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from models.attention.base import Attention
-from models.attention.decay import check_options
+from models.attention.decay import check_options, chunk_for
 from models.attention.gated import linear, tokens
 from models.attention.ops.common import check_key_mask, compute_dtype
 from models.attention.registry import register_attention
@@ -66,12 +66,19 @@ def delta_step(state: Tensor, q: Tensor, k: Tensor, v: Tensor, beta: Tensor) -> 
 
 
 def chunked(
-    q: Tensor, k: Tensor, v: Tensor, beta: Tensor, *, key_mask: Tensor | None = None, chunk_size: int = 64
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    beta: Tensor,
+    *,
+    key_mask: Tensor | None = None,
+    chunk_size: int | None = None,
 ) -> Tensor:
-    """The module docstring's chunkwise form: q, k, v [B, H, N, D], beta [B, H, N] -> [B, H, N, D]."""
+    """The module docstring's chunkwise form: q, k, v [B, H, N, D], beta [B, H, N] -> [B, H, N, D]; chunks of
+    `chunk_size` tokens (unset: 64, or the whole sequence up to 128 tokens, decay.chunk_for)."""
     dtype, (q, k, v, beta) = q.dtype, normalised(q, k, v, beta, key_mask)
     N = q.shape[2]
-    C = min(chunk_size, N)
+    C = min(chunk_for(N, chunk_size, 64), N)
     chunks, pad = -(-N // C), -N % C
     q, k, v = (F.pad(t, (0, 0, 0, pad)).unflatten(2, (chunks, C)) for t in (q, k, v))
     beta = F.pad(beta, (0, pad)).unflatten(2, (chunks, C))[..., None]  # [B, H, chunks, C, 1]
@@ -92,7 +99,7 @@ def chunked(
 @register_attention("deltanet")
 class DeltaNetAttention(Attention):
     """Schlag et al. 2021 / Yang et al. 2024 (DeltaNet): the delta rule with beta_t = sigmoid(v_t W_b + b_b) per head
-    and token; q, k L2-normalised; causal only; option chunk_size (64)."""
+    and token; q, k L2-normalised; causal only; option chunk_size (64; unset, the whole sequence up to 128 tokens)."""
 
     supports_bidirectional = False
     supports_recurrent = True
@@ -103,7 +110,7 @@ class DeltaNetAttention(Attention):
     def __init__(self, dim: int, num_heads: int, *, causal: bool = True, qkv_bias: bool = True, **options):
         check_options(self.name, options, ("chunk_size",))
         super().__init__(dim, num_heads, causal=causal, qkv_bias=qkv_bias)
-        self.chunk_size = options.get("chunk_size", 64)
+        self.chunk_size = options.get("chunk_size")
         self.beta_proj = nn.Linear(dim, num_heads)
 
     def beta(self, v: Tensor) -> Tensor:

@@ -24,7 +24,8 @@ Mamba-2's other parts (its own B, C per group, the dt scaling of x, the D skip, 
 v are the block's projections as for every variant. Padded tokens (key_mask False) leave the sequence: their k and v
 are zeroed and their decay is 1, so a padded input gives exactly the input without the padding.
 
-Fast path (`chunk_scan`), O(N) in memory, never N x N: chunks of `chunk_size` tokens (ssd 64, gla 32); inside a
+Fast path (`chunk_scan`), O(N) in memory, never N x N: chunks of `chunk_size` tokens (ssd 64, gla 32; unset, a
+sequence of up to decay.WHOLE = 128 tokens is one chunk, with no state: the text tower's 77 tokens); inside a
 chunk the decayed [C, C] matrix from cumulative log decays b (b_i the log decay from the chunk's start through token
 i); across chunks a D x D state carried in a loop, decayed by the chunk's total. ssd's matrix is exp(b_i - b_j)
 masked before exp, every exponent <= 0. gla's per-feature decays factorise, (q_i e^(b_i)) . (k_j e^(-b_j)), one
@@ -49,7 +50,7 @@ from torch import Tensor, nn
 
 from models.attention import reference
 from models.attention.base import Attention
-from models.attention.decay import check_options, decayed_step, prepare
+from models.attention.decay import check_options, chunk_for, decayed_step, prepare
 from models.attention.ops import fla_kernels
 from models.attention.ops.common import compute_dtype
 from models.attention.registry import register_attention
@@ -84,6 +85,8 @@ def chunk_scan(
         decay = torch.where(keep, b - b.transpose(-1, -2), float("-inf")).exp()  # [B, H, chunks, C, C]
         scores = (q @ k.transpose(-1, -2)) * decay
     out = scores @ v
+    if chunks == 1:  # no earlier chunk: no state to carry
+        return out.flatten(2, 3)[:, :, :N]
     # across chunks: each chunk's keys as one D x E state, decayed to the chunk's last token
     last = b[..., -1:, :]  # [B, H, chunks, 1, 1 or D]
     kv = (k * (last - b).exp()).transpose(-1, -2) @ v  # [B, H, chunks, D, E]
@@ -113,7 +116,7 @@ def gated_attention(
     *,
     causal=False,
     key_mask: Tensor | None = None,
-    chunk_size=64,
+    chunk_size: int | None = None,
     exact_chunk=8,
 ) -> Tensor:
     """The module docstring's ssd (g = log a [B, H, N, 1]) or gla (g = log G [B, H, N, D]) on q, k, v [B, H, N, D]
@@ -124,12 +127,13 @@ def gated_attention(
         g = g.masked_fill(~key_mask[:, None, :, None], 0)
     if fla_kernels.use_fla(q):
         return fla_kernels.decayed(q, k, v, g, two_sided=not causal).to(dtype)
-    out = chunk_scan(q, k, v, g, chunk_size, strict=False, exact_chunk=exact_chunk)
+    chunk = chunk_for(q.shape[2], chunk_size, 64)
+    out = chunk_scan(q, k, v, g, chunk, strict=False, exact_chunk=exact_chunk)
     if not causal:
         # reversed tokens: token t' = N - 1 - t carries the decay of t + 1, so key j > i is decayed by a_{i+1..j}
         g_reversed = F.pad(g.flip(2)[:, :, :-1], (0, 0, 1, 0))
         reversed_tokens = (q.flip(2), k.flip(2), v.flip(2), g_reversed)
-        out = out + chunk_scan(*reversed_tokens, chunk_size, strict=True, exact_chunk=exact_chunk).flip(2)
+        out = out + chunk_scan(*reversed_tokens, chunk, strict=True, exact_chunk=exact_chunk).flip(2)
     return out.to(dtype)
 
 
@@ -154,7 +158,7 @@ class GatedAttention(Attention):
     def __init__(self, dim: int, num_heads: int, *, causal: bool = False, qkv_bias: bool = True, **options):
         check_options(self.name, options, self.known)
         super().__init__(dim, num_heads, causal=causal, qkv_bias=qkv_bias)
-        self.chunk_size = options.get("chunk_size", self.default_chunk)
+        self.chunk_size = options.get("chunk_size")  # unset: decay.chunk_for's choice, default_chunk beyond WHOLE
         self.exact_chunk = options.get("exact_chunk", 8)
 
     def log_decay(self, v: Tensor) -> Tensor:
@@ -163,7 +167,10 @@ class GatedAttention(Attention):
 
     def attention(self, q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None) -> Tensor:
         g = self.log_decay(v)
-        chunks = {"chunk_size": self.chunk_size, "exact_chunk": self.exact_chunk}
+        chunks = {
+            "chunk_size": chunk_for(q.shape[2], self.chunk_size, self.default_chunk),
+            "exact_chunk": self.exact_chunk,
+        }
         return gated_attention(q, k, v, g, causal=self.causal, key_mask=key_mask, **chunks)
 
     def attention_reference(self, q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None) -> Tensor:
@@ -182,7 +189,7 @@ class GatedAttention(Attention):
 @register_attention("ssd")
 class SsdAttention(GatedAttention):
     """Dao & Gu 2024 (Mamba-2, SSD): a scalar decay a_t = exp(-softplus(v_t W_a + b_a)) per head and token; option
-    chunk_size (64)."""
+    chunk_size (64; unset, the whole sequence up to 128 tokens)."""
 
     def __init__(self, dim: int, num_heads: int, *, causal: bool = False, qkv_bias: bool = True, **options):
         super().__init__(dim, num_heads, causal=causal, qkv_bias=qkv_bias, **options)
@@ -198,8 +205,8 @@ class SsdAttention(GatedAttention):
 @register_attention("gla")
 class GlaAttention(GatedAttention):
     """Yang et al. 2024 (GLA): gates G_t = sigmoid(v_t W_1 W_2 + b)^(1 / temperature) per key feature; options
-    chunk_size (32), exact_chunk (8: the chunks when some chunk of 32 decays by more than e^-LIMIT), gate_rank (16),
-    gate_temperature (16)."""
+    chunk_size (32; unset, the whole sequence up to 128 tokens), exact_chunk (8: the chunks when some chunk of 32
+    decays by more than e^-LIMIT), gate_rank (16), gate_temperature (16)."""
 
     known = ("chunk_size", "exact_chunk", "gate_rank", "gate_temperature")
     default_chunk = 32

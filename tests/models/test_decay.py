@@ -25,7 +25,10 @@ def padded(b, n, seed=0):
 
 
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("b,h,n,chunk", [(1, 1, 1, 64), (2, 3, 7, 4), (1, 2, 65, 16), (3, 4, 130, 64), (2, 8, 50, 1)])
+@pytest.mark.parametrize(
+    "b,h,n,chunk",
+    [(1, 1, 1, 64), (2, 3, 7, 4), (1, 2, 65, 16), (3, 4, 130, 64), (2, 8, 50, 1), (1, 2, 77, None), (1, 2, 129, None)],
+)  # chunk None: the default, one whole block up to decay.WHOLE = 128 tokens, blocks of 64 beyond
 def test_retention_equals_reference(causal, b, h, n, chunk):
     q, k, v = qkv(b, h, n)
     mask = padded(b, n)
@@ -120,10 +123,13 @@ def test_fp32_gradients_equal_fp64_reference(fn, ref, options):
         assert rel_err(a.grad, r.grad) <= 1e-4, f"grad of {name}"
 
 
-@pytest.mark.parametrize("fn,options", [(retention, dict(causal=True)), (retention, {}), (retention_2d, {})])
-def test_no_n_by_n_tensor_is_saved(fn, options):
-    """1 + 48^2 tokens: what the backward keeps is [N, block] matrices and d x d states, never [N, N]."""
-    n, largest = 2305, []
+@pytest.mark.parametrize(
+    "fn,options,n", [(retention, dict(causal=True), 2305), (retention, {}, 2305), (retention_2d, {}, 9217)]
+)
+def test_no_n_by_n_tensor_is_saved(fn, options, n):
+    """1 + 48^2 tokens (retention_2d, whose blocks hold 1,024 tokens: 1 + 96^2): what the backward keeps is
+    [N, block] matrices and d x d states, never [N, N]."""
+    largest = []
     q, k, v = (t.requires_grad_() for t in qkv(1, 1, n, dtype=torch.float32))
 
     def pack(t):

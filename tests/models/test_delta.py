@@ -19,7 +19,17 @@ def inputs(B, H, N, D, dtype=torch.float64, seed=0):
     return q, k, v, beta, mask
 
 
-@pytest.mark.parametrize("B, H, N, D, chunk", [(1, 1, 1, 4, 64), (2, 3, 7, 8, 4), (2, 2, 33, 8, 8), (1, 2, 70, 16, 64)])
+@pytest.mark.parametrize(
+    "B, H, N, D, chunk",
+    [
+        (1, 1, 1, 4, 64),
+        (2, 3, 7, 8, 4),
+        (2, 2, 33, 8, 8),
+        (1, 2, 70, 16, 64),
+        (1, 2, 77, 8, None),
+        (1, 1, 129, 8, None),
+    ],
+)  # chunk None: the default, one whole chunk up to decay.WHOLE = 128 tokens, chunks of 64 beyond
 def test_chunks_equal_the_recurrence(B, H, N, D, chunk):
     q, k, v, beta, mask = inputs(B, H, N, D)
     for key_mask in (None, mask):

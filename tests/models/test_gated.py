@@ -24,7 +24,11 @@ def log_decay(kind, b, h, n, d=8, seed=1, dtype=torch.float64):
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize(
-    "b,h,n,chunk", [(1, 1, 1, 64), (2, 3, 7, 4), (1, 2, 65, 16), (3, 4, 130, 64), (2, 5, 50, 1), (1, 2, 33, 16)]
+    "b,h,n,chunk",
+    [
+        *[(1, 1, 1, 64), (2, 3, 7, 4), (1, 2, 65, 16), (3, 4, 130, 64), (2, 5, 50, 1), (1, 2, 33, 16)],
+        *[(1, 2, 77, None), (1, 2, 129, None)],  # None: the default, one whole chunk up to decay.WHOLE = 128 tokens
+    ],
 )
 def test_chunked_equals_reference(kind, causal, b, h, n, chunk):
     q, k, v = qkv(b, h, n)
