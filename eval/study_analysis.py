@@ -279,17 +279,23 @@ def write_report(out: Path, study, runs, fits, classes: int, bench: str, clock: 
     (out / "report.md").write_text(text)
 
 
+def run_times(out: Path, jobs) -> None:
+    """Each job's wall and CPU seconds as the study's runs.json in `out` holds them (jobs it lacks keep theirs)."""
+    path = out / "runs.json"
+    times = {r["run_dir"]: r for r in json.loads(path.read_text())} if path.is_file() else {}
+    for job in jobs:
+        if str(job.run_dir) in times:
+            job.wall_seconds = times[str(job.run_dir)]["wall_seconds"]
+            job.cpu_seconds = times[str(job.run_dir)]["cpu_seconds"]
+
+
 def saved_times(out: Path, jobs) -> dict:
     """A finished study's wall and CPU seconds per run (runs.json) back on its jobs, and its clock (clock.json; from
     the report's first lines for folders older than it). A study trained elsewhere (Slurm job arrays: train.submit
     study) has neither: its times are unknown (0 per run, NaN on the clock, which the report says)."""
     if not (out / "runs.json").is_file():
         return {"wall": math.nan, "cpu": math.nan, "load": [], "final": True, "elsewhere": True}
-    times = {r["run_dir"]: r for r in json.loads((out / "runs.json").read_text())}
-    for job in jobs:
-        if str(job.run_dir) in times:
-            job.wall_seconds = times[str(job.run_dir)]["wall_seconds"]
-            job.cpu_seconds = times[str(job.run_dir)]["cpu_seconds"]
+    run_times(out, jobs)
     if (out / "clock.json").is_file():
         clock = json.loads((out / "clock.json").read_text())
         clock.setdefault("machine", report_machine(out / "report.md"))

@@ -94,9 +94,10 @@ def reanalyse(out: Path, study: Study, args: argparse.Namespace) -> Path:
     return out
 
 
-def train(jobs: list, study: Study, what: str, clock: dict) -> None:
+def train(jobs: list, study: Study, what: str, clock: dict, out: Path) -> None:
     if clock.get("resume"):  # --resume: finished runs of the same config stay (their times are not on this clock)
         kept = [j for j in jobs if done_before(j)]
+        study_analysis.run_times(out, kept)  # their own wall and CPU seconds, as the last runs.json holds them
         for job in kept:
             job.reused = True
         jobs, clock["resumed"] = [j for j in jobs if not j.reused], clock.get("resumed", 0) + len(kept)
@@ -127,13 +128,13 @@ def main(argv: list[str] | None = None) -> Path:
     if study.lr_sweep:
         pairs = sweep_jobs(study, out, paths, args.seed)
         what = f"learning-rate sweep: {len(pairs)} runs at {study.lr_sweep['size']}"
-        train([job for _, job in pairs], study, what, clock)
+        train([job for _, job in pairs], study, what, clock, out)
         sweep = choose(study, pairs)
     jobs = jobs_of(study, out, paths, args.seed)  # with the rates the sweep chose
     to_run = reuse_chosen(sweep, pairs, jobs) if study.lr_sweep else jobs
     reused = f" ({len(jobs) - len(to_run)} trained by the sweep)" if len(to_run) < len(jobs) else ""
     each = f"{study.jobs} at a time on {study.threads_per_job} thread(s) each"
-    train(to_run, study, f"training {len(to_run)} runs{reused}, {each}", clock)
+    train(to_run, study, f"training {len(to_run)} runs{reused}, {each}", clock, out)
     analyse(out, study, jobs, clock, args, sweep)
     if study.linearise:
         linearise_arm(out, study)

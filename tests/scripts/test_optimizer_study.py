@@ -115,8 +115,12 @@ def test_the_quick_optimizer_study_writes_its_page(tmp_path, quick_polls):
     assert all(done_before(job) for job in jobs)
     jobs[0].argv = [*jobs[0].argv, "optim.lr=0.5"]  # another config: trained again
     assert not done_before(jobs[0])
+    first = {r["run_dir"]: r["wall_seconds"] for r in json.loads((outs[0] / "runs.json").read_text())}
     again = demo.main(["--study", str(STUDY), "--quick", "--seed", "0", "--out", str(outs[0]), "--resume"])
     assert "Resumed (--resume): 4 finished runs of the same config were kept" in (again / "report.md").read_text()
+    # the kept runs keep their own times (the report's runs table), not 0
+    assert {r["run_dir"]: r["wall_seconds"] for r in json.loads((again / "runs.json").read_text())} == first
+    assert min(first.values()) > 0
     assert optimizer_study.is_optimizer_study([seed_of(0, {"softmax": 1.0})])
 
 
