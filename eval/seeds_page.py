@@ -92,6 +92,8 @@ def text_of(loaded: list[seeds.Seed], meta: dict) -> str:
     """The page's text (before its findings) from the seeds and seeds.json."""
     shown = [dataclasses.replace(s, folder=Path(f)) for s, f in zip(loaded, meta["folders"])]  # as given
     body = body_of(shown, meta["targets"], meta["command"], meta["n_images"], meta["made"])
+    if meta.get("title"):  # the study config's `title:` (seeds.json written before studies had titles: none)
+        body = f"# {meta['title']}\n" + body.split("\n", 1)[1]
     return body + f"\n## Learning curves over seeds\n\n![learning curves with seed bands]({FIGURE})\n"
 
 
@@ -114,8 +116,11 @@ def load_data(data: Path) -> tuple[list[seeds.Seed], dict]:
     return loaded, meta
 
 
-def write_page(loaded: list[seeds.Seed], page: Path, targets: list[float], command: str, n_images) -> str:
-    """Copy the seeds' data beside `page`, draw its figure, write it (keeping its findings); its text."""
+def write_page(
+    loaded: list[seeds.Seed], page: Path, targets: list[float], command: str, n_images, title: str | None = None
+) -> str:
+    """Copy the seeds' data beside `page`, draw its figure, write it (keeping its findings) under `title` (None:
+    the report's own); its text."""
     page = Path(page)
     names = [s.seed for s in loaded]
     twice = next((s for s in loaded if names.count(s.seed) > 1), None)
@@ -139,7 +144,7 @@ def write_page(loaded: list[seeds.Seed], page: Path, targets: list[float], comma
         "seeds": [s.seed for s in loaded],
         "targets": list(targets),
         "n_images": n_images,
-    }
+    } | ({"title": title} if title else {})
     (data / "seeds.json").write_text(json.dumps(meta, indent=2))
     curves_figure([s.runs for s in loaded], page.parent / page.stem / FIGURE)
     text = page_text(text_of(*load_data(data)), page.stem, findings_of(page))

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from eval.seeds import SeedError, load_seed
 from eval.seeds_page import body_of, write_page
+from eval.study_report import DEFAULT_TITLE
 from train.study import REPO, StudyError, load_study
 
 
@@ -35,7 +36,8 @@ def main(argv=None) -> str:
     targets = study.fits.get("targets", [0.2])
     if args.out:
         try:
-            return write_page(seeds, args.out, targets, command, n_images)
+            title = None if study.title == DEFAULT_TITLE else f"{study.title}, over {len(seeds)} seeds"
+            return write_page(seeds, args.out, targets, command, n_images, title)
         except SeedError as e:
             raise SystemExit(f"error: {e}") from None
     text = body_of(seeds, targets, command, n_images, None)

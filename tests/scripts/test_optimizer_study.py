@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import yaml
 
-from eval import optimizer_study
+from eval import optimizer_study, seeds_page
 from eval.seeds import Seed
 from eval.seeds_page import body_of
 from scripts import demo, study_seeds
@@ -109,7 +109,9 @@ def test_the_quick_optimizer_study_writes_its_page(tmp_path, quick_polls):
     (outs[1] / "report.md").write_text((outs[1] / "report.md").read_text().replace("--seed 0", "--seed 1"))
     assert (outs[0] / "learning_curves.png").stat().st_size > 0
     text = study_seeds.main([*map(str, outs), "--study", str(STUDY), "--out", str(tmp_path / "page.md")])
-    assert text.startswith("# The optimizer study over seeds") and "| softmax | muon" in text
+    title = f"# {load_study(STUDY).title}, over 2 seeds\n"  # the study config's title
+    assert text.startswith(title) and "| softmax | muon" in text
+    assert seeds_page.rebuild(tmp_path / "page.md").startswith(title)  # kept in the page's data (seeds.json)
     assert (tmp_path / "page" / "curves.png").stat().st_size > 0
     jobs = jobs_of(load_study(STUDY, quick=True), outs[0], data_paths(outs[0] / "data"), 0)
     assert all(done_before(job) for job in jobs)
