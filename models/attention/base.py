@@ -45,6 +45,9 @@ class Attention(nn.Module):
     # no KV cache; a variant that sets True implements `state_shapes` and `token_step`.
     supports_recurrent: ClassVar[bool] = False
     why_not_recurrent: ClassVar[str] = "needs its KV cache: no recurrent state"
+    # How its time grows with the tokens, O(N^time_power): 2 for softmax-like attention, 1 for the linear ones (the
+    # attention benchmark extrapolates a point it does not measure with it)
+    time_power: ClassVar[int] = 2
 
     def __init__(self, dim: int, num_heads: int, *, causal: bool = False, qkv_bias: bool = True, **options):
         super().__init__()

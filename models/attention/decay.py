@@ -235,6 +235,8 @@ class Retention2dAttention(Attention):
     chunk_size. Linear in N: time O(N D^2 + N block D), memory O(N D^2 / rows per block + N block).
     Not a LinearAttention: the attention benchmark's long sizes would keep N D^2 / rows of states."""
 
+    time_power = 1
+
     supports_causal = False
     why_not_causal = WHY_NOT_CAUSAL_2D
     function = staticmethod(retention_2d)

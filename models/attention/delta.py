@@ -101,6 +101,8 @@ class DeltaNetAttention(Attention):
     """Schlag et al. 2021 / Yang et al. 2024 (DeltaNet): the delta rule with beta_t = sigmoid(v_t W_b + b_b) per head
     and token; q, k L2-normalised; causal only; option chunk_size (64; unset, the whole sequence up to 128 tokens)."""
 
+    time_power = 1
+
     supports_bidirectional = False
     supports_recurrent = True
     why_not_bidirectional = (

@@ -151,6 +151,8 @@ def linear(x: Tensor, layer: nn.Linear) -> Tensor:
 class GatedAttention(Attention):
     """A layer whose decays come from its own projections of v (`log_decay`); it takes the options in `known`."""
 
+    time_power = 1
+
     known: tuple[str, ...] = ("chunk_size",)
     default_chunk = 64
     supports_recurrent = True

@@ -35,6 +35,8 @@ def efficient(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, key_mask
 class LinearAttention(Attention):
     """A parameter-free linear attention; the options it takes are `chunk_size` (causal only)."""
 
+    time_power = 1
+
 
 class DispatchedAttention(LinearAttention):
     """A linear attention whose op has several implementations: option `impl` (auto | reference | torch | cpu |

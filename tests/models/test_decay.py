@@ -160,3 +160,13 @@ def test_one_line_errors():
     one_line_error(lambda: build_attention("retention", 32, 4, width=4), "unknown options width; it takes chunk_size")
     one_line_error(lambda: build_attention("retention_2d", 32, 4, width=0), "option width=0 must be an integer >= 1")
     one_line_error(lambda: build_attention("retention_2d", 32, 4, prefix_tokens=-1), "prefix_tokens=-1")
+
+
+def test_the_families_declare_linear_time():
+    """The attention benchmark extrapolates a point it does not measure as O(N^time_power): the decay, gated and
+    delta-rule families are O(N) like the linear attentions, softmax O(N^2)."""
+    from models.attention import ATTENTIONS
+
+    for name in ("retention", "retention_2d", "ssd", "gla", "deltanet", "linear_affine_nodenom"):
+        assert ATTENTIONS[name].time_power == 1, name
+    assert ATTENTIONS["softmax"].time_power == 2

@@ -188,8 +188,8 @@ def measure(row: dict, name: str, causal: bool, n: int, dtype, passes: str, prob
 def bench_line(name: str, causal: bool, dtype: torch.dtype, passes: str, sizes: list[int], probe, args) -> list[dict]:
     """Rows for one variant / mode / dtype / pass over all sizes: measured, extrapolated or out of memory."""
     rows, measured, out_of_memory = [], [], False
-    is_linear = issubclass(ATTENTIONS[name], LinearAttention)
-    power = 1 if is_linear else 2  # other variants are assumed quadratic: a safe side for softmax-like ones
+    is_linear = issubclass(ATTENTIONS[name], LinearAttention)  # its traffic and FLOPs are known (traffic_bytes)
+    power = ATTENTIONS[name].time_power  # O(N) or O(N^2) (models/attention/base.py)
     for n in sizes:
         row = dict(variant=name, mode="causal" if causal else "full", dtype=str(dtype).removeprefix("torch."))
         row.update(passes=passes, N=n, extrapolated="", status="")
