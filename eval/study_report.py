@@ -297,8 +297,8 @@ def clock_sentence(clock: dict, study, where: str) -> str:
         f"their data-loader workers count; a load well above {study.jobs * study.threads_per_job + study.jobs} means "
         "other jobs shared the cores)."
         + (
-            f" Resumed (--resume): {clock['resumed']} finished runs of the same config were kept from an earlier "
-            "invocation; their training is not in this clock.\n"
+            f" Resumed (--resume): {clock['resumed']} finished runs of the same config were kept from the run "
+            "folder; their training is not in this clock.\n"
             if clock.get("resumed")
             else "\n"
         )

@@ -26,7 +26,7 @@ Options: chunk_size (tokens per block: retention 64, or unset the whole sequence
 text tower's 77 take one block and no states; retention_2d 1,024, as max(1, 1024 // W) whole rows), and for
 retention_2d width and prefix_tokens. Memory: N x block for the matrices and N D^2 / (rows per block) for the
 states, all blocks at once (1-D: N D^2 / 64); retention_2d's larger blocks keep its per-column states, and their
-traffic, down (blocks of 1,024 are faster than 256 or 2,048 beyond one block: docs/bench_families.md).
+traffic, down (1,024 tokens: a quarter of the states of 256-token blocks, half the N x block matrices of 2,048).
 On CUDA retention runs flash-linear-attention's chunk_retention instead, causal and two-sided (ops/fla_kernels.py,
 when fla imports).
 """
