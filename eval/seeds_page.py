@@ -53,7 +53,8 @@ def ends(run: dict, row: int) -> dict[int, float]:
 
 def curves_figure(runs_per_seed: list[list[dict]], path: Path) -> None:
     """Zero-shot error and validation loss at the end of each budget against samples seen, per size (columns) and
-    attention (colours): the mean over seeds with its 95% interval as a band."""
+    attention (colours): the mean over seeds with its 95% interval as a band, its lower edge cut at a tenth of the
+    mean (with few seeds the interval of an error near 0 reaches below 0, which a log axis cannot show)."""
     first = runs_per_seed[0]
     attentions = list(dict.fromkeys(r["attention"] for r in first))
     sizes = list(dict.fromkeys(r["size"] for r in sorted(first, key=lambda r: r["params_without_token_embedding"])))
@@ -75,13 +76,15 @@ def curves_figure(runs_per_seed: list[list[dict]], path: Path) -> None:
                 mean, lo, hi = band(y)
                 ax, colour = axes[row][col], study_plots.colour(attentions, attention)
                 ax.plot(shared, mean, color=colour, lw=1.5, marker=".", ms=3, label=attention)
-                ax.fill_between(shared, np.maximum(lo, 1e-6), hi, color=colour, alpha=0.2, lw=0)
+                # on the log axis an interval reaching 0 is drawn down to a tenth of the mean (the title says so)
+                ax.fill_between(shared, np.maximum(lo, mean / 10), hi, color=colour, alpha=0.2, lw=0)
         for row, label in enumerate(("zero-shot top-1 error", "validation loss (contrastive)")):
             ax = axes[row][col]
             ax.set(xscale="log", yscale="log", xlabel="samples seen (each budget's cooled-down end)", ylabel=label)
             ax.grid(True, which="both", alpha=0.3)
             plain_ticks(ax)
-        axes[0][col].set_title(f"{size}: mean of {len(runs_per_seed)} seeds, 95% band", fontsize=9)
+        title = f"{size}: mean of {len(runs_per_seed)} seeds, 95% band (floor: mean/10)"
+        axes[0][col].set_title(title, fontsize=8)
     axes[0][0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path)
