@@ -34,6 +34,13 @@ matmul as GLA's chunk form (Yang et al. 2024, sec. 4.1), as long as no chunk dec
 `exact_chunk` = 8 tokens and the exact [C, C, D] decays, every exponent <= 0 (the same numbers, more elementwise
 work). Memory: N C for the chunks' matrices (the exact form: N C D), N D^2 / C for the states.
 
+Causal, one chunk, on the CPU in fp32 (the text tower's 77 tokens): the same factorisation for both families,
+(q_i e^(b_i)) . (k_j e^(-b_j)) with b the cumulative log decay from the first token, handed as raw features to the
+fused C kernel of the linear ops' causal forms (ops/causal_cpu.c, which does the lower triangle pair by pair; it
+halves its sum as Eq. 7 does, so q is doubled): one kernel call each way where the PyTorch form is a dozen small ops,
+whose fixed cost sets the time at 77 tokens. Only while the whole sequence decays by at most e^-LIMIT on every
+feature (`factorisable`); else, and in fp64, on other devices, or with an explicit chunk_size below N, `chunk_scan`.
+
 On CUDA flash-linear-attention's chunk kernels replace `chunk_scan` in `gated_attention` (ops/fla_kernels.py, when fla
 imports): gla `fla.ops.gla.chunk_gla(q, k, v, g=log G)`, ssd `fla.ops.simple_gla.chunk_simple_gla(q, k, v, g=log a)`
 (fla maps Mamba-2's SSD to simple_gla), on [B, N, H, D] with scale D^-0.5; two-sided as a second call on the reversed
@@ -51,11 +58,13 @@ from torch import Tensor, nn
 from models.attention import reference
 from models.attention.base import Attention
 from models.attention.decay import check_options, chunk_for, decayed_step, prepare
-from models.attention.ops import fla_kernels
+from models.attention.ops import causal_cpu, cpu_build, fla_kernels
 from models.attention.ops.common import compute_dtype
+from models.attention.ops.op import Op
 from models.attention.registry import register_attention
 
 LIMIT = 30.0  # the steepest decay inside a chunk (as -log) that gla's factorised form takes: e^30 is far from fp32's
+RAW = Op("decayed", unit=False, normalised=False, raw=True)  # causal_cpu.c's sum_{j <= i} (q_i . k_j) v_j / 2
 
 
 def chunk_scan(
@@ -108,6 +117,24 @@ def factorisable(log_decay: Tensor, C: int) -> bool:
     return bool(totals.min() >= -LIMIT)
 
 
+def kernel_takes(q: Tensor, log_decay: Tensor, chunk: int, causal: bool) -> bool:
+    """Whether the causal one-chunk form goes to the C kernel (the module docstring says when)."""
+    return (
+        causal
+        and chunk >= q.shape[2]
+        and causal_cpu.takes(q)
+        and not cpu_build.why_not(q)
+        and (factorisable(log_decay, q.shape[2]))
+    )
+
+
+def causal_kernel(q: Tensor, k: Tensor, v: Tensor, log_decay: Tensor) -> Tensor:
+    """sum_{j <= i} (q_i e^(b_i)) . (k_j e^(-b_j)) v_j on causal_cpu.c, b = cumsum(log_decay) over the tokens; q
+    already scaled, padded keys' k, v zeroed (so no key mask), [B, H, N, D] -> [B, H, N, D] fp32."""
+    b = log_decay.cumsum(2)
+    return causal_cpu.attend(q * (b + math.log(2)).exp(), k * (-b).exp(), v, None, RAW)
+
+
 def gated_attention(
     q: Tensor,
     k: Tensor,
@@ -128,6 +155,8 @@ def gated_attention(
     if fla_kernels.use_fla(q):
         return fla_kernels.decayed(q, k, v, g, two_sided=not causal).to(dtype)
     chunk = chunk_for(q.shape[2], chunk_size, 64)
+    if kernel_takes(q, g, chunk, causal):
+        return causal_kernel(q, k, v, g).to(dtype)
     out = chunk_scan(q, k, v, g, chunk, strict=False, exact_chunk=exact_chunk)
     if not causal:
         # reversed tokens: token t' = N - 1 - t carries the decay of t + 1, so key j > i is decayed by a_{i+1..j}

@@ -118,22 +118,7 @@ def test_gla_factorised_and_exact_forms_both_equal_the_definition(causal):
 def test_fp32_layer_gradients_equal_fp64_reference(kind, causal):
     """The layer's chunked path in fp32 against its quadratic reference in fp64: q, k, v and every parameter of the
     decay projection, 145 tokens (several chunks and a partial one)."""
-    torch.manual_seed(0)
-    fast = build_attention(kind, 64, 4, causal=causal)
-    exact = build_attention(kind, 64, 4, causal=causal).double()
-    exact.load_state_dict(fast.state_dict())
-    base, mask = qkv(2, 4, 145, d=16), padded(2, 145)
-    ins32, ins64 = [t.float().requires_grad_() for t in base], [t.clone().requires_grad_() for t in base]
-    grad = torch.randn(base[0].shape, dtype=torch.float64)
-    out, ref = fast.attention(*ins32, mask), exact.attention_reference(*ins64, mask)
-    assert rel_err(out, ref) <= 1e-5
-    out.backward(grad.float())
-    ref.backward(grad)
-    for name, a, r in zip("qkv", ins32, ins64):
-        assert rel_err(a.grad, r.grad) <= 1e-4, f"grad of {name}"
-    for (name, a), r in zip(fast.named_parameters(), exact.parameters()):
-        if a.grad is not None:
-            assert rel_err(a.grad, r.grad) <= 1e-4, f"grad of {name}"
+    fast = layer_against_reference(kind, causal, 145)
     assert any("gate" in n or "decay" in n for n, p in fast.named_parameters() if p.grad is not None)
 
 
@@ -171,3 +156,44 @@ def test_one_line_errors():
     one_line_error(lambda: build_attention("gla", 32, 4, chunk_size=0), "option chunk_size=0 must be an integer >= 1")
     one_line_error(lambda: build_attention("gla", 32, 4, exact_chunk=0), "option exact_chunk=0 must be an integer >= 1")
     one_line_error(lambda: build_attention("sdd", 32, 4), "known attentions: ", "gla", "ssd", "did you mean 'ssd'?")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_text_tower_length_takes_the_c_kernel_and_equals_the_reference(kind, monkeypatch):
+    """Causal, fp32, 77 tokens, one chunk: the layer goes through causal_cpu.c with q e^b, k e^-b as raw features
+    (called once), and its output and every gradient (the decay projection's included) match the fp64 reference;
+    steep decays (beyond e^-LIMIT over the sequence) leave the kernel for the chunked form."""
+    from models.attention import gated
+
+    if gated.cpu_build.why_not(torch.zeros(1, 1, 1, 16)):
+        pytest.skip("no C compiler: the kernel is not built")
+    calls, original = [], gated.causal_kernel
+    monkeypatch.setattr(gated, "causal_kernel", lambda *a: calls.append(1) or original(*a))
+    layer_against_reference(kind, True, 77)
+    assert calls == [1]
+    q = qkv(1, 2, 77, d=16)[0].float()
+    steep = torch.full((1, 2, 77, KINDS[kind] or 16), -1.0)
+    assert not gated.kernel_takes(q, steep, 77, causal=True) and gated.kernel_takes(q, steep / 10, 77, causal=True)
+    assert not gated.kernel_takes(q, steep / 10, 64, causal=True) and not gated.kernel_takes(q, steep / 10, 77, False)
+
+
+def layer_against_reference(kind, causal, n):
+    """The layer in fp32 against its quadratic reference in fp64 on n tokens with padded keys: the output to 1e-5,
+    the gradients of q, k, v and of every parameter to 1e-4; returns the fp32 layer."""
+    torch.manual_seed(0)
+    fast = build_attention(kind, 64, 4, causal=causal)
+    exact = build_attention(kind, 64, 4, causal=causal).double()
+    exact.load_state_dict(fast.state_dict())
+    base, mask = qkv(2, 4, n, d=16), padded(2, n)
+    ins32, ins64 = [t.float().requires_grad_() for t in base], [t.clone().requires_grad_() for t in base]
+    grad = torch.randn(base[0].shape, dtype=torch.float64)
+    out, ref = fast.attention(*ins32, mask), exact.attention_reference(*ins64, mask)
+    assert rel_err(out, ref) <= 1e-5
+    out.backward(grad.float())
+    ref.backward(grad)
+    for name, a, r in zip("qkv", ins32, ins64):
+        assert rel_err(a.grad, r.grad) <= 1e-4, f"grad of {name}"
+    for (name, a), r in zip(fast.named_parameters(), exact.parameters()):
+        if a.grad is not None:
+            assert rel_err(a.grad, r.grad) <= 1e-4, f"grad of {name}"
+    return fast

@@ -25,7 +25,7 @@ class CausalKernel(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, op: Op) -> Tensor:
         G, N, D = q.shape
-        if not op.unit:  # the kernel takes phi(q), phi(k) and returns dL/dphi
+        if not op.unit and not op.raw:  # the kernel takes phi(q), phi(k) and returns dL/dphi
             q, k = elu_feature(q), elu_feature(k)
         out = fresh(q, G, N, D)
         rq, rk, inv_den = (q.new_empty(G, N) for _ in range(3))
@@ -52,7 +52,7 @@ class CausalKernel(torch.autograd.Function):
             *(t.data_ptr() for t in grads), torch.get_num_threads(),
         )  # fmt: skip
         cpu_build.check(status, G, D)
-        if not ctx.op.unit:  # q, k are phi(q), phi(k) here
+        if not ctx.op.unit and not ctx.op.raw:  # q, k are phi(q), phi(k) here
             grads[0], grads[1] = elu_feature_grad(q, grads[0]), elu_feature_grad(k, grads[1])
         return *grads, None, None
 

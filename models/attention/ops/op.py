@@ -4,6 +4,8 @@ its fields; it never tests an op's name.
 
     sim(q_i, k_n) = 1 + q^_i . k^_n           unit features: q^ = q / |q| per head (the affine ops)
                   = phi(q_i) . phi(k_n)       otherwise, phi = elu + 1 (Katharopoulos et al. 2020)
+                  = q_i . k_n                 raw features (the decay families' one-chunk causal form on
+                                              causal_cpu.c, gated.py: q e^b and k e^-b arrive as the features)
     o_i = sum_n sim_in v_n / sum_n sim_in      normalised
         = sum_n sim_in v_n / 2                  not normalised (Gerami et al. 2026, Eq. 7)
 
@@ -20,6 +22,7 @@ class Op:
     name: str  # the one name: the registry's, the config's, the folder's
     unit: bool  # unit features and sim = 1 + q^.k^ (else phi = elu + 1 and sim = phi(q).phi(k))
     normalised: bool  # divided by the sum of the weights (else the halved sum of Eq. 7)
+    raw: bool = False  # features as given, no elu + 1 (only with unit False; causal_cpu.py alone reads it)
 
     def __str__(self) -> str:
         return self.name
