@@ -53,4 +53,5 @@ def test_the_normalised_study_measures_claim_b_at_257_tokens():
     assert study.attentions == ["softmax", "linear_affine", "linear_affine_nodenom"] and study.smoothing >= 32
     assert list(study.sizes) == ["demo-w32-p4@32px", "demo-w32-p4@64px"]
     steps = {a: study.per_attention[a]["run"]["train.max_steps"] for a in study.attentions}
-    assert steps["linear_affine"] >= 2.5 * steps["softmax"] and steps["linear_affine_nodenom"] >= 2.5 * steps["softmax"]
+    assert steps["linear_affine"] >= 2 * steps["softmax"] and steps["linear_affine_nodenom"] >= 2 * steps["softmax"]
+    assert len(study.budgets["fractions"]) >= 4  # >= 5 cooled-down budgets per run (issue 45 item 5)
