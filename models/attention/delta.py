@@ -18,9 +18,12 @@ k_t) solve the unit lower-triangular system (I + diag(beta) StrictTril(K K^T)) U
     W = T K, U' = T V with T = (I + diag(beta) StrictTril(K K^T))^-1 diag(beta)   (all chunks at once)
     U = U' - W S^T,  O = Q S^T + (Q K^T masked to j <= i) U,  S <- S + U^T K        (a loop over chunks)
 
-O(N) memory (the chunks' C x C matrices and a D x D state per chunk). flash-linear-attention's
-`fla.ops.delta_rule.chunk_delta_rule` computes the same but refuses fp32, the compute dtype here, so deltanet keeps
-this form on CUDA too (its fp32 kernels match `recurrent` to 1e-6 under TRITON_INTERPRET=1, unchecked on a GPU).
+O(N) memory (the chunks' C x C matrices and a D x D state per chunk). One chunk (unset chunk_size, up to 128
+tokens: the text tower) has no state before it, so W is not needed and O = (Q K^T masked) U is a causal linear
+attention on raw features, which on the CPU in fp32 goes to the fused C kernel (gated.raw_causal,
+ops/causal_cpu.c). flash-linear-attention's `fla.ops.delta_rule.chunk_delta_rule` computes the same but refuses
+fp32, the compute dtype here, so deltanet keeps this form on CUDA too (its fp32 kernels match `recurrent` to 1e-6
+under TRITON_INTERPRET=1, unchecked on a GPU).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from torch import Tensor, nn
 
 from models.attention.base import Attention
 from models.attention.decay import check_options, chunk_for
-from models.attention.gated import linear, tokens
+from models.attention.gated import linear, raw_causal, raw_kernel_takes, tokens
 from models.attention.ops.common import check_key_mask, compute_dtype
 from models.attention.registry import register_attention
 
@@ -85,8 +88,12 @@ def chunked(
     i = torch.arange(C, device=q.device)
     strict, inclusive = i[:, None] > i[None], i[:, None] >= i[None]
     system = torch.eye(C, dtype=q.dtype, device=q.device) + beta * (k @ k.transpose(-1, -2)) * strict
-    w = torch.linalg.solve_triangular(system, beta * k, upper=False, unitriangular=True)  # T K
     u_v = torch.linalg.solve_triangular(system, beta * v, upper=False, unitriangular=True)  # T V
+    if chunks == 1:  # no state before the chunk: U = T V, O = (Q K^T masked) U, W = T K not needed
+        if raw_kernel_takes(q):
+            return raw_causal(q[:, :, 0], k[:, :, 0], u_v[:, :, 0])[:, :, :N].to(dtype)
+        return ((q @ k.transpose(-1, -2)) * inclusive @ u_v).flatten(2, 3)[:, :, :N].to(dtype)
+    w = torch.linalg.solve_triangular(system, beta * k, upper=False, unitriangular=True)  # T K
     scores = (q @ k.transpose(-1, -2)) * inclusive  # [B, H, chunks, C, C]
     state, out = q.new_zeros(*q.shape[:2], v.shape[-1], q.shape[-1]), []
     for c in range(chunks):

@@ -119,20 +119,25 @@ def factorisable(log_decay: Tensor, C: int) -> bool:
 
 def kernel_takes(q: Tensor, log_decay: Tensor, chunk: int, causal: bool) -> bool:
     """Whether the causal one-chunk form goes to the C kernel (the module docstring says when)."""
-    return (
-        causal
-        and chunk >= q.shape[2]
-        and causal_cpu.takes(q)
-        and not cpu_build.why_not(q)
-        and (factorisable(log_decay, q.shape[2]))
-    )
+    return causal and chunk >= q.shape[2] and raw_kernel_takes(q) and factorisable(log_decay, q.shape[2])
+
+
+def raw_kernel_takes(q: Tensor) -> bool:
+    """Whether causal_cpu.c computes raw_causal on q [B, H, N, D]: CPU, fp32 (or lower), its head sizes, its lengths."""
+    return causal_cpu.takes(q) and not cpu_build.why_not(q)
+
+
+def raw_causal(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """sum_{j <= i} (q_i . k_j) v_j on causal_cpu.c: [B, H, N, D] -> fp32 (the kernel halves its sum as Eq. 7 does,
+    so q is doubled)."""
+    return causal_cpu.attend(q * 2, k, v, None, RAW)
 
 
 def causal_kernel(q: Tensor, k: Tensor, v: Tensor, log_decay: Tensor) -> Tensor:
     """sum_{j <= i} (q_i e^(b_i)) . (k_j e^(-b_j)) v_j on causal_cpu.c, b = cumsum(log_decay) over the tokens; q
     already scaled, padded keys' k, v zeroed (so no key mask), [B, H, N, D] -> [B, H, N, D] fp32."""
     b = log_decay.cumsum(2)
-    return causal_cpu.attend(q * (b + math.log(2)).exp(), k * (-b).exp(), v, None, RAW)
+    return raw_causal(q * b.exp(), k * (-b).exp(), v)
 
 
 def gated_attention(
