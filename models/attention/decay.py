@@ -27,6 +27,9 @@ text tower's 77 take one block and no states; retention_2d 1,024, as max(1, 1024
 retention_2d width and prefix_tokens. Memory: N x block for the matrices and N D^2 / (rows per block) for the
 states, all blocks at once (1-D: N D^2 / 64); retention_2d's larger blocks keep its per-column states, and their
 traffic, down (1,024 tokens: a quarter of the states of 256-token blocks, half the N x block matrices of 2,048).
+Causal in one block on the CPU in fp32 (the text tower): gamma^(i - j) = e^(b_i) e^(-b_j) with b_i = i log gamma
+(|b| <= 4.1 up to WHOLE tokens), so the masked matrix is a causal linear attention on q e^b, k e^-b, computed by the
+fused C kernel of the linear ops (`raw_causal`, ops/causal_cpu.c; also ssd's, gla's and deltanet's one chunk).
 On CUDA retention runs flash-linear-attention's chunk_retention instead, causal and two-sided (ops/fla_kernels.py,
 when fla imports).
 """
@@ -40,12 +43,14 @@ from torch import Tensor
 from models.attention import reference
 from models.attention.base import Attention, scale
 from models.attention.linear import LinearAttention
-from models.attention.ops import fla_kernels
+from models.attention.ops import causal_cpu, cpu_build, fla_kernels
 from models.attention.ops.common import check_key_mask, compute_dtype
+from models.attention.ops.op import Op
 from models.attention.registry import register_attention
 
 WHY_NOT_CAUSAL_2D = "its decay over the patch grid reaches the rows below and the columns right of every patch"
 WHOLE = 128  # unset chunk_size: sequences up to this many tokens are one chunk (the decayed matrix, no states)
+RAW = Op("decayed", unit=False, normalised=False, raw=True)  # causal_cpu.c's sum_{j <= i} (q_i . k_j) v_j / 2
 
 
 def chunk_for(n: int, chunk_size: int | None, default: int) -> int:
@@ -144,6 +149,17 @@ def one_block(q: Tensor, k: Tensor, v: Tensor, log_gamma: Tensor, width: int, ca
     return ((q @ k.transpose(-1, -2)) * (decay.tril() if causal else decay)) @ v
 
 
+def raw_kernel_takes(q: Tensor) -> bool:
+    """Whether causal_cpu.c computes raw_causal on q [B, H, N, D]: CPU, fp32 (or lower), its head sizes, its lengths."""
+    return causal_cpu.takes(q) and not cpu_build.why_not(q)
+
+
+def raw_causal(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """sum_{j <= i} (q_i . k_j) v_j on causal_cpu.c: [B, H, N, D] -> fp32 (the kernel halves its sum as Eq. 7 does,
+    so q is doubled)."""
+    return causal_cpu.attend(q * 2, k, v, None, RAW)
+
+
 def retention(
     q: Tensor,
     k: Tensor,
@@ -159,6 +175,9 @@ def retention(
     if fla_kernels.use_fla(q):
         return fla_kernels.decayed(q, k, v, None, two_sided=not causal).to(dtype)
     log_gamma, chunk = log_gammas(q.shape[1], q), chunk_for(q.shape[2], chunk_size, 64)
+    if causal and q.shape[2] <= chunk and q.shape[2] <= WHOLE and raw_kernel_takes(q):
+        b = log_gamma[:, None, None] * torch.arange(q.shape[2], device=q.device, dtype=q.dtype)[:, None]
+        return raw_causal(q * b.exp(), k * (-b).exp(), v).to(dtype)  # gamma^(i - j) = e^(b_i - b_j), b >= -4.1
     if causal and q.shape[2] <= chunk:
         return one_block(q, k, v, log_gamma, 1, causal=True).to(dtype)
     if causal:

@@ -20,7 +20,7 @@ k_t) solve the unit lower-triangular system (I + diag(beta) StrictTril(K K^T)) U
 
 O(N) memory (the chunks' C x C matrices and a D x D state per chunk). One chunk (unset chunk_size, up to 128
 tokens: the text tower) has no state before it, so W is not needed and O = (Q K^T masked) U is a causal linear
-attention on raw features, which on the CPU in fp32 goes to the fused C kernel (gated.raw_causal,
+attention on raw features, which on the CPU in fp32 goes to the fused C kernel (decay.raw_causal,
 ops/causal_cpu.c). flash-linear-attention's `fla.ops.delta_rule.chunk_delta_rule` computes the same but refuses
 fp32, the compute dtype here, so deltanet keeps this form on CUDA too (its fp32 kernels match `recurrent` to 1e-6
 under TRITON_INTERPRET=1, unchecked on a GPU).
@@ -33,8 +33,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from models.attention.base import Attention
-from models.attention.decay import check_options, chunk_for
-from models.attention.gated import linear, raw_causal, raw_kernel_takes, tokens
+from models.attention.decay import check_options, chunk_for, raw_causal, raw_kernel_takes
+from models.attention.gated import linear, tokens
 from models.attention.ops.common import check_key_mask, compute_dtype
 from models.attention.registry import register_attention
 

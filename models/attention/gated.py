@@ -57,14 +57,12 @@ from torch import Tensor, nn
 
 from models.attention import reference
 from models.attention.base import Attention
-from models.attention.decay import check_options, chunk_for, decayed_step, prepare
-from models.attention.ops import causal_cpu, cpu_build, fla_kernels
+from models.attention.decay import check_options, chunk_for, decayed_step, prepare, raw_causal, raw_kernel_takes
+from models.attention.ops import fla_kernels
 from models.attention.ops.common import compute_dtype
-from models.attention.ops.op import Op
 from models.attention.registry import register_attention
 
 LIMIT = 30.0  # the steepest decay inside a chunk (as -log) that gla's factorised form takes: e^30 is far from fp32's
-RAW = Op("decayed", unit=False, normalised=False, raw=True)  # causal_cpu.c's sum_{j <= i} (q_i . k_j) v_j / 2
 
 
 def chunk_scan(
@@ -120,17 +118,6 @@ def factorisable(log_decay: Tensor, C: int) -> bool:
 def kernel_takes(q: Tensor, log_decay: Tensor, chunk: int, causal: bool) -> bool:
     """Whether the causal one-chunk form goes to the C kernel (the module docstring says when)."""
     return causal and chunk >= q.shape[2] and raw_kernel_takes(q) and factorisable(log_decay, q.shape[2])
-
-
-def raw_kernel_takes(q: Tensor) -> bool:
-    """Whether causal_cpu.c computes raw_causal on q [B, H, N, D]: CPU, fp32 (or lower), its head sizes, its lengths."""
-    return causal_cpu.takes(q) and not cpu_build.why_not(q)
-
-
-def raw_causal(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-    """sum_{j <= i} (q_i . k_j) v_j on causal_cpu.c: [B, H, N, D] -> fp32 (the kernel halves its sum as Eq. 7 does,
-    so q is doubled)."""
-    return causal_cpu.attend(q * 2, k, v, None, RAW)
 
 
 def causal_kernel(q: Tensor, k: Tensor, v: Tensor, log_decay: Tensor) -> Tensor:

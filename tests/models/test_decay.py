@@ -123,6 +123,29 @@ def test_fp32_gradients_equal_fp64_reference(fn, ref, options):
         assert rel_err(a.grad, r.grad) <= 1e-4, f"grad of {name}"
 
 
+def test_causal_retention_in_one_block_takes_the_c_kernel(monkeypatch):
+    """77 tokens, causal, fp32: gamma^(i - j) as e^(b_i) e^(-b_j) on causal_cpu.c (called once), output and gradients
+    as the fp64 reference's."""
+    from models.attention import decay
+
+    if not decay.raw_kernel_takes(torch.zeros(1, 1, 1, 16)):
+        pytest.skip("no C compiler: the kernel is not built")
+    calls, original = [], decay.raw_causal
+    monkeypatch.setattr(decay, "raw_causal", lambda *a: calls.append(1) or original(*a))
+    base, mask = qkv(2, 6, 77, d=16), padded(2, 77)
+    fast, exact = [t.float().requires_grad_() for t in base], [t.clone().requires_grad_() for t in base]
+    grad = torch.randn(base[0].shape, dtype=torch.float64)
+    out, expected = (
+        retention(*fast, causal=True, key_mask=mask),
+        reference.retention(*exact, causal=True, key_mask=mask),
+    )
+    assert calls == [1] and rel_err(out, expected) <= 1e-5
+    out.backward(grad.float())
+    expected.backward(grad)
+    for name, a, r in zip("qkv", fast, exact):
+        assert rel_err(a.grad, r.grad) <= 1e-4, f"grad of {name}"
+
+
 @pytest.mark.parametrize(
     "fn,options,n", [(retention, dict(causal=True), 2305), (retention, {}, 2305), (retention_2d, {}, 9217)]
 )
