@@ -367,6 +367,20 @@ def test_resolution_study_puts_softmax_where_attention_dominates():
     assert load_study(demo.REPO / "configs" / "study" / "resolution.yaml", quick=True).run["train.max_steps"] < 10
 
 
+def test_the_577_token_study_judges_claim_d_from_its_own_runs():
+    """configs/study/tokens577.yaml (issue 45 item 4): softmax against Eq. 7 at 577 image tokens only, each at the
+    normalised study's budget and with a stated learning-rate multiple (no sweep), five cooled-down budgets per run."""
+    study = load_study(demo.REPO / "configs" / "study" / "tokens577.yaml")
+    (settings,) = study.sizes.values()
+    vision = {**size_config(settings["model.name"])["vision_cfg"], "image_size": settings["model.image_size"]}
+    assert (vision["image_size"] // vision["patch_size"]) ** 2 + 1 == 577 == (study.data["image_size"] // 4) ** 2 + 1
+    assert study.attentions == ["softmax", "linear_affine_nodenom"] and not study.lr_sweep
+    normalised = load_study(demo.REPO / "configs" / "study" / "normalised.yaml").per_attention
+    for attention, own in study.per_attention.items():
+        assert own["lr_scale"] > 0 and own["run"] == normalised[attention]["run"]
+    assert len(study.budgets["fractions"]) >= 4
+
+
 def test_families_study_puts_the_2025_26_families_at_257_tokens():
     """configs/study/families.yaml (issue 48 item 5): softmax, Eq. 7 and the decay and gated families, each usable in
     both towers, at 257 image tokens, every linear one on at least 1.5x softmax's steps (budgets until flat) with its
