@@ -160,6 +160,12 @@ def raw_causal(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     return causal_cpu.attend(q * 2, k, v, None, RAW)
 
 
+def decayed_causal(q: Tensor, k: Tensor, v: Tensor, b: Tensor) -> Tensor:
+    """sum_{j <= i} e^(b_i - b_j) (q_i . k_j) v_j as raw_causal on q e^b, k e^-b; b [B or 1, H, N, 1 or D], the
+    cumulative log decay, bounded by the caller (e^-b must stay far inside fp32)."""
+    return raw_causal(q * b.exp(), k * (-b).exp(), v)
+
+
 def retention(
     q: Tensor,
     k: Tensor,
@@ -177,7 +183,7 @@ def retention(
     log_gamma, chunk = log_gammas(q.shape[1], q), chunk_for(q.shape[2], chunk_size, 64)
     if causal and q.shape[2] <= chunk and q.shape[2] <= WHOLE and raw_kernel_takes(q):
         b = log_gamma[:, None, None] * torch.arange(q.shape[2], device=q.device, dtype=q.dtype)[:, None]
-        return raw_causal(q * b.exp(), k * (-b).exp(), v).to(dtype)  # gamma^(i - j) = e^(b_i - b_j), b >= -4.1
+        return decayed_causal(q, k, v, b).to(dtype)  # gamma^(i - j) = e^(b_i - b_j), b >= -4.1
     if causal and q.shape[2] <= chunk:
         return one_block(q, k, v, log_gamma, 1, causal=True).to(dtype)
     if causal:

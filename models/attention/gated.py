@@ -57,7 +57,7 @@ from torch import Tensor, nn
 
 from models.attention import reference
 from models.attention.base import Attention
-from models.attention.decay import check_options, chunk_for, decayed_step, prepare, raw_causal, raw_kernel_takes
+from models.attention.decay import check_options, chunk_for, decayed_causal, decayed_step, prepare, raw_kernel_takes
 from models.attention.ops import fla_kernels
 from models.attention.ops.common import compute_dtype
 from models.attention.registry import register_attention
@@ -123,8 +123,7 @@ def kernel_takes(q: Tensor, log_decay: Tensor, chunk: int, causal: bool) -> bool
 def causal_kernel(q: Tensor, k: Tensor, v: Tensor, log_decay: Tensor) -> Tensor:
     """sum_{j <= i} (q_i e^(b_i)) . (k_j e^(-b_j)) v_j on causal_cpu.c, b = cumsum(log_decay) over the tokens; q
     already scaled, padded keys' k, v zeroed (so no key mask), [B, H, N, D] -> [B, H, N, D] fp32."""
-    b = log_decay.cumsum(2)
-    return raw_causal(q * b.exp(), k * (-b).exp(), v)
+    return decayed_causal(q, k, v, log_decay.cumsum(2))
 
 
 def gated_attention(
