@@ -29,7 +29,8 @@ states, all blocks at once (1-D: N D^2 / 64); retention_2d's larger blocks keep 
 traffic, down (1,024 tokens: a quarter of the states of 256-token blocks, half the N x block matrices of 2,048).
 Causal in one block on the CPU in fp32 (the text tower): gamma^(i - j) = e^(b_i) e^(-b_j) with b_i = i log gamma
 (|b| <= 4.1 up to WHOLE tokens), so the masked matrix is a causal linear attention on q e^b, k e^-b, computed by the
-fused C kernel of the linear ops (`raw_causal`, ops/causal_cpu.c; also ssd's, gla's and deltanet's one chunk).
+fused C kernel of the linear ops (`raw_causal`, ops/causal_cpu.c, given e^b; also ssd's, gla's and deltanet's one
+chunk).
 On CUDA retention runs flash-linear-attention's chunk_retention instead, causal and two-sided (ops/fla_kernels.py,
 when fla imports).
 """
@@ -50,7 +51,7 @@ from models.attention.registry import register_attention
 
 WHY_NOT_CAUSAL_2D = "its decay over the patch grid reaches the rows below and the columns right of every patch"
 WHOLE = 128  # unset chunk_size: sequences up to this many tokens are one chunk (the decayed matrix, no states)
-RAW = Op("decayed", unit=False, normalised=False, raw=True)  # causal_cpu.c's sum_{j <= i} (q_i . k_j) v_j / 2
+RAW = Op("decayed", unit=False, normalised=False, raw=True)  # causal_cpu.c's sum_{j <= i} (q_i . k_j) v_j
 
 
 def chunk_for(n: int, chunk_size: int | None, default: int) -> int:
@@ -154,16 +155,16 @@ def raw_kernel_takes(q: Tensor) -> bool:
     return causal_cpu.takes(q) and not cpu_build.why_not(q)
 
 
-def raw_causal(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-    """sum_{j <= i} (q_i . k_j) v_j on causal_cpu.c: [B, H, N, D] -> fp32 (the kernel halves its sum as Eq. 7 does,
-    so q is doubled)."""
-    return causal_cpu.attend(q * 2, k, v, None, RAW)
+def raw_causal(q: Tensor, k: Tensor, v: Tensor, e: Tensor | None = None) -> Tensor:
+    """sum_{j <= i} ((q_i e_i) . (k_j / e_j)) v_j on causal_cpu.c: [B, H, N, D] -> fp32; e [B or 1, H, N, 1 or D] or
+    None (1), the kernel scales q and k itself."""
+    return causal_cpu.attend(q, k, v, None, RAW, e)
 
 
 def decayed_causal(q: Tensor, k: Tensor, v: Tensor, b: Tensor) -> Tensor:
     """sum_{j <= i} e^(b_i - b_j) (q_i . k_j) v_j as raw_causal on q e^b, k e^-b; b [B or 1, H, N, 1 or D], the
     cumulative log decay, bounded by the caller (e^-b must stay far inside fp32)."""
-    return raw_causal(q * b.exp(), k * (-b).exp(), v)
+    return raw_causal(q, k, v, b.exp())
 
 
 def retention(

@@ -35,9 +35,9 @@ matmul as GLA's chunk form (Yang et al. 2024, sec. 4.1), as long as no chunk dec
 work). Memory: N C for the chunks' matrices (the exact form: N C D), N D^2 / C for the states.
 
 Causal, one chunk, on the CPU in fp32 (the text tower's 77 tokens): the same factorisation for both families,
-(q_i e^(b_i)) . (k_j e^(-b_j)) with b the cumulative log decay from the first token, handed as raw features to the
-fused C kernel of the linear ops' causal forms (ops/causal_cpu.c, which does the lower triangle pair by pair; it
-halves its sum as Eq. 7 does, so q is doubled): one kernel call each way where the PyTorch form is a dozen small ops,
+(q_i e^(b_i)) . (k_j e^(-b_j)) with b the cumulative log decay from the first token, handed with e^b to the fused C
+kernel of the linear ops' causal forms (ops/causal_cpu.c, which scales q and k itself, returns dL/de^b and does the
+lower triangle pair by pair): one kernel call each way where the PyTorch form is a dozen small ops,
 whose fixed cost sets the time at 77 tokens. Only while the whole sequence decays by at most e^-LIMIT on every
 feature (`factorisable`); else, and in fp64, on other devices, or with an explicit chunk_size below N, `chunk_scan`.
 

@@ -5,6 +5,7 @@
      not normalised (Gerami et al. 2026, Eq. 7):  o_i = sum_{n <= i} w_in v_n,          w_in = (1 + q^_i.k^_n) / 2
      normalised, unit features:                   o_i = sum_{n <= i} w_in v_n / den_i,  w_in = 1 + q^_i.k^_n
      normalised, elu features:                    o_i = sum_{n <= i} w_in v_n / den_i,  w_in = phi(q_i).phi(k_n)
+     raw features (neither unit nor normalised):  o_i = sum_{n <= i} w_in v_n,          w_in = (q_i e_i).(k_n / e_n)
    with den_i = sum_{n <= i} w_in and q^ = q / |q|, phi(x) = elu(x) + 1. Without unit features q and k arrive as
    phi(q), phi(k) and the gradients leave as dL/dphi: ops/causal_cpu.py applies elu + 1 and its derivative in PyTorch, whose
    exponential is vectorised. This is ops/causal.py's quadratic form (the same math in PyTorch ops, and its
@@ -14,7 +15,10 @@
    the keys in registers, with no horizontal reductions and no store-to-load chains (perf showed both dominating
    a first version built on dot products). One OpenMP region per call, heads split over threads;
    ops/causal_cpu.py calls it for N up to causal.QUADRATIC_MAX and tests compare it with the fp64 reference.
-   Shapes: q, k, v, o [G, N, D] fp32, keep [G, N] or NULL, D in {16, 32, 64, 128}. */
+   Raw features are the decay families' one-chunk causal form (decay.py, gated.py, delta.py): e = e^(b), b the
+   cumulative log decay, per token [G, N, 1] or per token and feature [G, N, D] (E = 1 or D), or NULL for 1; the
+   kernel scales q and k itself and returns dL/de, so the decay costs the caller no PyTorch ops but b's exp.
+   Shapes: q, k, v, o [G, N, D] fp32, keep [G, N] or NULL, e [G, N, E] or NULL, D in {16, 32, 64, 128}. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -47,6 +51,43 @@ INLINE void features(const float *x, const float *keep, const float *r, int64_t 
     const float kn = unit ? r[n] : (keep ? keep[n] : 1.f);
 #pragma omp simd
     for (int d = 0; d < D; d++) fn[d] = xn[d] * kn;
+  }
+}
+
+/* e's factor of row n, feature d: e [N, E], E = 1 (per token) or D (per feature). */
+INLINE float factor(const float *e, int64_t E, int64_t n, int d) { return e[n * E + (E == 1 ? 0 : d)]; }
+
+/* Raw features f = x e (queries) or x / e (keys) of N rows. */
+INLINE void raw_features(const float *x, const float *e, int64_t E, int64_t N, int keys, float *f, const int D) {
+  for (int64_t n = 0; n < N; n++) {
+    const float *xn = x + n * D;
+    float *fn = f + n * D;
+    if (E == 1) {
+      const float c = keys ? 1.f / e[n] : e[n];
+#pragma omp simd
+      for (int d = 0; d < D; d++) fn[d] = xn[d] * c;
+    } else {
+      const float *en = e + n * E;
+#pragma omp simd
+      for (int d = 0; d < D; d++) fn[d] = keys ? xn[d] / en[d] : xn[d] * en[d];
+    }
+  }
+}
+
+/* dL/dx and dL/de (added into ge) of raw features from gf = dL/df, f = x e (queries) or x / e (keys): dL/dx = gf e or
+   gf / e, dL/de = gf x or -gf f / e, summed over the features when E = 1. */
+INLINE void raw_grads(const float *x, const float *f, const float *e, int64_t E, int64_t N, int keys, const float *gf,
+                      float *gx, float *ge, const int D) {
+  for (int64_t n = 0; n < N; n++) {
+    const float *xn = x + n * D, *fn = f + n * D, *gn = gf + n * D;
+    float *out = gx + n * D, sum = 0.f;
+    for (int d = 0; d < D; d++) {
+      const float c = factor(e, E, n, d), de = keys ? -gn[d] * fn[d] / c : gn[d] * xn[d];
+      out[d] = keys ? gn[d] / c : gn[d] * c;
+      if (E == 1) sum += de;
+      else ge[n * E + d] += de;
+    }
+    if (E == 1) ge[n] += sum;
   }
 }
 
@@ -91,25 +132,33 @@ INLINE void rows_times(const float *w, const float *x, int64_t m, float *y, cons
   }
 }
 
-/* w_in = c (1 + s) keep_n with unit features, c s without (elu's phi(k) is zero for padding), c = 1/2 when not
-   normalised, for n < m, in place. */
+/* w_in = c (1 + s) keep_n with unit features, c s without (elu's phi(k) is zero for padding), c = 1/2 for Eq. 7
+   (unit, not normalised), else 1, for n < m, in place. */
+INLINE float half_of(int unit, int normalised) { return unit && !normalised ? 0.5f : 1.f; }
+
 INLINE void weights(float *s, const float *keep, int64_t m, int unit, int normalised) {
-  if (!unit && normalised) return;
-  const float c = normalised ? 1.f : 0.5f, one = unit ? 1.f : 0.f;
+  if (!unit) return;
+  const float c = half_of(unit, normalised), one = 1.f;
 #pragma omp simd
   for (int64_t n = 0; n < m; n++) s[n] = c * (one + s[n]) * (keep && unit ? keep[n] : 1.f);
 }
 
-INLINE void head_forward(const float *q, const float *k, const float *v, const float *keep, int64_t N, int unit,
-                         int normalised, float *o, float *rq, float *rk, float *inv_den, float *s, const int D) {
+INLINE void head_forward(const float *q, const float *k, const float *v, const float *keep, const float *e, int64_t E,
+                         int64_t N, int unit, int normalised, float *o, float *rq, float *rk, float *inv_den, float *s,
+                         const int D) {
   const int64_t P = (N + 15) / 16 * 16;
   float *qf = s, *kf = s + N * D, *kft = s + 2 * N * D, *w = kft + D * P;
   if (unit) {
     scales(q, NULL, N, rq, D);
     scales(k, keep, N, rk, D);
   }
-  features(q, NULL, rq, N, unit, qf, D);
-  features(k, keep, rk, N, unit, kf, D);
+  if (e) {
+    raw_features(q, e, E, N, 0, qf, D);
+    raw_features(k, e, E, N, 1, kf, D);
+  } else {
+    features(q, NULL, rq, N, unit, qf, D);
+    features(k, keep, rk, N, unit, kf, D);
+  }
   transpose(kf, N, P, kft, D);
   for (int64_t i = 0; i < N; i++) {
     float *oi = o + i * D, den = 0.f;
@@ -142,73 +191,95 @@ INLINE void feature_grads(const float *f, const float *r, int64_t N, int unit, c
 }
 
 /* dL/dw_in = g_i . v_n (not normalised) or g_i . (v_n - o_i) / den_i; dL/ds = dL/dw_in dw/ds. g_i . (v_n - o_i) rather
-   than g_i . v_n - g_i . o_i: exactly zero where o_i = v_n (a single key gets no gradient). */
+   than g_i . v_n - g_i . o_i: exactly zero where o_i = v_n (a single key gets no gradient). Two passes: row by row
+   (queries) the weights w_in / den_i and dL/ds_in into [N, P] scratch and dL/dq_i; then column by column (keys)
+   dL/dk_n = sum_{i >= n} dL/ds_in q_i and dL/dv_n = sum_{i >= n} (w_in / den_i) g_i, each accumulated in registers and
+   stored once (adding into every key's row once per later query cost three times the forward). */
 INLINE void head_backward(const float *g, const float *q, const float *k, const float *v, const float *keep,
-                          const float *rq, const float *rk, const float *inv_den, const float *o, int64_t N, int unit,
-                          int normalised, float *gq, float *gk, float *gv, float *s, const int D) {
+                          const float *e, int64_t E, const float *rq, const float *rk, const float *inv_den,
+                          const float *o, int64_t N, int unit, int normalised, float *gq, float *gk, float *gv,
+                          float *ge, float *s, const int D) {
   const int64_t P = (N + 15) / 16 * 16;
-  float *qf = s, *kf = s + N * D, *gkf = s + 2 * N * D, *kft = s + 3 * N * D, *vt = kft + D * P, *w = vt + D * P;
-  float *gw = w + P, *gqi = gw + P;
-  features(q, NULL, rq, N, unit, qf, D); /* from the forward's scales */
-  features(k, keep, rk, N, unit, kf, D);
+  float *qf = s, *kf = s + N * D, *gkf = s + 2 * N * D, *kft = s + 3 * N * D, *vt = kft + D * P, *ws = vt + D * P;
+  float *gws = ws + N * P, *col = gws + N * P, *gcol = col + P, *gqi = gcol + P;
+  if (e) {
+    raw_features(q, e, E, N, 0, qf, D);
+    raw_features(k, e, E, N, 1, kf, D);
+    memset(ge, 0, N * E * sizeof(float));
+  } else {
+    features(q, NULL, rq, N, unit, qf, D); /* from the forward's scales */
+    features(k, keep, rk, N, unit, kf, D);
+  }
   transpose(kf, N, P, kft, D);
   transpose(v, N, P, vt, D);
-  memset(gkf, 0, N * D * sizeof(float));
-  memset(gv, 0, N * D * sizeof(float));
   for (int64_t i = 0; i < N; i++) {
     const float *gi = g + i * D, *qi = qf + i * D;
-    const float inv = normalised ? inv_den[i] : 1.f, c = normalised ? 1.f : 0.5f;
+    const float inv = normalised ? inv_den[i] : 1.f, c = half_of(unit, normalised);
+    float *w = ws + i * P, *gw = gws + i * P;
     row_times(qi, kft, NULL, P, i + 1, w, D);
     weights(w, keep, i + 1, unit, normalised);
     row_times(gi, vt, normalised ? o + i * D : NULL, P, i + 1, gw, D);
 #pragma omp simd
-    for (int64_t n = 0; n <= i; n++) gw[n] *= inv * (unit ? c * (keep ? keep[n] : 1.f) : c);
-    rows_times(gw, kf, i + 1, gqi, D);
     for (int64_t n = 0; n <= i; n++) {
-      axpy(gw[n], qi, gkf + n * D, D);
-      axpy(w[n] * inv, gi, gv + n * D, D);
+      gw[n] *= inv * (unit ? c * (keep ? keep[n] : 1.f) : c);
+      w[n] *= inv;
     }
-    feature_grads(qi, unit ? rq + i : NULL, 1, unit, gqi, gq + i * D, D);
+    rows_times(gw, kf, i + 1, gqi, D);
+    if (e) raw_grads(q + i * D, qi, e + i * E, E, 1, 0, gqi, gq + i * D, ge + i * E, D);
+    else feature_grads(qi, unit ? rq + i : NULL, 1, unit, gqi, gq + i * D, D);
   }
-  feature_grads(kf, unit ? rk : keep, N, unit, gkf, gk, D);
+  for (int64_t n = 0; n < N; n++) {
+    for (int64_t i = n; i < N; i++) {
+      col[i - n] = ws[i * P + n];
+      gcol[i - n] = gws[i * P + n];
+    }
+    rows_times(gcol, qf + n * D, N - n, gkf + n * D, D);
+    rows_times(col, g + n * D, N - n, gv + n * D, D);
+  }
+  if (e) raw_grads(k, kf, e, E, N, 1, gkf, gk, ge, D);
+  else feature_grads(kf, unit ? rk : keep, N, unit, gkf, gk, D);
 }
 
 #define HEAD_DIM_OK(D) ((D) == 16 || (D) == 32 || (D) == 64 || (D) == 128)
 
-/* Heads split over threads, each with its own scratch of `rows` [N, D] blocks; 1 when it cannot be allocated. */
-#define FOR_EACH_HEAD(rows, call)                                                                   \
-  int status = 0;                                                                                   \
-  _Pragma("omp parallel num_threads(threads) reduction(| : status)") {                              \
-    float *s = malloc(((size_t)(rows) * (N + 16) * D + 3 * (N + 16) + D) * sizeof(float));         \
-    if (!s) status = 1;                                                                             \
-    else {                                                                                          \
-      _Pragma("omp for schedule(static)") for (int64_t h = 0; h < G; h++) switch (D) {             \
-          case 16: call(16); break;                                                                 \
-          case 32: call(32); break;                                                                 \
-          case 64: call(64); break;                                                                 \
-          default: call(128); break;                                                                \
-        }                                                                                           \
-    }                                                                                               \
-    free(s);                                                                                        \
-  }                                                                                                 \
+/* Heads split over threads, each with its own scratch of `rows` [N, D] blocks and `square` [N, N] blocks; 1 when it
+   cannot be allocated. */
+#define FOR_EACH_HEAD(rows, square, call)                                                                      \
+  int status = 0;                                                                                              \
+  _Pragma("omp parallel num_threads(threads) reduction(| : status)") {                                         \
+    size_t floats = (size_t)(rows) * (N + 16) * D + (size_t)(square) * (N + 16) * (N + 16) + 3 * (N + 16) + D; \
+    float *s = malloc(floats * sizeof(float));                                                                 \
+    if (!s) status = 1;                                                                                        \
+    else {                                                                                                     \
+      _Pragma("omp for schedule(static)") for (int64_t h = 0; h < G; h++) switch (D) {                         \
+          case 16: call(16); break;                                                                            \
+          case 32: call(32); break;                                                                            \
+          case 64: call(64); break;                                                                            \
+          default: call(128); break;                                                                           \
+        }                                                                                                      \
+    }                                                                                                          \
+    free(s);                                                                                                   \
+  }                                                                                                            \
   return status;
 
-int causal_forward(const float *q, const float *k, const float *v, const float *keep, int64_t G, int64_t N, int64_t D,
-                   int unit, int normalised, float *o, float *rq, float *rk, float *inv_den, int threads) {
+int causal_forward(const float *q, const float *k, const float *v, const float *keep, const float *e, int64_t E,
+                   int64_t G, int64_t N, int64_t D, int unit, int normalised, float *o, float *rq, float *rk,
+                   float *inv_den, int threads) {
   if (!HEAD_DIM_OK(D)) return 2;
-#define FORWARD(d)                                                                                              \
-  head_forward(q + h * N * d, k + h * N * d, v + h * N * d, keep ? keep + h * N : NULL, N, unit, normalised, \
-               o + h * N * d, rq + h * N, rk + h * N, inv_den + h * N, s, d)
-  FOR_EACH_HEAD(3, FORWARD)
+#define FORWARD(d)                                                                                        \
+  head_forward(q + h * N * d, k + h * N * d, v + h * N * d, keep ? keep + h * N : NULL, e ? e + h * N * E : NULL, \
+               E, N, unit, normalised, o + h * N * d, rq + h * N, rk + h * N, inv_den + h * N, s, d)
+  FOR_EACH_HEAD(3, 0, FORWARD)
 }
 
 int causal_backward(const float *g, const float *q, const float *k, const float *v, const float *keep,
-                    const float *rq, const float *rk, const float *inv_den, const float *o, int64_t G, int64_t N,
-                    int64_t D, int unit, int normalised, float *gq, float *gk, float *gv, int threads) {
+                    const float *e, int64_t E, const float *rq, const float *rk, const float *inv_den, const float *o,
+                    int64_t G, int64_t N, int64_t D, int unit, int normalised, float *gq, float *gk, float *gv,
+                    float *ge, int threads) {
   if (!HEAD_DIM_OK(D)) return 2;
-#define BACKWARD(d)                                                                                               \
-  head_backward(g + h * N * d, q + h * N * d, k + h * N * d, v + h * N * d, keep ? keep + h * N : NULL, rq + h * N, \
-                rk + h * N, inv_den + h * N, o ? o + h * N * d : NULL, N, unit, normalised, gq + h * N * d,  \
-                gk + h * N * d, gv + h * N * d, s, d)
-  FOR_EACH_HEAD(6, BACKWARD)
+#define BACKWARD(d)                                                                                         \
+  head_backward(g + h * N * d, q + h * N * d, k + h * N * d, v + h * N * d, keep ? keep + h * N : NULL,          \
+                e ? e + h * N * E : NULL, E, rq + h * N, rk + h * N, inv_den + h * N, o ? o + h * N * d : NULL, N, \
+                unit, normalised, gq + h * N * d, gk + h * N * d, gv + h * N * d, ge ? ge + h * N * E : NULL, s, d)
+  FOR_EACH_HEAD(5, 2, BACKWARD)
 }

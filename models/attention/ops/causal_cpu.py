@@ -18,43 +18,49 @@ from models.attention.ops.op import Op
 
 
 class CausalKernel(torch.autograd.Function):
-    """forward(q, k, v [G, N, D] fp32 contiguous, keep [G, N, 1] or None, op) -> o [G, N, D]. Without unit
-    features phi = elu + 1 and its derivative are applied here (PyTorch's exp is vectorised), the kernel works on the
-    features."""
+    """forward(q, k, v [G, N, D] fp32 contiguous, keep [G, N, 1] or None, e [G, N, 1 or D] or None, op) -> o [G, N, D].
+    Without unit features phi = elu + 1 and its derivative are applied here (PyTorch's exp is vectorised), the kernel
+    works on the features; raw features (op.raw) are q e and k / e, scaled by the kernel, which returns dL/de."""
 
     @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, op: Op) -> Tensor:
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, e: Tensor | None, op: Op) -> Tensor:
         G, N, D = q.shape
         if not op.unit and not op.raw:  # the kernel takes phi(q), phi(k) and returns dL/dphi
             q, k = elu_feature(q), elu_feature(k)
         out = fresh(q, G, N, D)
         rq, rk, inv_den = (q.new_empty(G, N) for _ in range(3))
         status = cpu_build.library().causal_forward(
-            q.data_ptr(), k.data_ptr(), v.data_ptr(), cpu_build.pointer(keep), G, N, D, int(op.unit),
-            int(op.normalised),
+            q.data_ptr(), k.data_ptr(), v.data_ptr(), cpu_build.pointer(keep), cpu_build.pointer(e), width(e), G, N, D,
+            int(op.unit), int(op.normalised),
             *(t.data_ptr() for t in (out, rq, rk, inv_den)), torch.get_num_threads(),
         )  # fmt: skip
         cpu_build.check(status, G, D)
         ctx.op = op
-        ctx.save_for_backward(q, k, v, keep, rq, rk, inv_den, out if op.normalised else None)
+        ctx.save_for_backward(q, k, v, keep, e, rq, rk, inv_den, out if op.normalised else None)
         return out
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        q, k, v, keep, rq, rk, inv_den, out = ctx.saved_tensors
+        q, k, v, keep, e, rq, rk, inv_den, out = ctx.saved_tensors
         G, N, D = q.shape
         grad = grad.contiguous()
         grads = [fresh(x, G, N, D) for x in (q, k, v)]
+        grad_e = None if e is None else torch.empty_like(e)
         status = cpu_build.library().causal_backward(
-            grad.data_ptr(), *(t.data_ptr() for t in (q, k, v)), cpu_build.pointer(keep),
-            *(t.data_ptr() for t in (rq, rk, inv_den)), cpu_build.pointer(out), G, N, D, int(ctx.op.unit),
+            grad.data_ptr(), *(t.data_ptr() for t in (q, k, v)), cpu_build.pointer(keep), cpu_build.pointer(e),
+            width(e), *(t.data_ptr() for t in (rq, rk, inv_den)), cpu_build.pointer(out), G, N, D, int(ctx.op.unit),
             int(ctx.op.normalised),
-            *(t.data_ptr() for t in grads), torch.get_num_threads(),
+            *(t.data_ptr() for t in grads), cpu_build.pointer(grad_e), torch.get_num_threads(),
         )  # fmt: skip
         cpu_build.check(status, G, D)
         if not ctx.op.unit and not ctx.op.raw:  # q, k are phi(q), phi(k) here
             grads[0], grads[1] = elu_feature_grad(q, grads[0]), elu_feature_grad(k, grads[1])
-        return *grads, None, None
+        return *grads, None, grad_e, None
+
+
+def width(e: Tensor | None) -> int:
+    """E of e [G, N, E]: 1 (a factor per token) or D (per token and feature); 1 without e."""
+    return 1 if e is None else e.shape[-1]
 
 
 def takes(q: Tensor) -> bool:
@@ -63,8 +69,11 @@ def takes(q: Tensor) -> bool:
     return q.numel() > 0 and q.shape[-2] <= causal.QUADRATIC_MAX
 
 
-def attend(q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None, op: Op) -> Tensor:
-    """[B, H, N, D] x3 -> [B, H, N, D] causal in q's dtype for the op (ops/op.py); see takes()."""
+def attend(q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None, op: Op, e: Tensor | None = None) -> Tensor:
+    """[B, H, N, D] x3 -> [B, H, N, D] causal in q's dtype for the op (ops/op.py); see takes(). Raw ops only: e
+    [B or 1, H, N, 1 or D] (e^b, b the cumulative log decay), the features q e and k / e; None for q and k as given."""
     qf, kf, vf = (t.float().contiguous() for t in flatten(q, k, v))
     keep = key_weights(key_mask, q, torch.float32)
-    return CausalKernel.apply(qf, kf, vf, keep, op).reshape(q.shape).to(q.dtype)
+    if e is not None:
+        e = e.float().expand(*q.shape[:3], e.shape[-1]).reshape(-1, q.shape[2], e.shape[-1]).contiguous()
+    return CausalKernel.apply(qf, kf, vf, keep, e, op).reshape(q.shape).to(q.dtype)

@@ -128,8 +128,8 @@ def declare(**signatures: list) -> None:
 
 # the causal forms' kernel, shared by every op: unit and normalised are the op's description (ops/op.py)
 declare(
-    causal_forward=[P, P, P, P, I64, I64, I64, I32, I32, P, P, P, P, I32],
-    causal_backward=[P, P, P, P, P, P, P, P, P, I64, I64, I64, I32, I32, P, P, P, I32],
+    causal_forward=[P, P, P, P, P, I64, I64, I64, I64, I32, I32, P, P, P, P, I32],
+    causal_backward=[P, P, P, P, P, P, I64, P, P, P, P, I64, I64, I64, I32, I32, P, P, P, P, I32],
 )
 
 

@@ -4,10 +4,11 @@ its fields; it never tests an op's name.
 
     sim(q_i, k_n) = 1 + q^_i . k^_n           unit features: q^ = q / |q| per head (the affine ops)
                   = phi(q_i) . phi(k_n)       otherwise, phi = elu + 1 (Katharopoulos et al. 2020)
-                  = q_i . k_n                 raw features (the decay families' one-chunk causal form on
-                                              causal_cpu.c, gated.py: q e^b and k e^-b arrive as the features)
+                  = (q_i e_i) . (k_n / e_n)   raw features (the decay families' one-chunk causal form on
+                                              causal_cpu.c: e = e^b, b the cumulative log decay, or 1)
     o_i = sum_n sim_in v_n / sum_n sim_in      normalised
         = sum_n sim_in v_n / 2                  not normalised (Gerami et al. 2026, Eq. 7)
+        = sum_n sim_in v_n                      raw
 
 with n over the real keys (n <= i when causal).
 """
