@@ -369,15 +369,20 @@ def test_resolution_study_puts_softmax_where_attention_dominates():
 
 def test_the_577_token_study_judges_claim_d_from_its_own_runs():
     """configs/study/tokens577.yaml (issue 45 item 4): softmax against Eq. 7 at 577 image tokens only, each at the
-    normalised study's budget and with a stated learning-rate multiple (no sweep), five cooled-down budgets per run."""
+    normalised study's budget, its learning rate swept at 577 tokens around the normalised study's choice at 257
+    (which it holds inside its sweep), five cooled-down budgets per run."""
     study = load_study(demo.REPO / "configs" / "study" / "tokens577.yaml")
     (settings,) = study.sizes.values()
     vision = {**size_config(settings["model.name"])["vision_cfg"], "image_size": settings["model.image_size"]}
     assert (vision["image_size"] // vision["patch_size"]) ** 2 + 1 == 577 == (study.data["image_size"] // 4) ** 2 + 1
-    assert study.attentions == ["softmax", "linear_affine_nodenom"] and not study.lr_sweep
-    normalised = load_study(demo.REPO / "configs" / "study" / "normalised.yaml").per_attention
+    assert study.attentions == ["softmax", "linear_affine_nodenom"] and study.lr_sweep["size"] == "demo-w32-p4@96px"
+    normalised = load_study(demo.REPO / "configs" / "study" / "normalised.yaml")
+    chosen = {"softmax": 0.5, "linear_affine_nodenom": 0.125}  # the normalised study's sweep at 257 tokens
     for attention, own in study.per_attention.items():
-        assert own["lr_scale"] > 0 and own["run"] == normalised[attention]["run"]
+        assert own["run"] == normalised.per_attention[attention]["run"] and "lr_scale" not in own
+        scales = study.lr_sweep["scales"][attention]
+        assert min(scales) < chosen[attention] < max(scales)
+        assert chosen[attention] in normalised.lr_sweep["scales"][attention]
     assert len(study.budgets["fractions"]) >= 4
 
 
