@@ -54,22 +54,21 @@ INLINE void features(const float *x, const float *keep, const float *r, int64_t 
   }
 }
 
-/* e's factor of row n, feature d: e [N, E], E = 1 (per token) or D (per feature). */
-INLINE float factor(const float *e, int64_t E, int64_t n, int d) { return e[n * E + (E == 1 ? 0 : d)]; }
-
 /* Raw features f = x e (queries) or x / e (keys) of N rows. */
 INLINE void raw_features(const float *x, const float *e, int64_t E, int64_t N, int keys, float *f, const int D) {
   for (int64_t n = 0; n < N; n++) {
-    const float *xn = x + n * D;
+    const float *xn = x + n * D, *en = e + n * E;
     float *fn = f + n * D;
     if (E == 1) {
-      const float c = keys ? 1.f / e[n] : e[n];
+      const float c = keys ? 1.f / en[0] : en[0];
 #pragma omp simd
       for (int d = 0; d < D; d++) fn[d] = xn[d] * c;
-    } else {
-      const float *en = e + n * E;
+    } else if (keys) {
 #pragma omp simd
-      for (int d = 0; d < D; d++) fn[d] = keys ? xn[d] / en[d] : xn[d] * en[d];
+      for (int d = 0; d < D; d++) fn[d] = xn[d] / en[d];
+    } else {
+#pragma omp simd
+      for (int d = 0; d < D; d++) fn[d] = xn[d] * en[d];
     }
   }
 }
@@ -79,15 +78,37 @@ INLINE void raw_features(const float *x, const float *e, int64_t E, int64_t N, i
 INLINE void raw_grads(const float *x, const float *f, const float *e, int64_t E, int64_t N, int keys, const float *gf,
                       float *gx, float *ge, const int D) {
   for (int64_t n = 0; n < N; n++) {
-    const float *xn = x + n * D, *fn = f + n * D, *gn = gf + n * D;
-    float *out = gx + n * D, sum = 0.f;
-    for (int d = 0; d < D; d++) {
-      const float c = factor(e, E, n, d), de = keys ? -gn[d] * fn[d] / c : gn[d] * xn[d];
-      out[d] = keys ? gn[d] / c : gn[d] * c;
-      if (E == 1) sum += de;
-      else ge[n * E + d] += de;
+    const float *xn = x + n * D, *fn = f + n * D, *gn = gf + n * D, *en = e + n * E;
+    float *out = gx + n * D, *gen = ge + n * E, sum = 0.f;
+    if (E == 1 && keys) {
+      const float c = 1.f / en[0];
+#pragma omp simd reduction(+ : sum)
+      for (int d = 0; d < D; d++) {
+        out[d] = gn[d] * c;
+        sum += gn[d] * fn[d];
+      }
+      gen[0] -= sum * c;
+    } else if (E == 1) {
+#pragma omp simd reduction(+ : sum)
+      for (int d = 0; d < D; d++) {
+        out[d] = gn[d] * en[0];
+        sum += gn[d] * xn[d];
+      }
+      gen[0] += sum;
+    } else if (keys) {
+#pragma omp simd
+      for (int d = 0; d < D; d++) {
+        const float c = 1.f / en[d];
+        out[d] = gn[d] * c;
+        gen[d] -= gn[d] * fn[d] * c;
+      }
+    } else {
+#pragma omp simd
+      for (int d = 0; d < D; d++) {
+        out[d] = gn[d] * en[d];
+        gen[d] += gn[d] * xn[d];
+      }
     }
-    if (E == 1) ge[n] += sum;
   }
 }
 
