@@ -19,6 +19,8 @@ from eval.scaling_fit import log_residuals, predict
 def _formula(params) -> str:
     """Mathtext of y = beta x^alpha (+ c); beta far from 1 in scientific notation (x spans 1e6-1e12)."""
     alpha, beta, c = params
+    if not np.isfinite([alpha, beta, c or 0]).all():  # a fit that failed (e.g. one point's loss at every size)
+        return "no finite fit"
     mantissa, exponent = f"{beta:.2e}".split("e")
     coefficient = f"{beta:.3g}" if 1e-2 <= beta < 1e4 else rf"{mantissa}\cdot 10^{{{int(exponent)}}}"
     text = rf"$y = {coefficient}\, x^{{{alpha:.3f}}}"

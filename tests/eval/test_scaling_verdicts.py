@@ -138,3 +138,13 @@ def test_every_fit_has_its_r2_and_residuals_and_a_poor_one_is_marked():
     fitted = np.log(y) - np.log(poor["beta"] * x ** poor["alpha"])
     assert np.allclose(drawn[:, 0], x) and np.allclose(drawn[:, 1], fitted)
     assert 1 - np.sum(fitted**2) / np.sum((np.log(y) - np.log(y).mean()) ** 2) == pytest.approx(poor["r2"])
+
+
+def test_a_fit_without_finite_parameters_is_labelled_not_drawn_as_a_formula():
+    """A fit that failed (NaN or infinite coefficient) labels its group "no finite fit" where the study's figures
+    had stopped with an error; a finite one is written out."""
+    from eval.scaling_plot import _formula
+
+    assert _formula((-0.5, float("nan"), 0.0)) == "no finite fit"
+    assert _formula((float("-inf"), 2.0, None)) == "no finite fit"
+    assert _formula((-0.5, 2.0, 0.1)) == r"$y = 2\, x^{-0.500} + 0.1$"
