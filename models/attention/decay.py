@@ -17,11 +17,12 @@ their decays follow that order, not the image. Padded keys (key_mask False) keep
 Fast path (`scan`), O(N) in memory, never N x N: the sequence or grid is cut into blocks of whole rows (1-D: a row
 is one token); inside a block the decayed [block, block] matrix, across blocks a d x d state per column carried
 down the rows with decay gamma per row and mixed over the W columns by gamma^|c - c'| at readout (two scans over
-the columns). The two-sided forms are LION's construction (Afzal et al. 2025): the downward pass over rows <= r
-plus the same pass on the reversed tokens over rows > r, so the diagonal (1-D) or the query's own row (2-D) is
-counted once; a sequence that fits one block takes its whole decayed matrix once instead (`one_block`: one pass
-where the two would each build the same [block, block] matrix; causal, the one block's masked matrix). Reversing
-all tokens maps row r to R - 1 - r and column c to W - 1 - c, which keeps every |c - c'|.
+the columns). The two-sided forms are LION's construction (Afzal et al. 2025) across blocks: the downward pass's
+states carry the earlier blocks' keys, the same pass on the reversed tokens the later blocks', and each block's own
+keys go through its whole two-sided decayed [block, block] matrix once (the two passes' triangles would each build
+it); the sequence is padded to whole blocks, so reversing keeps them. A sequence that fits one block takes its whole
+decayed matrix alone (`one_block`; causal, the one block's masked matrix). Reversing all tokens maps row r to
+R - 1 - r and column c to W - 1 - c, which keeps every |c - c'|.
 Options: chunk_size (tokens per block: retention 64, or unset the whole sequence up to WHOLE = 128 tokens, so the
 text tower's 77 take one block and no states; retention_2d 1,024, as max(1, 1024 // W) whole rows), and for
 retention_2d width and prefix_tokens. Memory: N x block for the matrices and N D^2 / (rows per block) for the
@@ -86,21 +87,18 @@ def decayed_step(state: tuple, q: Tensor, k: Tensor, v: Tensor, log_decay: Tenso
     return q @ s, (s,)
 
 
-def scan(q: Tensor, k: Tensor, v: Tensor, log_gamma: Tensor, width: int, rows: int, strict: bool) -> Tensor:
+def scan(
+    q: Tensor, k: Tensor, v: Tensor, log_gamma: Tensor, width: int, rows: int, strict: bool, within: bool = True
+) -> Tensor:
     """o at (r, c) = sum over keys at (r', c') with r' <= r (r' < r when `strict`) of gamma^(r - r' + |c - c'|)
-    (q . k) v: q, k, v [B, H, N, D] with N = R * width tokens row-major, log_gamma [H], `rows` rows per block."""
+    (q . k) v: q, k, v [B, H, N, D] with N = R * width tokens row-major, log_gamma [H], `rows` rows per block;
+    without `within`, only the keys of earlier blocks (two_sided does each block's own keys once for both passes)."""
     B, H, N, D = q.shape
     P, blocks = rows * width, -(-N // (rows * width))
     q, k, v = (F.pad(t, (0, 0, 0, blocks * P - N)).view(B, H, blocks, rows, width, D) for t in (q, k, v))
     lg = log_gamma[:, None, None]
     row, col = torch.arange(rows, device=q.device), torch.arange(width, device=q.device)
-    dr, dc = row[:, None] - row[None], (col[:, None] - col[None]).abs()
-    # within a block: the decayed [P, P] matrix, rows r' <= r of the block (r' < r when strict)
-    decay_rows = torch.where(dr > 0 if strict else dr >= 0, (lg * dr).exp(), 0)  # [H, rows, rows]
-    decay_cols = (lg * dc).exp()  # [H, width, width]
-    intra = (decay_rows[:, :, None, :, None] * decay_cols[:, None, :, None, :]).reshape(H, 1, P, P)
-    qb, kb, vb = (t.reshape(B, H, blocks, P, D) for t in (q, k, v))
-    out = (((qb @ kb.transpose(-1, -2)) * intra) @ vb).view(B, H, blocks, rows, width, D)
+    out = within_blocks(q, k, v, lg, row, col, strict) if within else 0
     # across blocks: each block's keys as one d x d state per column, decayed to the block's last row
     to_end = (lg * (rows - 1 - row)).exp()[..., None, None]  # [H, 1, rows, 1, 1]
     by_column = (0, 1, 2, 4, 3, 5)  # [B, H, blocks, rows, W, D] <-> [B, H, blocks, W, rows, D]
@@ -117,6 +115,18 @@ def scan(q: Tensor, k: Tensor, v: Tensor, log_gamma: Tensor, width: int, rows: i
     return out.reshape(B, H, blocks * P, D)[:, :, :N]
 
 
+def within_blocks(q: Tensor, k: Tensor, v: Tensor, lg: Tensor, row: Tensor, col: Tensor, strict: bool) -> Tensor:
+    """scan's keys of the query's own block: the decayed [P, P] matrix over rows r' <= r (r' < r when strict), q, k,
+    v [B, H, blocks, rows, W, D] -> the same shape; lg [H, 1, 1] the log decays."""
+    B, H, blocks, rows, width, D = q.shape
+    dr, dc = row[:, None] - row[None], (col[:, None] - col[None]).abs()
+    decay_rows = torch.where(dr > 0 if strict else dr >= 0, (lg * dr).exp(), 0)  # [H, rows, rows]
+    decay_cols = (lg * dc).exp()  # [H, width, width]
+    intra = (decay_rows[:, :, None, :, None] * decay_cols[:, None, :, None, :]).reshape(H, 1, rows * width, -1)
+    qb, kb, vb = (t.reshape(B, H, blocks, rows * width, D) for t in (q, k, v))
+    return (((qb @ kb.transpose(-1, -2)) * intra) @ vb).view(B, H, blocks, rows, width, D)
+
+
 def two_sided_columns(states: Tensor, log_gamma: Tensor) -> Tensor:
     """sum_c' gamma^|c - c'| states[..., c', :, :] for every column c: [B, H, blocks, W, D, D], as two scans over the
     W columns (O(W D^2) per block, where the [W, W] matrix would cost O(W^2 D^2))."""
@@ -131,13 +141,23 @@ def two_sided_columns(states: Tensor, log_gamma: Tensor) -> Tensor:
 
 
 def two_sided(q: Tensor, k: Tensor, v: Tensor, log_gamma: Tensor, width: int, rows: int) -> Tensor:
-    """`scan` over rows <= r plus, on the reversed tokens, over rows > r (LION): every key once, decayed both ways.
-    A sequence that fits one block (N <= rows * width) takes its decayed [N, N] matrix once (one_block)."""
-    if q.shape[2] <= rows * width:
+    """Every key once, decayed both ways: each block's own keys through its whole decayed [P, P] matrix (once, for
+    both directions), the earlier blocks' keys by `scan`'s states and the later blocks' by the same on the reversed
+    tokens (LION), the sequence padded to whole blocks so that reversing keeps them. A sequence that fits one block
+    (N <= rows * width) takes its decayed [N, N] matrix once (one_block)."""
+    N = q.shape[2]
+    P = rows * width
+    if N <= P:
         return one_block(q, k, v, log_gamma, width)
-    down = scan(q, k, v, log_gamma, width, rows, strict=False)
-    up = scan(q.flip(2), k.flip(2), v.flip(2), log_gamma, width, rows, strict=True)
-    return down + up.flip(2)
+    q, k, v = (F.pad(t, (0, 0, 0, -N % P)) for t in (q, k, v))
+    i = torch.arange(P, device=q.device)
+    distance = (i[:, None] // width - i[None] // width).abs() + (i[:, None] % width - i[None] % width).abs()
+    decay = (log_gamma[:, None, None] * distance).exp()[:, None]  # [H, 1, P, P]
+    qb, kb, vb = (t.unflatten(2, (-1, P)) for t in (q, k, v))
+    own = (((qb @ kb.transpose(-1, -2)) * decay) @ vb).flatten(2, 3)
+    down = scan(q, k, v, log_gamma, width, rows, strict=False, within=False)
+    up = scan(q.flip(2), k.flip(2), v.flip(2), log_gamma, width, rows, strict=True, within=False)
+    return (own + down + up.flip(2))[:, :, :N]
 
 
 def one_block(q: Tensor, k: Tensor, v: Tensor, log_gamma: Tensor, width: int, causal: bool = False) -> Tensor:
