@@ -150,9 +150,7 @@ def two_sided(q: Tensor, k: Tensor, v: Tensor, log_gamma: Tensor, width: int, ro
     if N <= P:
         return one_block(q, k, v, log_gamma, width)
     q, k, v = (F.pad(t, (0, 0, 0, -N % P)) for t in (q, k, v))
-    i = torch.arange(P, device=q.device)
-    distance = (i[:, None] // width - i[None] // width).abs() + (i[:, None] % width - i[None] % width).abs()
-    decay = (log_gamma[:, None, None] * distance).exp()[:, None]  # [H, 1, P, P]
+    decay = decay_matrix(P, width, log_gamma)[:, None]  # [H, 1, P, P]
     qb, kb, vb = (t.unflatten(2, (-1, P)) for t in (q, k, v))
     own = (((qb @ kb.transpose(-1, -2)) * decay) @ vb).flatten(2, 3)
     down = scan(q, k, v, log_gamma, width, rows, strict=False, within=False)
@@ -160,13 +158,18 @@ def two_sided(q: Tensor, k: Tensor, v: Tensor, log_gamma: Tensor, width: int, ro
     return (own + down + up.flip(2))[:, :, :N]
 
 
+def decay_matrix(n: int, width: int, log_gamma: Tensor) -> Tensor:
+    """[H, n, n]: gamma_h^(|r - r'| + |c - c'|) between n tokens row-major on `width` columns (1-D: width 1)."""
+    i = torch.arange(n, device=log_gamma.device)
+    distance = (i[:, None] // width - i[None] // width).abs() + (i[:, None] % width - i[None] % width).abs()
+    return (log_gamma[:, None, None] * distance).exp()
+
+
 def one_block(q: Tensor, k: Tensor, v: Tensor, log_gamma: Tensor, width: int, causal: bool = False) -> Tensor:
     """((q k^T) * gamma^(|r - r'| + |c - c'|)) v with the whole matrix at once, tokens row-major on `width` columns
     (1-D: width 1): the sum of two_sided's two passes in one, for a sequence no longer than a block; `causal` (1-D
     only) keeps keys j <= i, what `scan` computes in one block."""
-    i = torch.arange(q.shape[2], device=q.device)
-    distance = (i[:, None] // width - i[None] // width).abs() + (i[:, None] % width - i[None] % width).abs()
-    decay = (log_gamma[:, None, None] * distance).exp()  # [H, N, N]
+    decay = decay_matrix(q.shape[2], width, log_gamma)
     return ((q @ k.transpose(-1, -2)) * (decay.tril() if causal else decay)) @ v
 
 
