@@ -369,20 +369,19 @@ def test_resolution_study_puts_softmax_where_attention_dominates():
 
 def test_the_577_token_study_judges_claim_d_from_its_own_runs():
     """configs/study/tokens577.yaml (issue 45 item 4): softmax against Eq. 7 at 577 image tokens only, each at the
-    normalised study's budget, its learning rate swept at 577 tokens around the normalised study's choice at 257
-    (which it holds inside its sweep), five cooled-down budgets per run."""
+    normalised study's budget, its learning rate swept at 577 tokens around what a wider sweep there chose (held
+    inside, not at an edge; the 257-token choices did not transfer), five cooled-down budgets per run."""
     study = load_study(demo.REPO / "configs" / "study" / "tokens577.yaml")
     (settings,) = study.sizes.values()
     vision = {**size_config(settings["model.name"])["vision_cfg"], "image_size": settings["model.image_size"]}
     assert (vision["image_size"] // vision["patch_size"]) ** 2 + 1 == 577 == (study.data["image_size"] // 4) ** 2 + 1
     assert study.attentions == ["softmax", "linear_affine_nodenom"] and study.lr_sweep["size"] == "demo-w32-p4@96px"
     normalised = load_study(demo.REPO / "configs" / "study" / "normalised.yaml")
-    chosen = {"softmax": 0.5, "linear_affine_nodenom": 0.125}  # the normalised study's sweep at 257 tokens
+    chosen = {"softmax": 0.25, "linear_affine_nodenom": 0.5}  # a sweep at 577 tokens over 0.125-1x / 0.0625-0.5x
     for attention, own in study.per_attention.items():
         assert own["run"] == normalised.per_attention[attention]["run"] and "lr_scale" not in own
         scales = study.lr_sweep["scales"][attention]
-        assert min(scales) < chosen[attention] < max(scales)
-        assert chosen[attention] in normalised.lr_sweep["scales"][attention]
+        assert min(scales) < chosen[attention] < max(scales) and len(scales) >= 3
     assert len(study.budgets["fractions"]) >= 4
 
 
