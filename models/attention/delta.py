@@ -19,10 +19,19 @@ k_t) solve the unit lower-triangular system (I + diag(beta) StrictTril(K K^T)) U
     U = U' - W S^T,  O = Q S^T + (Q K^T masked to j <= i) U,  S <- S + U^T K        (a loop over chunks)
 
 O(N) memory (the chunks' C x C matrices and a D x D state per chunk). One chunk (unset chunk_size, up to 128
-tokens: the text tower) has no state before it, so W is not needed and O = (Q K^T masked) U is a causal linear
-attention on raw features, which on the CPU in fp32 goes to the fused C kernel (decay.raw_causal,
-ops/causal_cpu.c). flash-linear-attention's `fla.ops.delta_rule.chunk_delta_rule` computes the same but refuses
-fp32, the compute dtype here, so deltanet keeps this form on CUDA too (its fp32 kernels match `recurrent` to 1e-6
+tokens: the text tower) has no state before it, so W is not needed and O = (Q K^T masked) U.
+
+`Whole`, that one chunk without a key mask (the text tower's call), is one autograd Function from the beta logits to
+the output with its backward written out: at 77 tokens the work is a few [N, N] matrices per head and what costs is
+the number of ops, each with its fixed dispatch and autograd cost; built from autograd ops (normalisation, beta, the
+triangular system, the causal product, the layout changes) the form is about three dozen ops each way, as one
+Function a dozen large ops forward and two dozen backward, none recorded (about 20% less time forward + backward at
+77 tokens on 2 cores). Its backward: dU = tril(Q^ K^T)^T dO; G = (I + A)^-T dU is d(diag(beta) V) with A =
+StrictTril(diag(beta) K^ K^T); dA = -StrictTril(G U^T), which reaches beta (dbeta_i = G_i . v_i + sum_j dA_ij k^_i .
+k^_j) and K^ K^T; the normalisations' Jacobians last. With a key mask the one chunk's O is a causal linear attention on
+raw features, on the CPU in fp32 the fused C kernel (decay.raw_causal, ops/causal_cpu.c).
+flash-linear-attention's `fla.ops.delta_rule.chunk_delta_rule` computes the same but refuses fp32, the compute dtype
+here, so deltanet keeps these forms on CUDA too (its fp32 kernels match `recurrent` to 1e-6
 under TRITON_INTERPRET=1, unchecked on a GPU).
 """
 
@@ -103,6 +112,39 @@ def chunked(
     return torch.stack(out, 2).flatten(2, 3)[:, :, :N].to(dtype)
 
 
+class Whole(torch.autograd.Function):
+    """forward(q, k, v [B, H, N, D], x [B, N, H]) -> o [B, H, N, D]: the delta rule over the whole sequence
+    in one chunk (the module docstring's `Whole`)."""
+
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, x: Tensor):
+        rq, rk = (1 / t.norm(dim=-1, keepdim=True).clamp_min_(1e-12) for t in (q, k))
+        qn, kn = q * rq, k * rk
+        beta = torch.sigmoid(x).transpose(1, 2)[..., None]  # [B, H, N, 1]
+        sk = kn @ kn.transpose(-1, -2)
+        a = (sk * beta).tril_(-1)  # the unit diagonal is implied (unitriangular)
+        u = torch.linalg.solve_triangular(a, beta * v, upper=False, unitriangular=True)
+        p = (qn @ kn.transpose(-1, -2)).tril_()
+        ctx.save_for_backward(qn, kn, v, rq, rk, beta, sk, a, u, p)
+        return p @ u
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        qn, kn, v, rq, rk, beta, sk, a, u, p = ctx.saved_tensors
+        du = p.transpose(-1, -2) @ grad
+        dp = (grad @ u.transpose(-1, -2)).tril_()
+        dqn, dkn = dp @ kn, dp.transpose(-1, -2) @ qn
+        gv = torch.linalg.solve_triangular(a.transpose(-1, -2), du, upper=True, unitriangular=True)
+        da = (gv @ u.transpose(-1, -2)).tril_(-1).neg_()  # dL/dA on its strict lower triangle
+        dbeta = (gv * v).sum(-1, keepdim=True) + (da * sk).sum(-1, keepdim=True)
+        dsk = da * beta
+        dkn = dkn + (dsk + dsk.transpose(-1, -2)) @ kn
+        dq = (dqn - qn * (dqn * qn).sum(-1, keepdim=True)) * rq
+        dk = (dkn - kn * (dkn * kn).sum(-1, keepdim=True)) * rk
+        dx = (dbeta * beta * (1 - beta))[..., 0].transpose(1, 2)
+        return dq, dk, beta * gv, dx
+
+
 @register_attention("deltanet")
 class DeltaNetAttention(Attention):
     """Schlag et al. 2021 / Yang et al. 2024 (DeltaNet): the delta rule with beta_t = sigmoid(v_t W_b + b_b) per head
@@ -127,6 +169,10 @@ class DeltaNetAttention(Attention):
         return torch.sigmoid(linear(tokens(v), self.beta_proj)).transpose(1, 2)
 
     def attention(self, q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None) -> Tensor:
+        if key_mask is None and chunk_for(q.shape[2], self.chunk_size, 64) >= q.shape[2]:
+            dtype = compute_dtype(q)  # one chunk: the whole sequence as one Function (Whole)
+            logits = linear(tokens(v), self.beta_proj)  # [B, N, H]
+            return Whole.apply(q.to(dtype), k.to(dtype), v.to(dtype), logits).to(q.dtype)
         return chunked(q, k, v, self.beta(v), key_mask=key_mask, chunk_size=self.chunk_size)
 
     def attention_reference(self, q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None) -> Tensor:

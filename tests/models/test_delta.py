@@ -6,7 +6,7 @@ import torch
 
 from models import ModelConfig, build_clip, tokenizer
 from models.attention import build_attention
-from models.attention.delta import chunked, recurrent
+from models.attention.delta import Whole, chunked, recurrent
 from train.config import ConfigError, build_config
 
 
@@ -60,6 +60,37 @@ def test_gradients_of_the_chunks_are_the_recurrences():
     reference = torch.autograd.grad(recurrent(*args, key_mask=mask).square().sum(), args)
     for got, want in zip(grads, reference):
         assert (got.double() - want).abs().max() <= 1e-4 * want.abs().max()
+
+
+@pytest.mark.parametrize("N", [1, 5, 77])
+def test_the_whole_sequence_function_is_the_recurrence_forward_and_backward(N):
+    """delta.Whole (one chunk, no key mask: the text tower) from beta's logits, in fp64 gradcheck and against the
+    token-by-token rule, gradients of the logits included."""
+    q, k, v, _, _ = inputs(1, 2, N, 4, seed=N)
+    logits = torch.randn(1, N, 2, dtype=torch.float64)
+    want = recurrent(q, k, v, torch.sigmoid(logits).transpose(1, 2))
+    assert (Whole.apply(q, k, v, logits) - want).abs().max() < 1e-10
+    if N <= 5:
+        args = [t.clone().requires_grad_() for t in (q, k, v, logits)]
+        torch.autograd.gradcheck(Whole.apply, args)
+    args = [t.clone().requires_grad_() for t in (q, k, v, logits)]
+    grads = torch.autograd.grad(Whole.apply(*args).square().sum(), args)
+    wanted = torch.autograd.grad(recurrent(*args[:3], torch.sigmoid(args[3]).transpose(1, 2)).square().sum(), args)
+    for got, expected in zip(grads, wanted):
+        assert (got - expected).abs().max() <= 1e-9 * expected.abs().max()
+
+
+def test_the_layer_takes_the_whole_sequence_function_only_without_a_key_mask_in_one_chunk(monkeypatch):
+    layer = build_attention("deltanet", 16, 2, causal=True).double()
+    q, k, v, _, mask = inputs(2, 2, 9, 8)
+    calls, original = [], Whole.apply
+    monkeypatch.setattr(Whole, "apply", lambda *a: calls.append(1) or original(*a))
+    for key_mask in (None, mask):
+        got = layer.attention(q, k, v, key_mask)
+        assert (got - layer.attention_reference(q, k, v, key_mask)).abs().max() < 1e-10
+    layer.chunk_size = 4
+    layer.attention(q, k, v, None)
+    assert calls == [1]
 
 
 def test_a_tiny_clip_trains_with_deltanet_in_the_text_tower_and_the_image_tower_refuses_it():
