@@ -7,6 +7,9 @@ import pytest
 import torch
 
 os.environ.setdefault("WANDB_MODE", "disabled")
+# The C kernels wherever they apply, on every CPU (auto leaves the non-causal ones out without AVX-512F), so the
+# suite runs them on any machine; tests/models/test_attention_dispatch.py checks auto's choice without it.
+os.environ.setdefault("CLIP_CPU_KERNEL", "1")
 # Without a GPU the Triton kernels run in Triton's interpreter; triton.jit reads this when a kernel is defined,
 # so it must be set before anything imports models.attention.ops (tests/models/test_triton.py checks it took).
 if not torch.cuda.is_available():

@@ -74,7 +74,12 @@ def test_the_wheel_carries_the_kernels_and_configs_and_runs_linear_attention_on_
         check=True,
     ).stdout.strip()
     (Path(site) / "dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "CLIP_KERNEL_CACHE": str(tmp_path / "kernels")}
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(tmp_path),
+        "CLIP_KERNEL_CACHE": str(tmp_path / "kernels"),
+        "CLIP_CPU_KERNEL": "1",
+    }
     child = subprocess.run(
         [str(python), "-c", CHILD, str(venv)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
     )

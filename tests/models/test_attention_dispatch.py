@@ -12,7 +12,7 @@ import torch
 
 from models import create_model
 from models.attention import attend, build_attention
-from models.attention.ops import dispatch
+from models.attention.ops import cpu_build, dispatch
 from tests.models.test_attention import rel_err
 
 OPS = dispatch.linear_ops()
@@ -40,6 +40,29 @@ def test_auto_on_the_cpu():
     for other, causal in ((q.double(), False), (q.double(), True), (q[..., :48], False), (q[..., :48], True)):
         assert {dispatch.resolve(op, "auto", other, causal) for op in OPS} == {"torch"}
     assert [dispatch.resolve(op, "auto", q.bfloat16(), False) for op in OPS] == NONCAUSAL  # upcast
+
+
+@pytest.mark.parametrize("wide", [True, False])
+def test_auto_leaves_the_non_causal_kernels_out_on_cpus_without_avx512(wide, monkeypatch):
+    """linear_cpu.h's 16-float vectors: split on AVX2, where PyTorch's ops are faster (cpu_build.wide_vectors);
+    the causal kernel stays; CLIP_CPU_KERNEL=1 (the suite's setting, tests/conftest.py) takes the kernels anyway."""
+    cpu_build.library()  # built first: the build's cache key reads cpu_identity, patched below
+    monkeypatch.delenv("CLIP_CPU_KERNEL", raising=False)
+    cpu_build.wide_vectors.cache_clear()
+    flags = "flags : fpu sse2 avx avx2" + (" avx512f" if wide else "")
+    monkeypatch.setattr(cpu_build, "cpu_identity", lambda: "x86_64\n" + flags)
+    try:
+        q = torch.randn(1, 2, 5, 64)
+        want = NONCAUSAL if wide else ["torch"] * len(OPS)
+        assert [dispatch.resolve(op, "auto", q, False) for op in OPS] == want
+        assert {dispatch.resolve(op, "auto", q, True) for op in OPS} == {"cpu"}
+        assert {dispatch.resolve(op, "cpu", q, False) for op in OPS if dispatch.TABLES[op].cpu_noncausal} == {"cpu"}
+        monkeypatch.setenv("CLIP_CPU_KERNEL", "1")
+        cpu_build.wide_vectors.cache_clear()
+        dispatch.forget()
+        assert [dispatch.resolve(op, "auto", q, False) for op in OPS] == NONCAUSAL
+    finally:
+        cpu_build.wide_vectors.cache_clear()
 
 
 def test_auto_on_cuda_takes_torch_until_the_triton_files_exist():

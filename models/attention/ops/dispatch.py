@@ -8,8 +8,9 @@
   the CPU in fp32 (bf16 and fp16 inputs upcast to it), head sizes 16/32/64/128, a C compiler, CLIP_CPU_KERNEL not 0.
 - triton: the Triton kernels (triton_common.py): CUDA tensors (or CPU ones under TRITON_INTERPRET=1) in fp32, bf16
   or fp16, and the triton package.
-- auto: triton for CUDA inputs when it can run, else cpu where the C kernels apply, else torch; under
-  torch.compile always torch (the compiler traces and fuses it; it cannot trace the C call).
+- auto: triton for CUDA inputs when it can run, else cpu where the C kernels apply (non-causal: only on CPUs with
+  AVX-512F, cpu_build.wide_vectors, unless CLIP_CPU_KERNEL=1), else torch; under torch.compile always torch (the
+  compiler traces and fuses it; it cannot trace the C call).
 
 Each op's implementations are one table, built in its folder's __init__.py by `implementations` from its Op (the
 flags the shared kernels read), its reference and its own non-causal forms where it has them, and registered here
@@ -208,6 +209,8 @@ def choose(op: str, q: Tensor, causal: bool) -> tuple[str, str]:
         return "torch", why
     if "cpu" in impls:
         why = cpu_mode_missing(op, causal) or cpu_build.why_not(q)
+        if not why and not causal and not cpu_build.wide_vectors():
+            why = cpu_build.NARROW
         return ("cpu", "on the CPU: the fused C kernel") if not why else ("torch", why)
     return "torch", f"{op} has no C kernel" if q.device.type == "cpu" else f"inputs on {q.device.type}"
 
