@@ -7,6 +7,7 @@ import torch
 from models import ModelConfig, build_clip, tokenizer
 from models.attention import build_attention
 from models.attention.delta import Whole, chunked, recurrent
+from models.attention.ops import causal_cpu
 from train.config import ConfigError, build_config
 
 
@@ -90,6 +91,36 @@ def test_the_layer_takes_the_whole_sequence_function_only_without_a_key_mask_in_
         assert (got - layer.attention_reference(q, k, v, key_mask)).abs().max() < 1e-10
     layer.chunk_size = 4
     layer.attention(q, k, v, None)
+    assert calls == [1]
+
+
+@pytest.mark.parametrize("B,H,N,D", [(1, 1, 1, 16), (2, 3, 7, 32), (1, 2, 77, 64), (2, 1, 63, 128), (1, 2, 129, 16)])
+def test_the_c_kernel_is_the_recurrence_forward_and_backward(B, H, N, D):
+    """causal_cpu.delta (fp32, ops/causal_cpu.c: forward substitution, back substitution in the backward) against the
+    fp64 token-by-token rule, gradients of q, k, v and beta's logits included; N = 1, N not a multiple of its
+    4-row tiles, every head size."""
+    q, k, v, _, _ = inputs(B, H, N, D, seed=N)
+    logits = torch.randn(B, N, H, dtype=torch.float64)
+    args = [t.clone().requires_grad_() for t in (q, k, v, logits)]
+    want = recurrent(*args[:3], torch.sigmoid(args[3]).transpose(1, 2))
+    grad = torch.randn_like(want)
+    wanted = torch.autograd.grad(want, args, grad)
+    args32 = [t.detach().float().requires_grad_() for t in args]
+    got = causal_cpu.delta(*args32)
+    assert got.dtype == torch.float32
+    assert (got.double() - want).abs().max() <= 1e-5 * want.abs().max()
+    for g, w in zip(torch.autograd.grad(got, args32, grad.float()), wanted):
+        assert (g.double() - w).abs().max() <= 1e-4 * w.abs().max()
+
+
+def test_the_layer_takes_the_c_kernel_in_fp32_on_the_cpu_without_a_key_mask(monkeypatch):
+    layer = build_attention("deltanet", 32, 2, causal=True)
+    q, k, v, _, mask = (t.float() if t.is_floating_point() else t for t in inputs(2, 2, 9, 16))
+    calls, original = [], causal_cpu.delta
+    monkeypatch.setattr(causal_cpu, "delta", lambda *a: calls.append(1) or original(*a))
+    for key_mask in (None, mask):
+        got = layer.attention(q, k, v, key_mask)
+        assert (got - layer.attention_reference(q, k, v, key_mask)).abs().max() < 1e-5
     assert calls == [1]
 
 

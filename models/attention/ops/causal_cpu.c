@@ -19,7 +19,8 @@
    Raw features are the decay families' one-chunk causal form (decay.py, gated.py, delta.py): e = e^(b), b the
    cumulative log decay, per token [G, N, 1] or per token and feature [G, N, D] (E = 1 or D), or NULL for 1; the
    kernel scales q and k itself and returns dL/de, so the decay costs the caller no PyTorch ops but b's exp.
-   Shapes: q, k, v, o [G, N, D] fp32, keep [G, N] or NULL, e [G, N, E] or NULL, D in {16, 32, 64, 128}. */
+   Shapes: q, k, v, o [G, N, D] fp32, keep [G, N] or NULL, e [G, N, E] or NULL, D in {16, 32, 64, 128}.
+   At the end of the file, on the same tiles: deltanet's one chunk (delta_forward, delta_backward; delta.py). */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -389,4 +390,142 @@ int causal_backward(const float *g, const float *q, const float *k, const float 
                 e ? e + h * N * E : NULL, E, rq + h * N, rk + h * N, inv_den + h * N, o ? o + h * N * d : NULL, N, \
                 unit, normalised, gq + h * N * d, gk + h * N * d, gv + h * N * d, ge ? ge + h * N * E : NULL, s, d)
   FOR_EACH_HEAD(6, 2, BACKWARD)
+}
+
+/* DeltaNet's one chunk (models/attention/delta.py's Whole, the text tower's call) on one head, from normalised q^, k^:
+     u_i = beta_i (v_i - sum_{j < i} (k^_i . k^_j) u_j)      (the triangular system, forward substitution)
+     o_i = sum_{j <= i} (q^_i . k^_j) u_j
+   The forward saves u; the backward (delta.py's docstring): du_j = sum_{i >= j} p_ij g_i with p_ij = q^_i . k^_j;
+   dp_ij = g_i . u_j; gv_j = du_j - sum_{i > j} s_ij beta_i gv_i (back substitution, s_ij = k^_i . k^_j);
+   dA_ij = -gv_i . u_j (j < i); dbeta_i = gv_i . v_i + sum_{j < i} dA_ij s_ij; dk^ gains sum_j (dA_ij beta_i +
+   dA_ji beta_j) k^_j; dL/dv = beta gv; the normalisations' Jacobians last. Shapes: q, k, v, u, o [G, N, D], beta [G, N]. */
+INLINE void delta_head_forward(const float *q, const float *k, const float *v, const float *beta, int64_t N, float *o,
+                               float *u, float *rq, float *rk, float *s, const int D) {
+  const int64_t P = (N + 15) / 16 * 16;
+  float *qn = s, *kn = s + N * D, *knt = s + 2 * N * D, *w = knt + D * P, *pad = w + R * P, *t = pad + R * D;
+  scales(q, NULL, N, rq, D);
+  scales(k, NULL, N, rk, D);
+  features(q, NULL, rq, N, 1, qn, D);
+  features(k, NULL, rk, N, 1, kn, D);
+  transpose(kn, N, P, knt, D);
+  for (int64_t i0 = 0; i0 < N; i0 += R) { /* u: earlier tiles' rows in registers, then the tile's own in order */
+    const int64_t m = i0 + R < N ? i0 + R : N;
+    tile_times(tile_rows(kn, i0, N, pad, D), knt, NULL, P, m, w, D);
+    tile_rows_times(w, P, u, i0, t, D);
+    for (int64_t i = i0; i < m; i++) {
+      const float *wi = w + (i - i0) * P;
+      float *ui = u + i * D, *ti = t + (i - i0) * D;
+      for (int64_t j = i0; j < i; j++) axpy(wi[j], u + j * D, ti, D);
+#pragma omp simd
+      for (int d = 0; d < D; d++) ui[d] = beta[i] * (v[i * D + d] - ti[d]);
+    }
+  }
+  for (int64_t i0 = 0; i0 < N; i0 += R) { /* o = tril(Q^ K^T) U */
+    const int64_t m = i0 + R < N ? i0 + R : N;
+    tile_times(tile_rows(qn, i0, N, pad, D), knt, NULL, P, m, w, D);
+    for (int r = 0; r < R; r++)
+      for (int64_t n = i0 + r + 1; n < m; n++) w[r * P + n] = 0.f;
+    tile_rows_times(w, P, u, m, t, D);
+    for (int r = 0; r < R && i0 + r < N; r++) memcpy(o + (i0 + r) * D, t + r * D, D * sizeof(float));
+  }
+}
+
+/* sum_{i >= n} x[i P + n] y_i for the R columns n0.. of the lower triangle of x [N, P] (strict: i > n), into
+   out [N, D] rows n0..: R columns gathered, then one register tile. */
+INLINE void column_times(const float *x, const float *y, int64_t N, int64_t P, int64_t n0, int strict, float *col,
+                         float *tile, float *out, const int D) {
+  for (int64_t i = n0; i < N; i++)
+    for (int r = 0; r < R; r++) {
+      const int64_t n = n0 + r;
+      col[r * P + i - n0] = n < N && (strict ? i > n : i >= n) ? x[i * P + n] : 0.f;
+    }
+  tile_rows_times(col, P, y + n0 * D, N - n0, tile, D);
+  for (int r = 0; r < R && n0 + r < N; r++) memcpy(out + (n0 + r) * D, tile + r * D, D * sizeof(float));
+}
+
+INLINE void delta_head_backward(const float *g, const float *q, const float *k, const float *v, const float *beta,
+                                const float *rq, const float *rk, const float *u, int64_t N, float *gq, float *gk,
+                                float *gv, float *gbeta, float *s, const int D) {
+  const int64_t P = (N + 15) / 16 * 16;
+  float *qn = s, *kn = qn + N * D, *knt = kn + N * D, *ut = knt + D * P, *dqn = ut + D * P, *dkn = dqn + N * D;
+  float *du = dkn + N * D, *gs = du + N * D, *bg = gs + N * D, *tmp = bg + N * D, *tile = tmp + N * D;
+  float *pad = tile + R * D, *col = pad + R * D, *ps = col + R * P, *dps = ps + (N + R) * P;
+  float *ss = dps + (N + R) * P, *das = ss + (N + R) * P; /* rows up to N + R: whole tiles */
+  features(q, NULL, rq, N, 1, qn, D);
+  features(k, NULL, rk, N, 1, kn, D);
+  transpose(kn, N, P, knt, D);
+  transpose(u, N, P, ut, D);
+  for (int64_t i0 = 0; i0 < N; i0 += R) { /* p_i. and dp_i. (n <= i); dq^_i = sum_n dp_in k^_n; s_i. for every n */
+    const int64_t m = i0 + R < N ? i0 + R : N;
+    float *p = ps + i0 * P, *dp = dps + i0 * P;
+    tile_times(tile_rows(qn, i0, N, pad, D), knt, NULL, P, m, p, D);
+    tile_times(tile_rows(g, i0, N, pad, D), ut, NULL, P, m, dp, D);
+    tile_times(tile_rows(kn, i0, N, pad, D), knt, NULL, P, N, ss + i0 * P, D);
+    for (int r = 0; r < R; r++)
+      for (int64_t n = i0 + r + 1; n < m; n++) dp[r * P + n] = 0.f;
+    tile_rows_times(dp, P, kn, m, tile, D);
+    for (int r = 0; r < R && i0 + r < N; r++) memcpy(dqn + (i0 + r) * D, tile + r * D, D * sizeof(float));
+  }
+  for (int64_t n0 = 0; n0 < N; n0 += R) { /* du_n = sum_{i >= n} p_in g_i; dk^_n = sum_{i >= n} dp_in q^_i */
+    column_times(ps, g, N, P, n0, 0, col, tile, du, D);
+    column_times(dps, qn, N, P, n0, 0, col, tile, dkn, D);
+  }
+  for (int64_t j1 = N; j1 > 0; j1 -= R) { /* back substitution, tiles of rows j0..j1 - 1 from the end: gv_j = du_j
+                                              - sum_{i > j} s_ji beta_i gv_i, later tiles' rows in registers first */
+    const int64_t j0 = j1 - R > 0 ? j1 - R : 0;
+    tile_rows_times(ss + j0 * P + j1, P, bg + j1 * D, N - j1, tile, D);
+    for (int64_t j = j1 - 1; j >= j0; j--) {
+      float *gj = gs + j * D, *bj = bg + j * D, *tj = tile + (j - j0) * D;
+      for (int64_t i = j + 1; i < j1; i++) axpy(ss[j * P + i], bg + i * D, tj, D);
+#pragma omp simd
+      for (int d = 0; d < D; d++) {
+        gj[d] = du[j * D + d] - tj[d];
+        bj[d] = beta[j] * gj[d];
+        gv[j * D + d] = bj[d];
+      }
+    }
+  }
+  for (int64_t i0 = 0; i0 < N; i0 += R) { /* dA_ij = -gv_i . u_j (j < i); dbeta_i; dsk_ij = dA_ij beta_i into das */
+    const int64_t m = i0 + R < N ? i0 + R : N;
+    float *da = das + i0 * P;
+    tile_times(tile_rows(gs, i0, N, pad, D), ut, NULL, P, m, da, D);
+    for (int r = 0; r < R; r++) {
+      const int64_t i = i0 + r;
+      float *di = da + r * P, acc = i < N ? dot(gs + i * D, v + i * D, D) : 0.f;
+      for (int64_t j = 0; j < i && j < m; j++) {
+        di[j] = -di[j];
+        acc += di[j] * ss[i * P + j];
+        di[j] *= beta[i];
+      }
+      for (int64_t j = i; j < m; j++) di[j] = 0.f;
+      if (i < N) gbeta[i] = acc;
+    }
+    tile_rows_times(da, P, kn, m, tile, D); /* sum_{j < i} dsk_ij k^_j */
+    for (int r = 0; r < R && i0 + r < N; r++) axpy(1.f, tile + r * D, dkn + (i0 + r) * D, D);
+  }
+  for (int64_t n0 = 0; n0 < N; n0 += R) { /* sum_{i > n} dsk_in k^_i */
+    column_times(das, kn, N, P, n0, 1, col, tile, tmp, D);
+    for (int64_t n = n0; n < N && n < n0 + R; n++) axpy(1.f, tmp + n * D, dkn + n * D, D);
+  }
+  feature_grads(qn, rq, N, 1, dqn, gq, D);
+  feature_grads(kn, rk, N, 1, dkn, gk, D);
+}
+
+int delta_forward(const float *q, const float *k, const float *v, const float *beta, int64_t G, int64_t N, int64_t D,
+                  float *o, float *u, float *rq, float *rk, int threads) {
+  if (!HEAD_DIM_OK(D)) return 2;
+#define DELTA_FORWARD(d)                                                                                       \
+  delta_head_forward(q + h * N * d, k + h * N * d, v + h * N * d, beta + h * N, N, o + h * N * d, u + h * N * d, \
+                     rq + h * N, rk + h * N, s, d)
+  FOR_EACH_HEAD(4, 0, DELTA_FORWARD)
+}
+
+int delta_backward(const float *g, const float *q, const float *k, const float *v, const float *beta, const float *rq,
+                   const float *rk, const float *u, int64_t G, int64_t N, int64_t D, float *gq, float *gk, float *gv,
+                   float *gbeta, int threads) {
+  if (!HEAD_DIM_OK(D)) return 2;
+#define DELTA_BACKWARD(d)                                                                                            \
+  delta_head_backward(g + h * N * d, q + h * N * d, k + h * N * d, v + h * N * d, beta + h * N, rq + h * N, rk + h * N, \
+                      u + h * N * d, N, gq + h * N * d, gk + h * N * d, gv + h * N * d, gbeta + h * N, s, d)
+  FOR_EACH_HEAD(12, 6, DELTA_BACKWARD)
 }

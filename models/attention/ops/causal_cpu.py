@@ -1,5 +1,5 @@
 """The causal forms of the linear ops on the fused C kernel (causal_cpu.c): CPU, fp32 (bf16 and fp16 upcast
-to it), D in 16/32/64/128, up to causal.QUADRATIC_MAX tokens.
+to it), D in 16/32/64/128, up to causal.QUADRATIC_MAX tokens; and deltanet's one chunk (`delta`, DeltaKernel).
 
 At the text tower's 77 tokens the PyTorch quadratic form (ops/causal.py) is a dozen small ops each way whose fixed
 cost, not the O(N^2 D) work, sets the time; the kernel does the lower triangle pair by pair, heads over threads.
@@ -77,3 +77,44 @@ def attend(q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None, op: Op, e: 
     if e is not None:
         e = e.float().expand(*q.shape[:3], e.shape[-1]).reshape(-1, q.shape[2], e.shape[-1]).contiguous()
     return CausalKernel.apply(qf, kf, vf, keep, e, op).reshape(q.shape).to(q.dtype)
+
+
+class DeltaKernel(torch.autograd.Function):
+    """forward(q, k, v [G, N, D] fp32 contiguous, beta [G, N]) -> o [G, N, D]: deltanet's one chunk (delta.py's
+    Whole) on causal_cpu.c, q and k normalised by the kernel; saved for the backward: q, k, v, beta, 1/|q|, 1/|k| and
+    the corrections u."""
+
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, beta: Tensor) -> Tensor:
+        G, N, D = q.shape
+        out, u = fresh(q, G, N, D), torch.empty_like(q)
+        rq, rk = q.new_empty(G, N), q.new_empty(G, N)
+        status = cpu_build.library().delta_forward(
+            *(t.data_ptr() for t in (q, k, v, beta)), G, N, D,
+            *(t.data_ptr() for t in (out, u, rq, rk)), torch.get_num_threads(),
+        )  # fmt: skip
+        cpu_build.check(status, G, D)
+        ctx.save_for_backward(q, k, v, beta, rq, rk, u)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        q, k, v, beta, rq, rk, u = ctx.saved_tensors
+        G, N, D = q.shape
+        grads = [fresh(x, G, N, D) for x in (q, k, v)]
+        grad_beta = torch.empty_like(beta)
+        status = cpu_build.library().delta_backward(
+            *(t.data_ptr() for t in (grad.contiguous(), q, k, v, beta, rq, rk, u)), G, N, D,
+            *(t.data_ptr() for t in (*grads, grad_beta)), torch.get_num_threads(),
+        )  # fmt: skip
+        cpu_build.check(status, G, D)
+        return *grads, grad_beta
+
+
+def delta(q: Tensor, k: Tensor, v: Tensor, logits: Tensor) -> Tensor:
+    """Deltanet's one chunk without a key mask on the kernel: q, k, v [B, H, N, D], logits [B, N, H] (beta =
+    sigmoid(logits)) -> [B, H, N, D] fp32; see takes()."""
+    B, H, N, D = q.shape
+    beta = torch.sigmoid(logits.float()).transpose(1, 2).reshape(B * H, N).contiguous()
+    qf, kf, vf = (t.float().contiguous() for t in flatten(q, k, v))
+    return DeltaKernel.apply(qf, kf, vf, beta).reshape(B, H, N, D)

@@ -152,6 +152,8 @@ def declare(**signatures: list) -> None:
 declare(
     causal_forward=[P, P, P, P, P, I64, I64, I64, I64, I32, I32, P, P, P, P, I32],
     causal_backward=[P, P, P, P, P, P, I64, P, P, P, P, I64, I64, I64, I32, I32, P, P, P, P, I32],
+    delta_forward=[P, P, P, P, I64, I64, I64, P, P, P, P, I32],
+    delta_backward=[P, P, P, P, P, P, P, P, I64, I64, I64, P, P, P, P, I32],
 )
 
 
