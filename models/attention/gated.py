@@ -35,10 +35,11 @@ matmul as GLA's chunk form (Yang et al. 2024, sec. 4.1), as long as no chunk dec
 work). Memory: N C for the chunks' matrices (the exact form: N C D), N D^2 / C for the states.
 
 Causal, one chunk, on the CPU in fp32 (the text tower's 77 tokens): the same factorisation for both families,
-(q_i e^(b_i)) . (k_j e^(-b_j)) with b the cumulative log decay from the first token, handed with e^b to the fused C
-kernel of the linear ops' causal forms (ops/causal_cpu.c, which scales q and k itself, returns dL/de^b and does the
-lower triangle pair by pair): one kernel call each way where the PyTorch form is a dozen small ops,
-whose fixed cost sets the time at 77 tokens. Only while the whole sequence decays by at most e^-LIMIT on every
+(q_i e^(b_i)) . (k_j e^(-b_j)) with b the cumulative log decay from the first token, the log decays handed to the
+fused C kernel of the linear ops' causal forms (ops/causal_cpu.c's decayed_forward / decayed_backward: it takes the
+cumsum and e^b itself, scales q and k, does the lower triangle in register tiles and returns dL/dlog decay): one
+kernel call each way where the PyTorch form is a dozen small ops, whose fixed cost sets the time at 77 tokens (the
+cumsum and exp in PyTorch, forward and backward, took about 0.3 ms of gla's 2.3 ms on a 2-core AVX2 EPYC). Only while the whole sequence decays by at most e^-LIMIT on every
 feature (`factorisable`); else, and in fp64, on other devices, or with an explicit chunk_size below N, `chunk_scan`.
 
 On CUDA flash-linear-attention's chunk kernels replace `chunk_scan` in `gated_attention` (ops/fla_kernels.py, when fla
@@ -57,8 +58,8 @@ from torch import Tensor, nn
 
 from models.attention import reference
 from models.attention.base import Attention
-from models.attention.decay import check_options, chunk_for, decayed_causal, decayed_step, prepare, raw_kernel_takes
-from models.attention.ops import fla_kernels
+from models.attention.decay import check_options, chunk_for, decayed_step, prepare, raw_kernel_takes
+from models.attention.ops import causal_cpu, fla_kernels
 from models.attention.ops.common import compute_dtype
 from models.attention.registry import register_attention
 
@@ -123,9 +124,10 @@ def kernel_takes(q: Tensor, log_decay: Tensor, chunk: int, causal: bool) -> bool
 
 
 def causal_kernel(q: Tensor, k: Tensor, v: Tensor, log_decay: Tensor) -> Tensor:
-    """sum_{j <= i} (q_i e^(b_i)) . (k_j e^(-b_j)) v_j on causal_cpu.c, b = cumsum(log_decay) over the tokens; q
-    already scaled, padded keys' k, v zeroed (so no key mask), [B, H, N, D] -> [B, H, N, D] fp32."""
-    return decayed_causal(q, k, v, log_decay.cumsum(2))
+    """sum_{j <= i} (q_i e^(b_i)) . (k_j e^(-b_j)) v_j on causal_cpu.c, b = cumsum(log_decay) over the tokens (the
+    kernel takes the cumsum and e^b itself: causal_cpu.decayed); q already scaled, padded keys' k, v zeroed (so no key
+    mask), [B, H, N, D] -> [B, H, N, D] fp32."""
+    return causal_cpu.decayed(q, k, v, log_decay)
 
 
 def gated_attention(

@@ -8,6 +8,7 @@ import torch
 from models import create_model
 from models.attention import build_attention, reference
 from models.attention.gated import chunk_scan, factorisable, gated_attention
+from models.attention.ops import causal_cpu
 from tests.models.test_attention import rel_err
 from tests.models.test_clip import batch, clip_loss, one_line_error
 from tests.models.test_decay import padded, qkv
@@ -197,3 +198,32 @@ def layer_against_reference(kind, causal, n):
         if a.grad is not None:
             assert rel_err(a.grad, r.grad) <= 1e-4, f"grad of {name}"
     return fast
+
+
+def decayed_definition(q, k, v, g):
+    """sum_{j <= i} e^(b_i - b_j) (q_i . k_j) v_j, b = cumsum(g), per feature where g has D of them: the masked
+    matrix, fp64."""
+    b = g.cumsum(2)
+    decay = b[:, :, :, None] - b[:, :, None]  # [B, H, i, j, E]
+    mask = torch.ones(q.shape[2], q.shape[2], dtype=torch.bool).tril()
+    scores = torch.einsum("bhid,bhjd,bhijd->bhij", q, k, decay.masked_fill(~mask[..., None], -torch.inf).exp())
+    return scores @ v
+
+
+@pytest.mark.parametrize("B,H,N,D,E", [(1, 1, 1, 16, 1), (2, 3, 7, 32, 32), (1, 6, 77, 64, 1), (2, 1, 63, 128, 128)])
+def test_the_c_kernel_takes_the_log_decays_and_returns_their_gradient(B, H, N, D, E):
+    """causal_cpu.decayed (the cumsum and e^b inside the kernel, ssd's E = 1 and gla's E = D) against the fp64
+    masked matrix, gradients of q, k, v and the log decays included."""
+    generator = torch.Generator().manual_seed(N)
+    q, k, v = (torch.randn(B, H, N, D, generator=generator, dtype=torch.float64) for _ in range(3))
+    g = -0.3 * torch.rand(B, H, N, E, generator=generator, dtype=torch.float64)
+    args = [t.clone().requires_grad_() for t in (q, k, v, g)]
+    want = decayed_definition(*args)
+    grad = torch.randn_like(want)
+    wanted = torch.autograd.grad(want, args, grad)
+    args32 = [t.detach().float().requires_grad_() for t in args]
+    got = causal_cpu.decayed(*args32)
+    assert (got.double() - want).abs().max() <= 1e-5 * want.abs().max()
+    scale = max(w.abs().max() for w in wanted)  # one token: dL/dg is exactly 0, q's and k's terms cancel
+    for have, expected in zip(torch.autograd.grad(got, args32, grad.float()), wanted):
+        assert (have.double() - expected).abs().max() <= 1e-4 * max(expected.abs().max(), 1e-2 * scale)

@@ -529,3 +529,61 @@ int delta_backward(const float *g, const float *q, const float *k, const float *
                       u + h * N * d, N, gq + h * N * d, gk + h * N * d, gv + h * N * d, gbeta + h * N, s, d)
   FOR_EACH_HEAD(12, 6, DELTA_BACKWARD)
 }
+
+/* The decay families' one chunk from their log decays g (ssd: [G, N, 1], gla: [G, N, D]; <= 0) rather than from e:
+   e = exp(b), b = cumsum_n g, computed here (one pass, the exponential below), and the backward returns dL/dg =
+   sum_{m >= n} dL/db_m with dL/db = dL/de e, so the caller's cumsum and exp, and their backward, are no PyTorch ops.
+   exp_neg: e^x for -87 <= x <= 0 (b >= -LIMIT, gated.py), the range reduction x = n log 2 + r, |r| <= log(2) / 2, and
+   a degree-7 polynomial for e^r (Taylor; relative error under 3e-7 there), 2^n through the exponent bits; a plain
+   loop of it vectorises, where libm's expf is one call per element. */
+INLINE float exp_neg(float x) {
+  x = fmaxf(x, -87.f);
+  const float n = nearbyintf(x * 1.44269504f);
+  const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
+  float p = 1.f / 5040.f;
+  p = p * r + 1.f / 720.f;
+  p = p * r + 1.f / 120.f;
+  p = p * r + 1.f / 24.f;
+  p = p * r + 1.f / 6.f;
+  p = p * r + 0.5f;
+  p = p * r + 1.f;
+  p = p * r + 1.f;
+  union {
+    int32_t i;
+    float f;
+  } scale = {.i = ((int32_t)n + 127) << 23};
+  return p * scale.f;
+}
+
+/* e [N, E] = exp(cumsum over the N rows of g [N, E]). */
+INLINE void decay_factors(const float *g, int64_t N, int64_t E, float *e) {
+  for (int64_t j = 0; j < E; j++) e[j] = g[j];
+  for (int64_t n = 1; n < N; n++)
+#pragma omp simd
+    for (int64_t j = 0; j < E; j++) e[n * E + j] = e[(n - 1) * E + j] + g[n * E + j];
+#pragma omp simd
+  for (int64_t i = 0; i < N * E; i++) e[i] = exp_neg(e[i]);
+}
+
+int decayed_forward(const float *q, const float *k, const float *v, const float *g, int64_t E, int64_t G, int64_t N,
+                    int64_t D, float *o, int threads) {
+  if (!HEAD_DIM_OK(D)) return 2;
+#define DECAYED_FORWARD(d)                                                                                         \
+  decay_factors(g + h * N * E, N, E, s);                                                                           \
+  head_forward(q + h * N * d, k + h * N * d, v + h * N * d, NULL, s, E, N, 0, 0, o + h * N * d, NULL, NULL, NULL, \
+               s + (N + 16) * d, d)
+  FOR_EACH_HEAD(5, 0, DECAYED_FORWARD)
+}
+
+int decayed_backward(const float *grad, const float *q, const float *k, const float *v, const float *g, int64_t E,
+                     int64_t G, int64_t N, int64_t D, float *gq, float *gk, float *gv, float *gg, int threads) {
+  if (!HEAD_DIM_OK(D)) return 2;
+#define DECAYED_BACKWARD(d)                                                                                        \
+  decay_factors(g + h * N * E, N, E, s);                                                                           \
+  head_backward(grad + h * N * d, q + h * N * d, k + h * N * d, v + h * N * d, NULL, s, E, NULL, NULL, NULL, NULL, \
+                N, 0, 0, gq + h * N * d, gk + h * N * d, gv + h * N * d, gg + h * N * E, s + (N + 16) * d, d);    \
+  for (int64_t i = 0; i < N * E; i++) gg[h * N * E + i] *= s[i]; /* dL/db = dL/de e */                             \
+  for (int64_t n = N - 2; n >= 0; n--)                                                                             \
+    for (int64_t j = 0; j < E; j++) gg[h * N * E + n * E + j] += gg[h * N * E + (n + 1) * E + j]
+  FOR_EACH_HEAD(7, 2, DECAYED_BACKWARD)
+}

@@ -118,3 +118,41 @@ def delta(q: Tensor, k: Tensor, v: Tensor, logits: Tensor) -> Tensor:
     beta = torch.sigmoid(logits.float()).transpose(1, 2).reshape(B * H, N).contiguous()
     qf, kf, vf = (t.float().contiguous() for t in flatten(q, k, v))
     return DeltaKernel.apply(qf, kf, vf, beta).reshape(B, H, N, D)
+
+
+class DecayedKernel(torch.autograd.Function):
+    """forward(q, k, v [G, N, D] fp32 contiguous, g [G, N, E] the log decays, E = 1 or D) -> sum_{j <= i}
+    e^(b_i - b_j) (q_i . k_j) v_j with b = cumsum(g) over the tokens, on causal_cpu.c (which takes the cumsum and the
+    exponential itself); returns dL/dg."""
+
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, g: Tensor) -> Tensor:
+        G, N, D = q.shape
+        out = fresh(q, G, N, D)
+        status = cpu_build.library().decayed_forward(
+            *(t.data_ptr() for t in (q, k, v, g)), g.shape[-1], G, N, D, out.data_ptr(), torch.get_num_threads()
+        )
+        cpu_build.check(status, G, D)
+        ctx.save_for_backward(q, k, v, g)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        q, k, v, g = ctx.saved_tensors
+        G, N, D = q.shape
+        grads = [fresh(x, G, N, D) for x in (q, k, v)]
+        grad_g = torch.empty_like(g)
+        status = cpu_build.library().decayed_backward(
+            *(t.data_ptr() for t in (grad.contiguous(), q, k, v, g)), g.shape[-1], G, N, D,
+            *(t.data_ptr() for t in (*grads, grad_g)), torch.get_num_threads(),
+        )  # fmt: skip
+        cpu_build.check(status, G, D)
+        return *grads, grad_g
+
+
+def decayed(q: Tensor, k: Tensor, v: Tensor, g: Tensor) -> Tensor:
+    """sum_{j <= i} e^(b_i - b_j) (q_i . k_j) v_j, b = cumsum(g) over the tokens: q, k, v [B, H, N, D], g [B or 1,
+    H, N, 1 or D] (<= 0, the whole sequence's sum >= -gated.LIMIT) -> [B, H, N, D] fp32; see takes()."""
+    qf, kf, vf = (t.float().contiguous() for t in flatten(q, k, v))
+    g = g.float().expand(*q.shape[:3], g.shape[-1]).reshape(-1, q.shape[2], g.shape[-1]).contiguous()
+    return DecayedKernel.apply(qf, kf, vf, g).reshape(q.shape)

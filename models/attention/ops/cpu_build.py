@@ -154,6 +154,8 @@ declare(
     causal_backward=[P, P, P, P, P, P, I64, P, P, P, P, I64, I64, I64, I32, I32, P, P, P, P, I32],
     delta_forward=[P, P, P, P, I64, I64, I64, P, P, P, P, I32],
     delta_backward=[P, P, P, P, P, P, P, P, I64, I64, I64, P, P, P, P, I32],
+    decayed_forward=[P, P, P, P, I64, I64, I64, I64, P, I32],
+    decayed_backward=[P, P, P, P, P, I64, I64, I64, I64, P, P, P, P, I32],
 )
 
 
