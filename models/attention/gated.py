@@ -39,8 +39,9 @@ Causal, one chunk, on the CPU in fp32 (the text tower's 77 tokens): the same fac
 fused C kernel of the linear ops' causal forms (ops/causal_cpu.c's decayed_forward / decayed_backward: it takes the
 cumsum and e^b itself, scales q and k, does the lower triangle in register tiles and returns dL/dlog decay): one
 kernel call each way where the PyTorch form is a dozen small ops, whose fixed cost sets the time at 77 tokens (the
-cumsum and exp in PyTorch, forward and backward, took about 0.3 ms of gla's 2.3 ms on a 2-core AVX2 EPYC). Only while the whole sequence decays by at most e^-LIMIT on every
-feature (`factorisable`); else, and in fp64, on other devices, or with an explicit chunk_size below N, `chunk_scan`.
+cumsum and exp in PyTorch, forward and backward, took about 0.3 ms of gla's 2.3 ms on a 2-core AVX2 EPYC). Only
+while the whole sequence decays by at most e^-LIMIT on every feature (`factorisable`); else, and in fp64, on other
+devices, or with an explicit chunk_size below N, `chunk_scan`.
 
 On CUDA flash-linear-attention's chunk kernels replace `chunk_scan` in `gated_attention` (ops/fla_kernels.py, when fla
 imports): gla `fla.ops.gla.chunk_gla(q, k, v, g=log G)`, ssd `fla.ops.simple_gla.chunk_simple_gla(q, k, v, g=log a)`

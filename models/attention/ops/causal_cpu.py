@@ -17,6 +17,14 @@ from models.attention.ops.common import elu_feature, elu_feature_grad, flatten, 
 from models.attention.ops.op import Op
 
 
+def run(kernel: str, shape: torch.Size, *args) -> None:
+    """causal_cpu.c's `kernel` on args (tensors as their data pointers, None as NULL, integers as they are) with
+    torch's thread count; one error naming q's shape [G, N, D] when it could not allocate its scratch."""
+    pointers = (cpu_build.pointer(a) if a is None or isinstance(a, Tensor) else a for a in args)
+    status = getattr(cpu_build.library(), kernel)(*pointers, torch.get_num_threads())
+    cpu_build.check(status, shape[0], shape[-1])
+
+
 class CausalKernel(torch.autograd.Function):
     """forward(q, k, v [G, N, D] fp32 contiguous, keep [G, N, 1] or None, e [G, N, 1 or D] or None, op) -> o [G, N, D].
     Without unit features phi = elu + 1 and its derivative are applied here (PyTorch's exp is vectorised), the kernel
@@ -29,12 +37,25 @@ class CausalKernel(torch.autograd.Function):
             q, k = elu_feature(q), elu_feature(k)
         out = fresh(q, G, N, D)
         rq, rk, inv_den = (q.new_empty(G, N) for _ in range(3))
-        status = cpu_build.library().causal_forward(
-            q.data_ptr(), k.data_ptr(), v.data_ptr(), cpu_build.pointer(keep), cpu_build.pointer(e), width(e), G, N, D,
-            int(op.unit), int(op.normalised),
-            *(t.data_ptr() for t in (out, rq, rk, inv_den)), torch.get_num_threads(),
-        )  # fmt: skip
-        cpu_build.check(status, G, D)
+        run(
+            "causal_forward",
+            q.shape,
+            q,
+            k,
+            v,
+            keep,
+            e,
+            width(e),
+            G,
+            N,
+            D,
+            int(op.unit),
+            int(op.normalised),
+            out,
+            rq,
+            rk,
+            inv_den,
+        )
         ctx.op = op
         ctx.save_for_backward(q, k, v, keep, e, rq, rk, inv_den, out if op.normalised else None)
         return out
@@ -46,13 +67,28 @@ class CausalKernel(torch.autograd.Function):
         grad = grad.contiguous()
         grads = [fresh(x, G, N, D) for x in (q, k, v)]
         grad_e = None if e is None else torch.empty_like(e)
-        status = cpu_build.library().causal_backward(
-            grad.data_ptr(), *(t.data_ptr() for t in (q, k, v)), cpu_build.pointer(keep), cpu_build.pointer(e),
-            width(e), *(t.data_ptr() for t in (rq, rk, inv_den)), cpu_build.pointer(out), G, N, D, int(ctx.op.unit),
-            int(ctx.op.normalised),
-            *(t.data_ptr() for t in grads), cpu_build.pointer(grad_e), torch.get_num_threads(),
-        )  # fmt: skip
-        cpu_build.check(status, G, D)
+        flags = int(ctx.op.unit), int(ctx.op.normalised)
+        run(
+            "causal_backward",
+            q.shape,
+            grad,
+            q,
+            k,
+            v,
+            keep,
+            e,
+            width(e),
+            rq,
+            rk,
+            inv_den,
+            out,
+            G,
+            N,
+            D,
+            *flags,
+            *grads,
+            grad_e,
+        )
         if not ctx.op.unit and not ctx.op.raw:  # q, k are phi(q), phi(k) here
             grads[0], grads[1] = elu_feature_grad(q, grads[0]), elu_feature_grad(k, grads[1])
         return *grads, None, grad_e, None
@@ -89,11 +125,7 @@ class DeltaKernel(torch.autograd.Function):
         G, N, D = q.shape
         out, u = fresh(q, G, N, D), torch.empty_like(q)
         rq, rk = q.new_empty(G, N), q.new_empty(G, N)
-        status = cpu_build.library().delta_forward(
-            *(t.data_ptr() for t in (q, k, v, beta)), G, N, D,
-            *(t.data_ptr() for t in (out, u, rq, rk)), torch.get_num_threads(),
-        )  # fmt: skip
-        cpu_build.check(status, G, D)
+        run("delta_forward", q.shape, q, k, v, beta, G, N, D, out, u, rq, rk)
         ctx.save_for_backward(q, k, v, beta, rq, rk, u)
         return out
 
@@ -103,11 +135,7 @@ class DeltaKernel(torch.autograd.Function):
         G, N, D = q.shape
         grads = [fresh(x, G, N, D) for x in (q, k, v)]
         grad_beta = torch.empty_like(beta)
-        status = cpu_build.library().delta_backward(
-            *(t.data_ptr() for t in (grad.contiguous(), q, k, v, beta, rq, rk, u)), G, N, D,
-            *(t.data_ptr() for t in (*grads, grad_beta)), torch.get_num_threads(),
-        )  # fmt: skip
-        cpu_build.check(status, G, D)
+        run("delta_backward", q.shape, grad.contiguous(), q, k, v, beta, rq, rk, u, G, N, D, *grads, grad_beta)
         return *grads, grad_beta
 
 
@@ -129,10 +157,7 @@ class DecayedKernel(torch.autograd.Function):
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, g: Tensor) -> Tensor:
         G, N, D = q.shape
         out = fresh(q, G, N, D)
-        status = cpu_build.library().decayed_forward(
-            *(t.data_ptr() for t in (q, k, v, g)), g.shape[-1], G, N, D, out.data_ptr(), torch.get_num_threads()
-        )
-        cpu_build.check(status, G, D)
+        run("decayed_forward", q.shape, q, k, v, g, g.shape[-1], G, N, D, out)
         ctx.save_for_backward(q, k, v, g)
         return out
 
@@ -142,11 +167,7 @@ class DecayedKernel(torch.autograd.Function):
         G, N, D = q.shape
         grads = [fresh(x, G, N, D) for x in (q, k, v)]
         grad_g = torch.empty_like(g)
-        status = cpu_build.library().decayed_backward(
-            *(t.data_ptr() for t in (grad.contiguous(), q, k, v, g)), g.shape[-1], G, N, D,
-            *(t.data_ptr() for t in (*grads, grad_g)), torch.get_num_threads(),
-        )  # fmt: skip
-        cpu_build.check(status, G, D)
+        run("decayed_backward", q.shape, grad.contiguous(), q, k, v, g, g.shape[-1], G, N, D, *grads, grad_g)
         return *grads, grad_g
 
 
