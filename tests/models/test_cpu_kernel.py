@@ -4,6 +4,8 @@ the CPU in fp32, they agree with the O(N^2) reference and with the PyTorch paths
 ops/normalised.py, ops/causal.py) at every head size they support, and fall back cleanly when they cannot be
 built."""
 
+import ctypes
+
 import pytest
 import torch
 
@@ -168,8 +170,17 @@ def test_unsupported_inputs_take_the_pytorch_path():
 
 
 def test_a_second_build_reuses_the_cached_library(tmp_path, monkeypatch):
+    """The cache on a one-function source (the kernels' own build takes about 35 s on 2 cores; every other test here
+    loads it)."""
+    source = tmp_path / "source" / "kernel.c"
+    source.parent.mkdir()
+    source.write_text("int answer(void) { return 42; }\n")
+    monkeypatch.setattr(cpu_build, "SOURCES", [source])
+    monkeypatch.setattr(cpu_build, "HEADERS", [])
+    tmp_path = tmp_path / "cache"
     monkeypatch.setenv("CLIP_KERNEL_CACHE", str(tmp_path))
     first = cpu_build.build(cpu_build.compiler())
+    assert ctypes.CDLL(str(first)).answer() == 42
     stamp = first.stat().st_mtime_ns
     assert cpu_build.build(cpu_build.compiler()) == first and first.stat().st_mtime_ns == stamp
     assert [p.name for p in tmp_path.iterdir()] == [first.name]  # no temporary file left behind
