@@ -211,6 +211,19 @@ INLINE const float *tile_rows(const float *x, int64_t i0, int64_t N, float *pad,
   return pad;
 }
 
+/* sum_{i >= n} x[i P + n] y_i for the R columns n0.. of the lower triangle of x [N, P] (strict: i > n), into
+   out [N, D] rows n0..: R columns gathered, then one register tile. */
+INLINE void column_times(const float *x, const float *y, int64_t N, int64_t P, int64_t n0, int strict, float *col,
+                         float *tile, float *out, const int D) {
+  for (int64_t i = n0; i < N; i++)
+    for (int r = 0; r < R; r++) {
+      const int64_t n = n0 + r;
+      col[r * P + i - n0] = n < N && (strict ? i > n : i >= n) ? x[i * P + n] : 0.f;
+    }
+  tile_rows_times(col, P, y + n0 * D, N - n0, tile, D);
+  for (int r = 0; r < R && n0 + r < N; r++) memcpy(out + (n0 + r) * D, tile + r * D, D * sizeof(float));
+}
+
 /* w_in = c (1 + s) keep_n with unit features, c s without (elu's phi(k) is zero for padding), c = 1/2 for Eq. 7
    (unit, not normalised), else 1, for n < m, in place. */
 INLINE float half_of(int unit, int normalised) { return unit && !normalised ? 0.5f : 1.f; }
@@ -294,7 +307,7 @@ INLINE void head_backward(const float *g, const float *q, const float *k, const 
   const int64_t P = (N + 15) / 16 * 16, NR = (N + R - 1) / R * R;
   float *qf = s, *kf = s + N * D, *gkf = s + 2 * N * D, *kft = s + 3 * N * D, *vt = kft + D * P, *pad = vt + D * P;
   float *gpad = pad + R * D, *opad = gpad + R * D, *tile = opad + R * D, *ws = tile + R * D, *gws = ws + NR * P;
-  float *col = gws + NR * P, *gcol = col + R * P;
+  float *col = gws + NR * P;
   if (e) {
     raw_features(q, e, E, N, 0, qf, D);
     raw_features(k, e, E, N, 1, kf, D);
@@ -332,17 +345,8 @@ INLINE void head_backward(const float *g, const float *q, const float *k, const 
     }
   }
   for (int64_t n0 = 0; n0 < N; n0 += R) { /* keys, R at a time: the queries i >= n of their columns */
-    for (int64_t i = n0; i < N; i++)
-      for (int r = 0; r < R; r++) {
-        const int64_t n = n0 + r;
-        const int keep_it = n < N && i >= n;
-        col[r * P + i - n0] = keep_it ? ws[i * P + n] : 0.f;
-        gcol[r * P + i - n0] = keep_it ? gws[i * P + n] : 0.f;
-      }
-    tile_rows_times(gcol, P, qf + n0 * D, N - n0, tile, D);
-    for (int r = 0; r < R && n0 + r < N; r++) memcpy(gkf + (n0 + r) * D, tile + r * D, D * sizeof(float));
-    tile_rows_times(col, P, g + n0 * D, N - n0, tile, D);
-    for (int r = 0; r < R && n0 + r < N; r++) memcpy(gv + (n0 + r) * D, tile + r * D, D * sizeof(float));
+    column_times(gws, qf, N, P, n0, 0, col, tile, gkf, D);
+    column_times(ws, g, N, P, n0, 0, col, tile, gv, D);
   }
   if (e) raw_grads(k, kf, e, E, N, 1, gkf, gk, ge, D);
   else feature_grads(kf, unit ? rk : keep, N, unit, gkf, gk, D);
@@ -428,19 +432,6 @@ INLINE void delta_head_forward(const float *q, const float *k, const float *v, c
     tile_rows_times(w, P, u, m, t, D);
     for (int r = 0; r < R && i0 + r < N; r++) memcpy(o + (i0 + r) * D, t + r * D, D * sizeof(float));
   }
-}
-
-/* sum_{i >= n} x[i P + n] y_i for the R columns n0.. of the lower triangle of x [N, P] (strict: i > n), into
-   out [N, D] rows n0..: R columns gathered, then one register tile. */
-INLINE void column_times(const float *x, const float *y, int64_t N, int64_t P, int64_t n0, int strict, float *col,
-                         float *tile, float *out, const int D) {
-  for (int64_t i = n0; i < N; i++)
-    for (int r = 0; r < R; r++) {
-      const int64_t n = n0 + r;
-      col[r * P + i - n0] = n < N && (strict ? i > n : i >= n) ? x[i * P + n] : 0.f;
-    }
-  tile_rows_times(col, P, y + n0 * D, N - n0, tile, D);
-  for (int r = 0; r < R && n0 + r < N; r++) memcpy(out + (n0 + r) * D, tile + r * D, D * sizeof(float));
 }
 
 INLINE void delta_head_backward(const float *g, const float *q, const float *k, const float *v, const float *beta,
