@@ -2,7 +2,7 @@
 to it), D in 16/32/64/128, up to causal.QUADRATIC_MAX tokens; and deltanet's one chunk (`delta`, DeltaKernel).
 
 At the text tower's 77 tokens the PyTorch quadratic form (ops/causal.py) is a dozen small ops each way whose fixed
-cost, not the O(N^2 D) work, sets the time; the kernel does the lower triangle pair by pair, heads over threads.
+cost, not the O(N^2 D) work, sets the time; the kernel does the lower triangle in register tiles, heads over threads.
 Longer sequences take the op's torch.py (causal.py's chunked O(N) form), as do empty inputs. Saved for the
 backward: q, k, v (fp32), 1/|q|, 1/|k| and 1 / normaliser [G, N] and, normalised, the output.
 """
@@ -37,25 +37,8 @@ class CausalKernel(torch.autograd.Function):
             q, k = elu_feature(q), elu_feature(k)
         out = fresh(q, G, N, D)
         rq, rk, inv_den = (q.new_empty(G, N) for _ in range(3))
-        run(
-            "causal_forward",
-            q.shape,
-            q,
-            k,
-            v,
-            keep,
-            e,
-            width(e),
-            G,
-            N,
-            D,
-            int(op.unit),
-            int(op.normalised),
-            out,
-            rq,
-            rk,
-            inv_den,
-        )
+        flags = int(op.unit), int(op.normalised)
+        run("causal_forward", q.shape, q, k, v, keep, e, width(e), G, N, D, *flags, out, rq, rk, inv_den)
         ctx.op = op
         ctx.save_for_backward(q, k, v, keep, e, rq, rk, inv_den, out if op.normalised else None)
         return out
@@ -68,27 +51,8 @@ class CausalKernel(torch.autograd.Function):
         grads = [fresh(x, G, N, D) for x in (q, k, v)]
         grad_e = None if e is None else torch.empty_like(e)
         flags = int(ctx.op.unit), int(ctx.op.normalised)
-        run(
-            "causal_backward",
-            q.shape,
-            grad,
-            q,
-            k,
-            v,
-            keep,
-            e,
-            width(e),
-            rq,
-            rk,
-            inv_den,
-            out,
-            G,
-            N,
-            D,
-            *flags,
-            *grads,
-            grad_e,
-        )
+        saved = rq, rk, inv_den, out
+        run("causal_backward", q.shape, grad, q, k, v, keep, e, width(e), *saved, G, N, D, *flags, *grads, grad_e)
         if not ctx.op.unit and not ctx.op.raw:  # q, k are phi(q), phi(k) here
             grads[0], grads[1] = elu_feature_grad(q, grads[0]), elu_feature_grad(k, grads[1])
         return *grads, None, grad_e, None
