@@ -67,7 +67,8 @@ class TrainData:
         self._done_counts, self._live_counts = zero_counts(), {}
         self.captions = {"seen": 0, "truncated": 0}  # captions on this rank so far, and those cut to the context
         self.loader = Batches(self)
-        self.cache = SampleCache(cfg.cache_mb) if cfg.cache_mb else None  # kept across epochs (workers 0)
+        limits = (cfg.max_image_pixels, cfg.max_caption_bytes)
+        self.cache = SampleCache(cfg.cache_mb, limits) if cfg.cache_mb else None  # kept across epochs (workers 0)
         self._job()  # plan epoch 0 now, so that an impossible split fails at start-up
 
     def set_epoch(self, epoch: int) -> None:

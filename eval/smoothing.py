@@ -19,16 +19,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from eval.datasets import ImageFolderSet
-from eval.scaling_plot import plain_ticks
 
 FIGURE = "smoothing.png"
 
@@ -99,6 +94,14 @@ def count_layers(record: dict) -> int:
 
 def figure(runs: list[dict], path: Path) -> None:
     """The mean over layers of the kept share against samples seen, per attention (colour) and size (panel)."""
+    # imported here: a training process imports this module for kept_per_layer, and plotting's imports cost it ~1.5 s
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from eval.scaling_plot import plain_ticks
+
     sizes = list(dict.fromkeys(r["size"] for r in runs if r.get("kept_curve")))
     attentions = list(dict.fromkeys(r["attention"] for r in runs))
     fig, axes = plt.subplots(1, len(sizes), figsize=(4.6 * len(sizes), 3.6), dpi=110, squeeze=False)

@@ -22,7 +22,6 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from data import DataConfig, build_train_data
 from data.errors import DataError
@@ -493,6 +492,9 @@ def eval_model(accelerator, model: nn.Module, model_cfg: ModelConfig) -> nn.Modu
 
 def full_copy(model: nn.Module, model_cfg: ModelConfig, device) -> nn.Module:
     """A plain CLIP holding the full weights of a model sharded with fully_shard, on every rank (all must call it)."""
+    # imported here: torch.distributed.checkpoint costs a process ~1 s to import, and only FSDP runs come here
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
     # without cpu_offload every rank receives the full tensors (with it, only rank 0 would)
     state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
     full = build_clip(model_cfg).to(device)

@@ -1,6 +1,7 @@
 """The study's local runner: its runs as `python -m train` processes on this machine, `jobs` at a time, each with
 `threads_per_job` threads, started as forks of this process (train/forked.py) or fresh interpreters; the first
-failure stops them all. The Slurm runner of the same grid is train/sweep.py.
+failure stops them all. The Slurm runner of the same grid is train/sweep.py. Forked runs that keep their shards in
+memory (data.workers 0, data.cache_mb) find them read and decoded once, by this process (data/cache.py: preload).
 """
 
 from __future__ import annotations
@@ -48,9 +49,33 @@ def ready_to_start(job: Job) -> bool:
     return after is None or after.reused or (after.process is not None and after.process.returncode == 0)
 
 
+def preload_data(jobs: list[Job], report=print) -> None:
+    """Read and decode, in this process, the training shards of the runs that will be its forks and keep their
+    shards in memory (data.workers 0, data.cache_mb > 0): each run then skips reading and decoding its first epoch."""
+    from data.cache import preload
+    from data.sources import expand_spec
+    from train.config import load_config
+
+    started, kept, wanted = time.perf_counter(), 0.0, {}
+    for job in jobs:
+        if job.argv[1:3] != ["-m", "train"]:
+            continue
+        data = load_config(job.argv[3:], warn=False).data
+        if data.workers == 0 and data.cache_mb > 0:
+            key = (data.train_shards, data.max_image_pixels, data.max_caption_bytes)
+            wanted[key] = max(wanted.get(key, 0), data.cache_mb)
+    for (spec, max_pixels, max_caption_bytes), max_mb in wanted.items():
+        kept += preload(expand_spec(spec)[0], max_mb, max_pixels, max_caption_bytes)
+    if kept:
+        seconds = time.perf_counter() - started
+        report(f"training shards read and decoded once for the runs: {kept:.0f} MB in {seconds:.0f} s")
+
+
 def run_jobs(jobs: list[Job], parallel: int, threads: int, report=print, launch: str = "exec") -> list[float]:
     """Run every job, `parallel` at a time; stop all on the first failure. Returns the 1-minute load averages
     sampled while they ran (how busy the machine was)."""
+    if launch == "fork":
+        preload_data(jobs, report)
     waiting, running, loads, done = list(jobs), [], [], 0
     # A terminated study stops its runs too (the finally below), instead of leaving them running.
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))

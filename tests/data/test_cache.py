@@ -84,3 +84,46 @@ def test_cache_with_worker_processes_is_one_line_error(tmp_path):
     spec = write_shards(tmp_path, [4])
     with pytest.raises(DataError, match=r"data.cache_mb=64 needs data.workers=0 .*: set data.workers=0"):
         epochs(spec, 1, cache_mb=64, workers=2)
+
+
+@pytest.fixture
+def preloaded(monkeypatch):
+    """data.cache's preloaded shards, emptied after the test."""
+    monkeypatch.setattr(data.cache, "PRELOADED", {})
+    monkeypatch.setattr(data.cache, "PRELOADED_LIMITS", {})
+    return data.cache
+
+
+def run_epochs(spec: str, n: int, **options):
+    cfg = DataConfig(train_shards=spec, **{"batch_size": 8, "workers": 0, "shuffle_buffer": 5} | options)
+    train = build_train_data(cfg, CROP, ids_tokenizer)
+    out = []
+    for epoch in range(n):
+        train.set_epoch(epoch)
+        out.append(list(train.loader))
+    return out, train.skipped()
+
+
+def test_preloaded_shards_give_the_same_batches_and_counts_without_reading_a_tar(tmp_path, counted, preloaded):
+    spec = write_shards(tmp_path, [7, 13, 5])
+    (tmp_path / "0001.tar").write_bytes((tmp_path / "0001.tar").read_bytes()[:4000])  # broken off mid-shard
+    plain, plain_skipped = run_epochs(spec, 2, cache_mb=1)
+    assert plain_skipped["unreadable_tar"] > 0  # bad input is counted: the counts could differ
+    urls = [str(tmp_path / f"000{k}.tar") for k in range(3)]
+    defaults = DataConfig(train_shards=spec)
+    assert preloaded.preload(urls, 1, defaults.max_image_pixels, defaults.max_caption_bytes) > 0
+    counted.update(tars=0, decoded=0)
+    again, again_skipped = run_epochs(spec, 2, cache_mb=1)
+    assert same(plain, again) and again_skipped == plain_skipped
+    assert counted == {"tars": 0, "decoded": plain_skipped["unreadable_tar"]}  # only the broken tar's marker
+
+
+def test_preloaded_shards_decoded_under_other_limits_or_relative_paths_are_not_used(tmp_path, counted, preloaded):
+    spec = write_shards(tmp_path, [6, 6])
+    urls = [str(tmp_path / f"000{k}.tar") for k in range(2)]
+    preloaded.preload(urls, 1, 10**6, 4)  # captions of at most 4 bytes: every sample refused
+    assert preloaded.preload(["0000.tar"], 1, 10**6, 65_536) == 0  # relative: a fork may run elsewhere
+    counted.update(tars=0, decoded=0)
+    batches, skipped = run_epochs(spec, 1, cache_mb=1)
+    assert sum(len(tokens) for _, tokens, *_ in batches[0]) == 12 and not any(skipped.values())
+    assert counted == {"tars": 2, "decoded": 12}

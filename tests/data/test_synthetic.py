@@ -56,9 +56,9 @@ def test_command_line_writes_data_the_loader_reads(tmp_path):
 def test_validation_split_is_held_out_and_captions_fit_a_short_context(tmp_path):
     """The validation shards have the training format and their own samples; every caption fits the 16-token
     context of the demo sizes (configs/models/demo-*.json), start and end tokens included."""
-    import open_clip
+    from models.config import open_clip_with_sizes
 
-    import models  # noqa: F401 (registers the demo sizes with open_clip)
+    open_clip = open_clip_with_sizes()  # open_clip with the demo sizes registered
 
     make_synthetic(tmp_path, train_samples=200, val_samples=150, eval_per_class=1, shard_size=100, image_size=16)
     assert json.loads((tmp_path / "val" / "sizes.json").read_text()) == {"00000.tar": 100, "00001.tar": 50}

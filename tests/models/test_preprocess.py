@@ -85,3 +85,15 @@ def test_cached_tokenizer_counts_captions_cut_to_the_context():
     rows = cached([fits, long, short, long])
     assert torch.equal(rows, tokenizer([fits, long, short, long]))
     assert cached.truncated([fits, long, short, long]) == 2 and cached.truncated([fits, short]) == 0
+
+
+@pytest.mark.parametrize("mode", ["RGB", "L", "RGBA"])
+def test_to_uint8_is_pil_to_tensor(mode):
+    from torchvision.transforms.functional import pil_to_tensor
+
+    from models.preprocess import ToUint8
+
+    for image in images(3, seed=1):
+        image = image.convert(mode)
+        got, expected = ToUint8()(image), pil_to_tensor(image)
+        assert got.dtype == torch.uint8 and got.shape == expected.shape and torch.equal(got, expected)
