@@ -20,10 +20,11 @@ __all__ = [
     "summary",
     "tiny_model_names",
     "tokenizer",
+    "tokenizer_key",
     "transforms",
 ]
 LAZY = {
-    **dict.fromkeys(["CLIP", "build_clip", "create_model", "tokenizer", "transforms"], "models.clip"),
+    **dict.fromkeys(["CLIP", "build_clip", "create_model", "tokenizer", "tokenizer_key", "transforms"], "models.clip"),
     **dict.fromkeys(["ModelConfig", "tiny_model_names"], "models.config"),
     **dict.fromkeys(
         ["export_open_clip", "load_pretrained", "read_state_dict", "resample_positions"], "models.pretrained"

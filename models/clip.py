@@ -183,6 +183,11 @@ def transforms(model_or_cfg: CLIP | ModelConfig | str):
     return open_clip.image_transform(size, is_train=True), open_clip.image_transform(size, is_train=False)
 
 
+def tokenizer_key(cfg: ModelConfig) -> tuple[str, int]:
+    """What open_clip's tokenizer for the size depends on: its name and context length (models.preprocess's key)."""
+    return cfg.name, resolved_size(cfg)["text_cfg"]["context_length"]
+
+
 def tokenizer(model_or_cfg: CLIP | ModelConfig | str):
     """open_clip's tokenizer for the size (BPE, vocab 49408), padded to the model's context length."""
     if isinstance(model_or_cfg, CLIP):

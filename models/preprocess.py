@@ -119,37 +119,47 @@ def split_normalise(transform) -> tuple[object, Normalise | None]:
     return T.Compose([*steps, ToUint8()]), Normalise(normalize.mean, normalize.std)
 
 
+# Rows of captions tokenized once by a study before it forks its runs (share_rows), per tokenizer key
+# (models.clip.tokenizer_key: the size and its context length); a CachedTokenizer with that key reads them.
+SHARED_ROWS: dict[tuple, dict[str, tuple[Tensor, bool]]] = {}
+
+
 class CachedTokenizer:
     """tokenizer(list of captions) -> [n, L], remembering the rows of the last `size` distinct captions, and whether
     each was cut to fit the context (`truncated(captions)` counts them).
 
     Exact for tokenizers that encode each caption on its own (open_clip's: BPE, padded or cut to L, the last token
     then end-of-text). Captions that repeat (templates, small vocabularies, several epochs of one set) are tokenized
-    once."""
+    once; with a `key`, the rows SHARED_ROWS holds for it (tokenized before this process was forked) are used as
+    they are, outside the `size` bound."""
 
-    def __init__(self, tokenizer, size: int = 65536):
+    def __init__(self, tokenizer, size: int = 65536, key: tuple | None = None):
         self.tokenizer, self.size = tokenizer, size
         self.rows: OrderedDict[str, tuple[Tensor, bool]] = OrderedDict()
+        self.shared = SHARED_ROWS.get(key, {}) if key is not None else {}
 
     def __call__(self, captions: list[str] | str) -> Tensor:
         if isinstance(captions, str):
             captions = [captions]
-        missing = list(dict.fromkeys(c for c in captions if c not in self.rows))
+        missing = list(dict.fromkeys(c for c in captions if c not in self.rows and c not in self.shared))
         if missing:
             for caption, row in zip(missing, self.tokenizer(missing), strict=True):
                 # a clone, not a view that would keep the whole batch alive
                 self.rows[caption] = (row.clone(), self.was_cut(caption, row))
         out = []
         for caption in captions:
-            self.rows.move_to_end(caption)
-            out.append(self.rows[caption][0])
+            kept = self.shared.get(caption)
+            if kept is None:
+                self.rows.move_to_end(caption)
+                kept = self.rows[caption]
+            out.append(kept[0])
         while len(self.rows) > self.size:
             self.rows.popitem(last=False)
         return torch.stack(out)
 
     def truncated(self, captions: list[str]) -> int:
         """How many of `captions` (tokenized by the last call) lost tokens to the context length."""
-        return sum(self.rows[c][1] for c in captions if c in self.rows)
+        return sum((self.shared.get(c) or self.rows[c])[1] for c in captions if c in self.shared or c in self.rows)
 
     def was_cut(self, caption: str, row: Tensor) -> bool:
         """A row with no padding left may have been cut: then the caption's own length decides (BPE tokenizers
@@ -159,7 +169,21 @@ class CachedTokenizer:
         encode = getattr(self.tokenizer, "encode", None)
         return encode is None or len(encode(caption)) + 2 > row.numel()
 
+    def __getstate__(self) -> dict:  # a worker process started by spawn gets no shared rows (it tokenizes them again)
+        return {**self.__dict__, "shared": {}}
+
     def __getattr__(self, name: str):  # context_length, vocab_size, ... of the wrapped tokenizer
         if "tokenizer" not in self.__dict__:  # while unpickling
             raise AttributeError(name)
         return getattr(self.__dict__["tokenizer"], name)
+
+
+def share_rows(key: tuple, tokenizer, captions: list[str]) -> int:
+    """Tokenize the distinct `captions` once into SHARED_ROWS[key] (before a study forks its runs); returns how many.
+    In groups of 64, as training batches: tensors below ATen's grain size, so no thread pool starts before the fork
+    (train/forked.py)."""
+    cached, unique = CachedTokenizer(tokenizer, size=len(captions) + 1), list(dict.fromkeys(captions))
+    for start in range(0, len(unique), 64):
+        cached(unique[start : start + 64])
+    SHARED_ROWS.setdefault(key, {}).update(cached.rows)
+    return len(unique)

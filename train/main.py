@@ -32,7 +32,7 @@ from eval.sharding import Shard, random_state_kept
 from eval.smoothing import kept_per_layer, sample_images
 from eval.val_loss import check_val_shards, validation_loss
 from eval.zeroshot import evaluate
-from models import ModelConfig, build_clip, run_folder, summary, tokenizer, transforms
+from models import ModelConfig, build_clip, run_folder, summary, tokenizer, tokenizer_key, transforms
 from models.preprocess import CachedTokenizer, split_normalise
 from models.run_folder import CheckpointError, is_url, read_meta
 from train import distill, stages, towers
@@ -229,7 +229,7 @@ def build_data(data_cfg: DataConfig, model_cfg: ModelConfig, augment: bool, acce
         return build_train_data(
             data_cfg,
             per_sample,
-            CachedTokenizer(tokenizer(model_cfg)),
+            CachedTokenizer(tokenizer(model_cfg), key=tokenizer_key(model_cfg)),
             rank=accelerator.process_index,
             world_size=accelerator.num_processes,
             batch_transform=per_batch,

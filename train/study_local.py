@@ -51,24 +51,35 @@ def ready_to_start(job: Job) -> bool:
 
 def preload_data(jobs: list[Job], report=print) -> None:
     """Read and decode, in this process, the training shards of the runs that will be its forks and keep their
-    shards in memory (data.workers 0, data.cache_mb > 0): each run then skips reading and decoding its first epoch."""
-    from data.cache import preload
+    shards in memory (data.workers 0, data.cache_mb > 0), and tokenize their captions once per tokenizer: each run
+    then skips reading, decoding and tokenizing its first epoch (data/cache.py, models/preprocess.py)."""
+    from data.cache import DECODED, PRELOADED, preload
     from data.sources import expand_spec
+    from models import tokenizer, tokenizer_key
+    from models.preprocess import share_rows
     from train.config import load_config
 
-    started, kept, wanted = time.perf_counter(), 0.0, {}
+    started, kept, wanted, models = time.perf_counter(), 0.0, {}, {}
     for job in jobs:
         if job.argv[1:3] != ["-m", "train"]:
             continue
-        data = load_config(job.argv[3:], warn=False).data
-        if data.workers == 0 and data.cache_mb > 0:
-            key = (data.train_shards, data.max_image_pixels, data.max_caption_bytes)
-            wanted[key] = max(wanted.get(key, 0), data.cache_mb)
+        cfg = load_config(job.argv[3:], warn=False)
+        if cfg.data.workers == 0 and cfg.data.cache_mb > 0:
+            key = (cfg.data.train_shards, cfg.data.max_image_pixels, cfg.data.max_caption_bytes)
+            wanted[key] = max(wanted.get(key, 0), cfg.data.cache_mb)
+            models.setdefault(tokenizer_key(cfg.model), (cfg.model, cfg.data.train_shards))
     for (spec, max_pixels, max_caption_bytes), max_mb in wanted.items():
         kept += preload(expand_spec(spec)[0], max_mb, max_pixels, max_caption_bytes)
+    captions = 0
+    for key, (model, spec) in models.items():
+        samples = [s for url in expand_spec(spec)[0] for s in PRELOADED.get(url, ())]
+        captions = share_rows(key, tokenizer(model), [s[DECODED][1] for s in samples if DECODED in s])
     if kept:
         seconds = time.perf_counter() - started
-        report(f"training shards read and decoded once for the runs: {kept:.0f} MB in {seconds:.0f} s")
+        report(
+            f"training shards read and decoded once for the runs: {kept:.0f} MB, {captions} distinct captions "
+            f"tokenized for each of {len(models)} sizes, in {seconds:.0f} s"
+        )
 
 
 def run_jobs(jobs: list[Job], parallel: int, threads: int, report=print, launch: str = "exec") -> list[float]:

@@ -97,3 +97,30 @@ def test_to_uint8_is_pil_to_tensor(mode):
         image = image.convert(mode)
         got, expected = ToUint8()(image), pil_to_tensor(image)
         assert got.dtype == torch.uint8 and got.shape == expected.shape and torch.equal(got, expected)
+
+
+def test_shared_rows_give_the_same_rows_and_counts_without_tokenizing_again(monkeypatch):
+    import models.preprocess
+
+    monkeypatch.setattr(models.preprocess, "SHARED_ROWS", {})
+    tokenizer = open_clip.get_tokenizer("ViT-B-32", context_length=8)
+    captions = ["a b c d e f g h i j", "a red circle", "a blue square", "a red circle"]
+    assert models.preprocess.share_rows(("ViT-B-32", 8), tokenizer, captions[:3]) == 3
+    calls = []
+
+    def counted(texts):
+        calls.append(list(texts))
+        return tokenizer(texts)
+
+    shared = CachedTokenizer(counted, key=("ViT-B-32", 8))
+    mixed = [*captions, "two green triangles"]
+    assert torch.equal(shared(mixed), tokenizer(mixed))
+    assert calls == [["two green triangles"]]  # only the caption no study tokenized before
+    fresh = CachedTokenizer(tokenizer)
+    fresh(mixed)
+    assert shared.truncated(mixed) == fresh.truncated(mixed) == 1  # the long caption, cut to 8 tokens
+    other = CachedTokenizer(counted, key=("ViT-B-32", 16))  # another key: tokenized here
+    other(captions[:1])
+    assert calls[-1] == captions[:1]
+    spawned = pickle.loads(pickle.dumps(CachedTokenizer(tokenizer, key=("ViT-B-32", 8))))
+    assert spawned.shared == {} and torch.equal(spawned(mixed), tokenizer(mixed))  # a spawned worker tokenizes
