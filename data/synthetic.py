@@ -48,9 +48,11 @@ import functools
 import inspect
 import io
 import json
+import multiprocessing
 import os
 import tarfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -230,8 +232,11 @@ def write_split(
     extent=EXTENT,
     patterns: bool = False,
     task: str = "shapes",
+    workers: int = 1,
 ) -> str:
-    """Write the shards of one split (0 train, 2 validation) and sizes.json; return the brace spec of the shards."""
+    """Write the shards of one split (0 train, 2 validation) and sizes.json; return the brace spec of the shards.
+    With `workers` > 1 the shards are written by that many forked processes: each shard has its own seeded stream,
+    so the files are the same byte for byte."""
     out.mkdir(parents=True, exist_ok=True)
     counts = [min(shard_size, samples - start) for start in range(0, samples, shard_size)]
     if task == "scenes":
@@ -241,8 +246,16 @@ def write_split(
         from data.synthetic_long import write_long_shard as write
     else:
         write = functools.partial(write_shard, extent=extent, patterns=patterns)
-    for shard, count in enumerate(counts):
-        write(out / f"{shard:05d}.tar", shard * shard_size, count, seed, (split, shard), image_size)
+    jobs = [
+        (out / f"{k:05d}.tar", k * shard_size, count, seed, (split, k), image_size) for k, count in enumerate(counts)
+    ]
+    if workers > 1 and len(jobs) > 1:
+        context = multiprocessing.get_context("fork")
+        with ProcessPoolExecutor(min(workers, len(jobs)), mp_context=context) as pool:
+            list(pool.map(write, *zip(*jobs, strict=True)))
+    else:
+        for job in jobs:
+            write(*job)
     sizes = {f"{shard:05d}.tar": count for shard, count in enumerate(counts)}
     (out / "sizes.json").write_text(json.dumps(sizes, indent=1))
     last = len(counts) - 1
@@ -281,6 +294,7 @@ def make_synthetic(
     extent: tuple[float, float] = EXTENT,
     patterns: bool = False,
     task: str = "shapes",
+    workers: int = 1,
 ) -> str:
     """Write the whole data set under `out` (layout in the module docstring); return the train spec.
 
@@ -288,7 +302,8 @@ def make_synthetic(
     extent: the range of shape sizes as fractions of the image side; small shapes at a high resolution make a task
     that needs the resolution (a shape a few pixels wide loses its form when the model sees the image smaller).
     patterns: shapes plain or patterned in 1-pixel lines (PATTERNS), zero-shot classes colour x pattern: a detail
-    that a view at half the resolution loses."""
+    that a view at half the resolution loses.
+    workers: processes writing the training and validation shards (the same bytes with any number)."""
     if captions not in CAPTIONS:
         raise ValueError(f"synthetic data: captions {captions!r} is not one of {', '.join(CAPTIONS)}")
     if task not in TASKS:
@@ -305,15 +320,16 @@ def make_synthetic(
             f"synthetic data: extent {list(extent)} must be two fractions 0.02 <= low <= high <= 0.9 "
             "(short captions only)"
         )
-    if train_samples < 1 or shard_size < 1 or eval_per_class < 0 or image_size < 8 or val_samples < 0:
+    if train_samples < 1 or shard_size < 1 or eval_per_class < 0 or image_size < 8 or val_samples < 0 or workers < 1:
         raise ValueError(
             "synthetic data: need train_samples >= 1, shard_size >= 1, eval_per_class >= 0, val_samples >= 0, "
-            "image_size >= 8"
+            "image_size >= 8, workers >= 1"
         )
     out = Path(out)
-    spec = write_split(out / "train", train_samples, shard_size, seed, 0, image_size, captions, extent, patterns, task)
+    options = {"captions": captions, "extent": extent, "patterns": patterns, "task": task, "workers": workers}
+    spec = write_split(out / "train", train_samples, shard_size, seed, 0, image_size, **options)
     if val_samples:
-        write_split(out / "val", val_samples, shard_size, seed, 2, image_size, captions, extent, patterns, task)
+        write_split(out / "val", val_samples, shard_size, seed, 2, image_size, **options)
     if task == "scenes":
         from data.scenes import write_scene_eval
 
@@ -345,6 +361,7 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--image-size", type=int, default=32)
     parser.add_argument("--shard-size", type=int, default=1000)
+    parser.add_argument("--workers", type=int, default=1, help="processes writing the shards (the same bytes)")
     parser.add_argument("--task", choices=TASKS, default="shapes", help="scenes: Zipf-frequent concepts (data.scenes)")
     parser.add_argument("--captions", choices=CAPTIONS, default="short", help="long: several shapes, 60-300 tokens")
     parser.add_argument(

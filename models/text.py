@@ -11,7 +11,8 @@ feature never depends on padding and the attention is called with key_mask=None.
 after the batch's longest caption can be left out: on the CPU the tower encodes only up to that caption's EOT
 (`trim_padding`; the main job's captions fill 12 of 16 positions at most in a batch, a quarter less text work;
 every causal attention gives the same prefix on a shorter sequence: tests/models/test_text_padding.py). Not on other
-devices, where reading the length back would stall the host until the device caught up.
+devices, where reading the length back would stall the host until the device caught up, nor in attention transfer,
+whose loss reads every position (train/distill.py: keep_padding).
 """
 
 from __future__ import annotations

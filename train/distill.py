@@ -50,6 +50,7 @@ from models.attention import Attention
 from models.config import open_clip_with_sizes
 from models.pretrained import load_pretrained, match_scalars, read_state_dict
 from models.run_folder import CheckpointError
+from models.text import TextTower
 from train.loss import build_loss, gather_with_grad
 
 SHARED = ("in_proj_weight", "in_proj_bias", "out_proj.weight", "out_proj.bias")  # open_clip's, in every variant
@@ -137,6 +138,7 @@ class AttentionTransfer:
         self.names = [f"transfer/mse/{name.removesuffix('.attn')}" for name in attention_layers(teacher)]
 
     def __call__(self, model: nn.Module, images: Tensor, tokens: Tensor) -> Tensor:
+        keep_padding(self.teacher, model)
         records = teacher_records(self.teacher, images, tokens, self.autocast)
         layers = list(attention_layers(model).values())  # module order, the teacher's, whatever wraps the student
         outputs: list = [None] * len(layers)
@@ -165,6 +167,15 @@ class AttentionTransfer:
             # teacher's): a zero multiple of the features takes the backward through every unit
             loss = loss + 0 * sum(f.float().sum() for f in features)
         return loss
+
+
+def keep_padding(*models: nn.Module) -> None:
+    """The text towers encode every position, the padding's too (models/text.py trims it on the CPU): the transfer's
+    MSE is over every position, so its loss is then the same with any split of the batch into micro-batches."""
+    for model in models:
+        for module in model.modules():
+            if isinstance(module, TextTower):
+                module.trim_padding = False
 
 
 def teacher_records(teacher: nn.Module, images: Tensor, tokens: Tensor, autocast) -> list[tuple]:

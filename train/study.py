@@ -106,8 +106,9 @@ def data_paths(folder: Path) -> dict[str, str]:
 
 
 def make_data(folder: Path, study: Study, seed: int) -> dict[str, str]:
-    """The embedded data set of the study (data.make_synthetic with its `data:` settings) in `folder`."""
-    make_synthetic(folder, seed=seed, **study.data)
+    """The embedded data set of the study (data.make_synthetic with its `data:` settings) in `folder`, its shards
+    written by `jobs` processes (the same bytes as one)."""
+    make_synthetic(folder, seed=seed, **{"workers": study.jobs, **study.data})
     return data_paths(folder)
 
 

@@ -114,3 +114,17 @@ def test_patterns_need_the_full_resolution(tmp_path):
     assert abs(half["plain"][12:20, 12:20] - half["striped"][12:20, 12:20]).mean() > 10  # plain stays lighter
     with pytest.raises(ValueError, match="patterns go with short captions only"):
         make_synthetic(tmp_path / "long", train_samples=4, captions="long", patterns=True)
+
+
+@pytest.mark.parametrize("task", ["shapes", "scenes"])
+def test_shards_written_by_two_processes_are_the_same_bytes(tmp_path, task):
+    options = {"train_samples": 250, "val_samples": 120, "eval_per_class": 1, "shard_size": 100, "task": task}
+    make_synthetic(tmp_path / "one", **options)
+    make_synthetic(tmp_path / "two", workers=2, **options)
+    for split, shards in (("train", 3), ("val", 2)):
+        names = sorted(p.name for p in (tmp_path / "one" / split).iterdir())
+        assert len(names) == shards + 1  # the shards and sizes.json
+        for name in names:
+            assert (tmp_path / "two" / split / name).read_bytes() == (tmp_path / "one" / split / name).read_bytes()
+    with pytest.raises(ValueError, match="workers >= 1"):
+        make_synthetic(tmp_path / "none", workers=0, **options)
