@@ -14,14 +14,19 @@ from tests.data.shardmaker import ids_tokenizer, write_shards
 CROP = T.Compose([T.RandomResizedCrop(6, scale=(0.3, 1.0)), T.PILToTensor()])
 
 
-def epochs(spec: str, n: int, **options) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
+def run_epochs(spec: str, n: int, **options) -> tuple[list[list[tuple[torch.Tensor, torch.Tensor]]], dict]:
+    """(the batches of each of n epochs, the skipped samples' counts by cause)."""
     cfg = DataConfig(train_shards=spec, **{"batch_size": 8, "workers": 0, "shuffle_buffer": 5} | options)
     train = build_train_data(cfg, CROP, ids_tokenizer)
     out = []
     for epoch in range(n):
         train.set_epoch(epoch)
         out.append(list(train.loader))
-    return out
+    return out, train.skipped()
+
+
+def epochs(spec: str, n: int, **options) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
+    return run_epochs(spec, n, **options)[0]
 
 
 def same(a, b) -> bool:
@@ -92,16 +97,6 @@ def preloaded(monkeypatch):
     monkeypatch.setattr(data.cache, "PRELOADED", {})
     monkeypatch.setattr(data.cache, "PRELOADED_LIMITS", {})
     return data.cache
-
-
-def run_epochs(spec: str, n: int, **options):
-    cfg = DataConfig(train_shards=spec, **{"batch_size": 8, "workers": 0, "shuffle_buffer": 5} | options)
-    train = build_train_data(cfg, CROP, ids_tokenizer)
-    out = []
-    for epoch in range(n):
-        train.set_epoch(epoch)
-        out.append(list(train.loader))
-    return out, train.skipped()
 
 
 def test_preloaded_shards_give_the_same_batches_and_counts_without_reading_a_tar(tmp_path, counted, preloaded):
