@@ -179,11 +179,14 @@ class CachedTokenizer:
 
 
 def share_rows(key: tuple, tokenizer, captions: list[str]) -> int:
-    """Tokenize the distinct `captions` once into SHARED_ROWS[key] (before a study forks its runs); returns how many.
-    In groups of 64, as training batches: tensors below ATen's grain size, so no thread pool starts before the fork
-    (train/forked.py)."""
-    cached, unique = CachedTokenizer(tokenizer, size=len(captions) + 1), list(dict.fromkeys(captions))
-    for start in range(0, len(unique), 64):
-        cached(unique[start : start + 64])
-    SHARED_ROWS.setdefault(key, {}).update(cached.rows)
+    """Tokenize the distinct `captions` once into SHARED_ROWS[key] (before a study forks its runs; those it holds
+    already, from an earlier call, are not tokenized again); returns how many distinct captions it then holds of
+    them. In groups of 64, as training batches: tensors below ATen's grain size, so no thread pool starts before the
+    fork (train/forked.py)."""
+    shared, unique = SHARED_ROWS.setdefault(key, {}), list(dict.fromkeys(captions))
+    missing = [c for c in unique if c not in shared]
+    cached = CachedTokenizer(tokenizer, size=len(missing) + 1)
+    for start in range(0, len(missing), 64):
+        cached(missing[start : start + 64])
+    shared.update(cached.rows)
     return len(unique)

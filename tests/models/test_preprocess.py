@@ -107,6 +107,8 @@ def test_shared_rows_give_the_same_rows_and_counts_without_tokenizing_again(monk
     captions = ["a b c d e f g h i j", "a red circle", "a blue square", "a red circle"]
     assert models.preprocess.share_rows(("ViT-B-32", 8), tokenizer, captions[:3]) == 3
     calls = []
+    assert models.preprocess.share_rows(("ViT-B-32", 8), lambda texts: calls.append(texts), captions) == 3
+    assert calls == []  # a second study phase tokenizes none of them again
 
     def counted(texts):
         calls.append(list(texts))
