@@ -188,7 +188,8 @@ def collective_failure(error: RuntimeError, timeout_s: float) -> str | None:
     """One line for a collective that timed out or lost its peer (gloo's errors; NCCL's watchdog aborts instead),
     naming this rank, the other rank when there are two, and the fix; None for any other error."""
     text = str(error)
-    timed_out = "Timed out" in text or "timed out" in text
+    # a timeout in a send or receive, or in work that runs asynchronously (DDP's gradient all-reduce in the backward)
+    timed_out = "Timed out" in text or "timed out" in text or "Application timeout caused pair closure" in text
     if not (timed_out or "Connection closed by peer" in text or "Connection reset by peer" in text):
         return None
     initialized = torch.distributed.is_available() and torch.distributed.is_initialized()

@@ -117,6 +117,7 @@ def test_a_killed_rank_ends_the_job_within_30_s_and_the_rerun_resumes(tmp_path, 
     "text, fault",
     [
         ("[gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 3000ms for recv operation to complete", "waited"),
+        ("Application timeout caused pair closure", "waited"),  # gloo's, from DDP's all-reduce in a backward
         ("[gloo/transport/tcp/pair.cc:561] Connection closed by peer [127.0.0.1]:10373.", "closed its connection"),
         ("CUDA out of memory", None),
     ],
