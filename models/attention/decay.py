@@ -32,6 +32,10 @@ Causal in one block on the CPU in fp32 (the text tower): gamma^(i - j) = e^(b_i)
 (|b| <= 4.1 up to WHOLE tokens), so the masked matrix is a causal linear attention on q e^b, k e^-b, computed by the
 fused C kernel of the linear ops (`raw_causal`, ops/causal_cpu.c, given e^b; also ssd's, gla's and deltanet's one
 chunk).
+retention_2d on the CPU in fp32, for grids of more than 9 D tokens (576 at D = 64; shorter ones cost less as the
+matrix): the fused C kernel of ops/manhattan_cpu.c (`manhattan.two_sided`), which sweeps the rows down and up with
+one d x d state per column and reads them with two running sums over the columns, O(N D^2) and no blocks; its
+backward is the same kernel three times (the decayed matrix is symmetric).
 On CUDA retention runs flash-linear-attention's chunk_retention instead, causal and two-sided (ops/fla_kernels.py,
 when fla imports).
 """
@@ -45,7 +49,7 @@ from torch import Tensor
 from models.attention import reference
 from models.attention.base import Attention, scale
 from models.attention.linear import LinearAttention
-from models.attention.ops import causal_cpu, cpu_build, fla_kernels
+from models.attention.ops import causal_cpu, cpu_build, fla_kernels, manhattan
 from models.attention.ops.common import check_key_mask, compute_dtype
 from models.attention.ops.op import Op
 from models.attention.registry import register_attention
@@ -239,7 +243,10 @@ def retention_2d(
     out = q1 @ (k0.transpose(-1, -2) @ v0)
     if n > n_pre:
         grid = [F.pad(t, (0, 0, 0, rows * cols - (n - n_pre))) for t in (q1, k1, v1)]
-        decayed = two_sided(*grid, log_gammas(q.shape[1], q), cols, max(1, chunk_size // cols))
+        if manhattan.takes(q, rows, cols):  # CPU, fp32, longer grids: the C kernel's sweeps, O(N D^2)
+            decayed = manhattan.two_sided(*grid, log_gammas(q.shape[1], q), cols)
+        else:
+            decayed = two_sided(*grid, log_gammas(q.shape[1], q), cols, max(1, chunk_size // cols))
         out = out + decayed[:, :, : n - n_pre]
     return torch.cat([out_pre, out], 2).to(dtype)
 

@@ -29,10 +29,11 @@ Function a dozen large ops forward and two dozen backward, none recorded (about 
 77 tokens on 2 cores). Its backward: dU = tril(Q^ K^T)^T dO; G = (I + A)^-T dU is d(diag(beta) V) with A =
 StrictTril(diag(beta) K^ K^T); dA = -StrictTril(G U^T), which reaches beta (dbeta_i = G_i . v_i + sum_j dA_ij k^_i .
 k^_j) and K^ K^T; the normalisations' Jacobians last. On the CPU in fp32 (and bf16, upcast) the same one chunk runs
-on the fused C kernel instead (ops/causal_cpu.py's `delta`, causal_cpu.c's delta_forward / delta_backward: the
-normalisations, the forward substitution for U, the causal product, and the backward above with a back substitution
-for G, in register tiles of 4 rows, heads over threads): forward + backward at 77 tokens (B = 1, H = 6, D = 64) about
-1.5 ms against Whole's 3.6 ms on a 2-core AVX2 EPYC. With a key mask the one chunk's O is a causal linear attention
+on the fused C kernel instead (ops/causal_cpu.py's `delta`, causal_cpu.c's delta_forward / delta_backward: beta =
+sigmoid of the logits read where the projection wrote them, [B, N, H], the normalisations, the forward substitution
+for U, the causal product, and the backward above with a back substitution for G and dL/dlogits, in register tiles of
+4 rows, heads over threads): forward + backward at 77 tokens (B = 1, H = 6, D = 64) about 1.5 ms against Whole's
+3.6 ms on a 2-core AVX2 EPYC. With a key mask the one chunk's O is a causal linear attention
 on raw features, on the CPU in fp32 the fused C kernel (decay.raw_causal, ops/causal_cpu.c).
 flash-linear-attention's `fla.ops.delta_rule.chunk_delta_rule` computes the same but refuses fp32, the compute dtype
 here, so deltanet keeps these forms on CUDA too (its fp32 kernels match `recurrent` to 1e-6

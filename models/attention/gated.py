@@ -35,13 +35,16 @@ matmul as GLA's chunk form (Yang et al. 2024, sec. 4.1), as long as no chunk dec
 work). Memory: N C for the chunks' matrices (the exact form: N C D), N D^2 / C for the states.
 
 Causal, one chunk, on the CPU in fp32 (the text tower's 77 tokens): the same factorisation for both families,
-(q_i e^(b_i)) . (k_j e^(-b_j)) with b the cumulative log decay from the first token, the log decays handed to the
-fused C kernel of the linear ops' causal forms (ops/causal_cpu.c's decayed_forward / decayed_backward: it takes the
-cumsum and e^b itself, scales q and k, does the lower triangle in register tiles and returns dL/dlog decay): one
-kernel call each way where the PyTorch form is a dozen small ops, whose fixed cost sets the time at 77 tokens (the
-cumsum and exp in PyTorch, forward and backward, took about 0.3 ms of gla's 2.3 ms on a 2-core AVX2 EPYC). Only
-while the whole sequence decays by at most e^-LIMIT on every feature (`factorisable`); else, and in fp64, on other
-devices, or with an explicit chunk_size below N, `chunk_scan`.
+(q_i e^(b_i)) . (k_j e^(-b_j)) with b the cumulative log decay from the first token, on the fused C kernel of the
+linear ops' causal forms (ops/causal_cpu.c's decayed_forward / decayed_backward). The layer hands it its gates as
+its projection wrote them, [B, N, H E] (`gates`, `gate_kernel`): the kernel takes the log decays factor *
+logsigmoid(sign * x) (ssd: sign -1, factor 1; gla: sign 1, factor 1 / temperature), their cumsum and e^b, the
+1 / sqrt(D) of q and the key mask itself, does the lower triangle in register tiles and returns dL/dx: one kernel
+call each way where the PyTorch form is a dozen small ops (the gates' transpose to heads and its copy, logsigmoid,
+the factor, the cumsum and exponential, the scaling of q, each with its backward), whose fixed cost sets the time at
+77 tokens. Only while the whole sequence decays by at most e^-LIMIT on every feature (`factorisable`; the kernel
+checks it and writes nothing otherwise); else, and in fp64, on other devices, or with an explicit chunk_size below N,
+`chunk_scan`.
 
 On CUDA flash-linear-attention's chunk kernels replace `chunk_scan` in `gated_attention` (ops/fla_kernels.py, when fla
 imports): gla `fla.ops.gla.chunk_gla(q, k, v, g=log G)`, ssd `fla.ops.simple_gla.chunk_simple_gla(q, k, v, g=log a)`
@@ -58,7 +61,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from models.attention import reference
-from models.attention.base import Attention
+from models.attention.base import Attention, scale
 from models.attention.decay import check_options, chunk_for, decayed_step, prepare, raw_kernel_takes
 from models.attention.ops import causal_cpu, fla_kernels
 from models.attention.ops.common import compute_dtype
@@ -124,6 +127,15 @@ def kernel_takes(q: Tensor, log_decay: Tensor, chunk: int, causal: bool) -> bool
     return causal and chunk >= q.shape[2] and raw_kernel_takes(q) and factorisable(log_decay, q.shape[2])
 
 
+def gate_kernel(
+    q: Tensor, k: Tensor, v: Tensor, x: Tensor, key_mask: Tensor | None, gates: causal_cpu.Gates
+) -> Tensor | None:
+    """The layer's causal one-chunk form on causal_cpu.c from its gates x [B, N, H E] as its projection wrote them
+    (the kernel takes the log decays, q's scale and the key mask itself: causal_cpu.gated); None when some head
+    decays by more than e^-LIMIT over the sequence (not factorisable), for the caller's chunked form."""
+    return causal_cpu.gated(q, k, v, x, key_mask, gates, LIMIT)
+
+
 def causal_kernel(q: Tensor, k: Tensor, v: Tensor, log_decay: Tensor) -> Tensor:
     """sum_{j <= i} (q_i e^(b_i)) . (k_j e^(-b_j)) v_j on causal_cpu.c, b = cumsum(log_decay) over the tokens (the
     kernel takes the cumsum and e^b itself: causal_cpu.decayed); q already scaled, padded keys' k, v zeroed (so no key
@@ -174,7 +186,8 @@ def linear(x: Tensor, layer: nn.Linear) -> Tensor:
 
 
 class GatedAttention(Attention):
-    """A layer whose decays come from its own projections of v (`log_decay`); it takes the options in `known`."""
+    """A layer whose decays come from its own projection of v: log decays factor * logsigmoid(sign * gates(v)); it
+    takes the options in `known`."""
 
     time_power = 1
 
@@ -188,16 +201,28 @@ class GatedAttention(Attention):
         self.chunk_size = options.get("chunk_size")  # unset: decay.chunk_for's choice, default_chunk beyond WHOLE
         self.exact_chunk = options.get("exact_chunk", 8)
 
-    def log_decay(self, v: Tensor) -> Tensor:
-        """v [B, H, N, D] -> log decays [B, H, N, 1 or D], <= 0, in the compute dtype."""
+    sign = 1  # log decay = factor * logsigmoid(sign * gates)
+    factor = 1.0
+
+    def gates(self, v: Tensor) -> Tensor:
+        """v [B, H, N, D] -> the gates [B, N, H E] (E = 1 or D) in the compute dtype, as the projection writes them."""
         raise NotImplementedError
 
+    def log_decay(self, v: Tensor) -> Tensor:
+        """v [B, H, N, D] -> log decays [B, H, N, 1 or D], <= 0, in the compute dtype."""
+        x = self.gates(v)
+        g = F.logsigmoid(x if self.sign > 0 else -x)
+        return (g if self.factor == 1 else g * self.factor).unflatten(2, (self.num_heads, -1)).transpose(1, 2)
+
     def attention(self, q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None) -> Tensor:
+        chunk = chunk_for(q.shape[2], self.chunk_size, self.default_chunk)
+        if self.causal and chunk >= q.shape[2] and raw_kernel_takes(q):
+            read = causal_cpu.Gates(self.num_heads, self.sign, self.factor, scale(q.shape[-1]))
+            out = gate_kernel(q, k, v, self.gates(v), key_mask, read)
+            if out is not None:
+                return out.to(q.dtype)
         g = self.log_decay(v)
-        chunks = {
-            "chunk_size": chunk_for(q.shape[2], self.chunk_size, self.default_chunk),
-            "exact_chunk": self.exact_chunk,
-        }
+        chunks = {"chunk_size": chunk, "exact_chunk": self.exact_chunk}
         return gated_attention(q, k, v, g, causal=self.causal, key_mask=key_mask, **chunks)
 
     def attention_reference(self, q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None) -> Tensor:
@@ -225,8 +250,10 @@ class SsdAttention(GatedAttention):
         with torch.no_grad():
             self.decay_proj.bias.copy_(dt + torch.log(-torch.expm1(-dt)))  # softplus^-1(dt), as Mamba-2's dt_bias
 
-    def log_decay(self, v: Tensor) -> Tensor:
-        return -F.softplus(linear(tokens(v), self.decay_proj)).transpose(1, 2)[..., None]  # [B, H, N, 1]
+    sign = -1  # log a = -softplus(x) = logsigmoid(-x)
+
+    def gates(self, v: Tensor) -> Tensor:
+        return linear(tokens(v), self.decay_proj)  # [B, N, H]
 
 
 @register_attention("gla")
@@ -241,10 +268,9 @@ class GlaAttention(GatedAttention):
     def __init__(self, dim: int, num_heads: int, *, causal: bool = False, qkv_bias: bool = True, **options):
         super().__init__(dim, num_heads, causal=causal, qkv_bias=qkv_bias, **options)
         self.temperature = options.get("gate_temperature", 16)
+        self.factor = 1 / self.temperature
         self.gate_down = nn.Linear(dim, options.get("gate_rank", 16), bias=False)
         self.gate_up = nn.Linear(self.gate_down.out_features, dim)
 
-    def log_decay(self, v: Tensor) -> Tensor:
-        B, H, N, D = v.shape
-        logits = linear(linear(tokens(v), self.gate_down), self.gate_up)  # [B, N, H * D]
-        return (F.logsigmoid(logits) / self.temperature).view(B, N, H, D).transpose(1, 2)
+    def gates(self, v: Tensor) -> Tensor:
+        return linear(linear(tokens(v), self.gate_down), self.gate_up)  # [B, N, H * D]

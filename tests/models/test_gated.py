@@ -161,28 +161,37 @@ def test_one_line_errors():
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_text_tower_length_takes_the_c_kernel_and_equals_the_reference(kind, monkeypatch):
-    """Causal, fp32, 77 tokens, one chunk: the layer goes through causal_cpu.c with q e^b, k e^-b as raw features
-    (called once), and its output and every gradient (the decay projection's included) match the fp64 reference;
-    steep decays (beyond e^-LIMIT over the sequence) leave the kernel for the chunked form."""
+    """Causal, fp32, 77 tokens, one chunk: the layer hands its gates as its projection wrote them to causal_cpu.c
+    (called once; the kernel takes the log decays, q's scale and the key mask), and its output and every gradient
+    (the gate projections' included) match the fp64 reference; gates that decay by more than e^-LIMIT over the
+    sequence leave the kernel (it writes nothing) for the chunked form, which matches the reference too."""
     from models.attention import gated
 
     if not gated.raw_kernel_takes(torch.zeros(1, 1, 1, 16)):
         pytest.skip("no C compiler: the kernel is not built")
-    calls, original = [], gated.causal_kernel
-    monkeypatch.setattr(gated, "causal_kernel", lambda *a: calls.append(1) or original(*a))
+    results, original = [], gated.gate_kernel
+    monkeypatch.setattr(gated, "gate_kernel", lambda *a: results.append(original(*a)) or results[-1])
     layer_against_reference(kind, True, 77)
-    assert calls == [1]
+    assert len(results) == 1 and results[0] is not None
+    results.clear()
+    layer_against_reference(kind, True, 77, steep=True)
+    assert len(results) == 1 and results[0] is None
     q = qkv(1, 2, 77, d=16)[0].float()
     steep = torch.full((1, 2, 77, KINDS[kind] or 16), -1.0)
     assert not gated.kernel_takes(q, steep, 77, causal=True) and gated.kernel_takes(q, steep / 10, 77, causal=True)
     assert not gated.kernel_takes(q, steep / 10, 64, causal=True) and not gated.kernel_takes(q, steep / 10, 77, False)
 
 
-def layer_against_reference(kind, causal, n):
+def layer_against_reference(kind, causal, n, steep=False):
     """The layer in fp32 against its quadratic reference in fp64 on n tokens with padded keys: the output to 1e-5,
-    the gradients of q, k, v and of every parameter to 1e-4; returns the fp32 layer."""
+    the gradients of q, k, v and of every parameter to 1e-4; returns the fp32 layer. `steep`: gate biases that
+    decay each token by about e^-0.6 (e^-46 over 77 tokens)."""
     torch.manual_seed(0)
     fast = build_attention(kind, 64, 4, causal=causal)
+    if steep:
+        with torch.no_grad():
+            bias = fast.decay_proj.bias if kind == "ssd" else fast.gate_up.bias
+            bias.fill_(0.4 if kind == "ssd" else -10.0)
     exact = build_attention(kind, 64, 4, causal=causal).double()
     exact.load_state_dict(fast.state_dict())
     base, mask = qkv(2, 4, n, d=16), padded(2, n)
@@ -227,3 +236,35 @@ def test_the_c_kernel_takes_the_log_decays_and_returns_their_gradient(B, H, N, D
     scale = max(w.abs().max() for w in wanted)  # one token: dL/dg is exactly 0, q's and k's terms cancel
     for have, expected in zip(torch.autograd.grad(got, args32, grad.float()), wanted):
         assert (have.double() - expected).abs().max() <= 1e-4 * max(expected.abs().max(), 1e-2 * scale)
+
+
+@pytest.mark.parametrize(
+    "B,H,N,D,E,sign", [(1, 1, 1, 16, 1, -1), (2, 3, 7, 32, 32, 1), (2, 6, 77, 64, 1, -1), (1, 2, 77, 64, 64, 1)]
+)
+def test_the_c_kernel_reads_the_gates_where_the_projection_wrote_them(B, H, N, D, E, sign):
+    """causal_cpu.gated: the log decays factor * logsigmoid(sign x) from the gates x [B, N, H E] (token-major), q
+    scaled, padded tokens (key mask) neither keys nor decays, against the fp64 definition on the same inputs;
+    gradients of q, k, v and of x included."""
+    generator = torch.Generator().manual_seed(N + E)
+    q, k, v = (torch.randn(B, H, N, D, generator=generator, dtype=torch.float64) for _ in range(3))
+    x = 2 * torch.randn(B, N, H * E, generator=generator, dtype=torch.float64)
+    mask = torch.rand(B, N, generator=generator) > 0.3
+    mask[:, 0] = True
+    factor, q_scale = 1 / 16 if E > 1 else 0.5, D**-0.5
+    args = [t.clone().requires_grad_() for t in (q, k, v, x)]
+    a_q, a_k, a_v, a_x = args
+    g = (factor * torch.nn.functional.logsigmoid(sign * a_x)).unflatten(2, (H, E)).transpose(1, 2)
+    keep = mask[:, None, :, None].double()
+    want = decayed_definition(a_q * q_scale, a_k * keep, a_v, g * keep)
+    grad = torch.randn_like(want)
+    wanted = torch.autograd.grad(want, args, grad)
+    args32 = [t.detach().float().requires_grad_() for t in args]
+    gates = causal_cpu.Gates(heads=H, sign=sign, factor=factor, scale=q_scale)
+    got = causal_cpu.gated(*args32[:3], args32[3], mask, gates, limit=1e9)
+    assert (got.double() - want).abs().max() <= 1e-5 * want.abs().max()
+    scale = max(w.abs().max() for w in wanted)
+    for have, expected in zip(torch.autograd.grad(got, args32, grad.float()), wanted):
+        assert (have.double() - expected).abs().max() <= 1e-4 * max(expected.abs().max(), 1e-2 * scale)
+    steepest = float((g * keep).sum(2).min())  # the sequence's total log decay on the steepest feature
+    for limit in (-0.5 * steepest, -2 * steepest):  # the kernel refuses only where b falls below -limit
+        assert (causal_cpu.gated(*args32[:3], args32[3], mask, gates, limit=limit) is None) == (limit < -steepest)

@@ -56,18 +56,19 @@ INLINE void features(const float *x, const float *keep, const float *r, int64_t 
   }
 }
 
-/* Raw features f = x e (queries) or x / e (keys) of N rows. */
-INLINE void raw_features(const float *x, const float *e, int64_t E, int64_t N, int keys, float *f, const int D) {
+/* Raw features f = x e (queries) or keep x / e (keys; keep NULL: 1) of N rows. */
+INLINE void raw_features(const float *x, const float *e, const float *keep, int64_t E, int64_t N, int keys, float *f,
+                         const int D) {
   for (int64_t n = 0; n < N; n++) {
-    const float *xn = x + n * D, *en = e + n * E;
+    const float *xn = x + n * D, *en = e + n * E, kn = keys && keep ? keep[n] : 1.f;
     float *fn = f + n * D;
     if (E == 1) {
-      const float c = keys ? 1.f / en[0] : en[0];
+      const float c = keys ? kn / en[0] : en[0];
 #pragma omp simd
       for (int d = 0; d < D; d++) fn[d] = xn[d] * c;
     } else if (keys) {
 #pragma omp simd
-      for (int d = 0; d < D; d++) fn[d] = xn[d] / en[d];
+      for (int d = 0; d < D; d++) fn[d] = kn * xn[d] / en[d];
     } else {
 #pragma omp simd
       for (int d = 0; d < D; d++) fn[d] = xn[d] * en[d];
@@ -75,18 +76,19 @@ INLINE void raw_features(const float *x, const float *e, int64_t E, int64_t N, i
   }
 }
 
-/* dL/dx and dL/de (added into ge) of raw features from gf = dL/df, f = x e (queries) or x / e (keys): dL/dx = gf e or
-   gf / e, dL/de = gf x or -gf f / e, summed over the features when E = 1. */
-INLINE void raw_grads(const float *x, const float *f, const float *e, int64_t E, int64_t N, int keys, const float *gf,
-                      float *gx, float *ge, const int D) {
+/* dL/dx and dL/de (added into ge) of raw features from gf = dL/df, f = x e (queries) or keep x / e (keys): dL/dx =
+   gf e or keep gf / e, dL/de = gf x or -gf f / e, summed over the features when E = 1. */
+INLINE void raw_grads(const float *x, const float *f, const float *e, const float *keep, int64_t E, int64_t N,
+                      int keys, const float *gf, float *gx, float *ge, const int D) {
   for (int64_t n = 0; n < N; n++) {
     const float *xn = x + n * D, *fn = f + n * D, *gn = gf + n * D, *en = e + n * E;
+    const float kn = keys && keep ? keep[n] : 1.f;
     float *out = gx + n * D, *gen = ge + n * E, sum = 0.f;
     if (E == 1 && keys) {
       const float c = 1.f / en[0];
 #pragma omp simd reduction(+ : sum)
       for (int d = 0; d < D; d++) {
-        out[d] = gn[d] * c;
+        out[d] = kn * gn[d] * c;
         sum += gn[d] * fn[d];
       }
       gen[0] -= sum * c;
@@ -101,7 +103,7 @@ INLINE void raw_grads(const float *x, const float *f, const float *e, int64_t E,
 #pragma omp simd
       for (int d = 0; d < D; d++) {
         const float c = 1.f / en[d];
-        out[d] = gn[d] * c;
+        out[d] = kn * gn[d] * c;
         gen[d] -= gn[d] * fn[d] * c;
       }
     } else {
@@ -236,8 +238,8 @@ INLINE void weights(float *s, const float *keep, int64_t m, int unit, int normal
 }
 
 INLINE void head_forward(const float *q, const float *k, const float *v, const float *keep, const float *e, int64_t E,
-                         int64_t N, int unit, int normalised, float *o, float *rq, float *rk, float *inv_den, float *s,
-                         const int D) {
+                         int64_t N, int unit, int normalised, float scale, float *o, float *rq, float *rk,
+                         float *inv_den, float *s, const int D) {
   const int64_t P = (N + 15) / 16 * 16;
   float *qf = s, *kf = s + N * D, *kft = s + 2 * N * D, *w = kft + D * P, *pad = w + R * P, *ot = pad + R * D;
   if (unit) {
@@ -245,8 +247,8 @@ INLINE void head_forward(const float *q, const float *k, const float *v, const f
     scales(k, keep, N, rk, D);
   }
   if (e) {
-    raw_features(q, e, E, N, 0, qf, D);
-    raw_features(k, e, E, N, 1, kf, D);
+    raw_features(q, e, NULL, E, N, 0, qf, D);
+    raw_features(k, e, keep, E, N, 1, kf, D);
   } else {
     features(q, NULL, rq, N, unit, qf, D);
     features(k, keep, rk, N, unit, kf, D);
@@ -271,7 +273,7 @@ INLINE void head_forward(const float *q, const float *k, const float *v, const f
     }
     tile_rows_times(w, P, v, m, ot, D);
     for (int r = 0; r < R && i0 + r < N; r++) {
-      const float c = normalised ? inv[r] : 1.f;
+      const float c = normalised ? inv[r] : scale;
       float *oi = o + (i0 + r) * D;
 #pragma omp simd
       for (int d = 0; d < D; d++) oi[d] = ot[r * D + d] * c;
@@ -302,15 +304,15 @@ INLINE void feature_grads(const float *f, const float *r, int64_t N, int unit, c
    stored once (adding into every key's row once per later query cost three times the forward). */
 INLINE void head_backward(const float *g, const float *q, const float *k, const float *v, const float *keep,
                           const float *e, int64_t E, const float *rq, const float *rk, const float *inv_den,
-                          const float *o, int64_t N, int unit, int normalised, float *gq, float *gk, float *gv,
-                          float *ge, float *s, const int D) {
+                          const float *o, int64_t N, int unit, int normalised, float scale, float *gq, float *gk,
+                          float *gv, float *ge, float *s, const int D) {
   const int64_t P = (N + 15) / 16 * 16, NR = (N + R - 1) / R * R;
   float *qf = s, *kf = s + N * D, *gkf = s + 2 * N * D, *kft = s + 3 * N * D, *vt = kft + D * P, *pad = vt + D * P;
   float *gpad = pad + R * D, *opad = gpad + R * D, *tile = opad + R * D, *ws = tile + R * D, *gws = ws + NR * P;
   float *col = gws + NR * P;
   if (e) {
-    raw_features(q, e, E, N, 0, qf, D);
-    raw_features(k, e, E, N, 1, kf, D);
+    raw_features(q, e, NULL, E, N, 0, qf, D);
+    raw_features(k, e, keep, E, N, 1, kf, D);
     memset(ge, 0, N * E * sizeof(float));
   } else {
     features(q, NULL, rq, N, unit, qf, D); /* from the forward's scales */
@@ -329,7 +331,7 @@ INLINE void head_backward(const float *g, const float *q, const float *k, const 
       float *wr = w + r * P, *gr = gw + r * P;
       const int64_t last = i < N ? i : -1;
       if (i < N) weights(wr, keep, i + 1, unit, normalised);
-      const float inv = normalised && i < N ? inv_den[i] : 1.f;
+      const float inv = normalised && i < N ? inv_den[i] : scale;
 #pragma omp simd
       for (int64_t n = 0; n <= last; n++) {
         gr[n] *= inv * (unit ? c * (keep ? keep[n] : 1.f) : c);
@@ -340,7 +342,7 @@ INLINE void head_backward(const float *g, const float *q, const float *k, const 
     tile_rows_times(gw, P, kf, m, tile, D);
     for (int r = 0; r < R && i0 + r < N; r++) {
       const int64_t i = i0 + r;
-      if (e) raw_grads(q + i * D, qf + i * D, e + i * E, E, 1, 0, tile + r * D, gq + i * D, ge + i * E, D);
+      if (e) raw_grads(q + i * D, qf + i * D, e + i * E, NULL, E, 1, 0, tile + r * D, gq + i * D, ge + i * E, D);
       else feature_grads(qf + i * D, unit ? rq + i : NULL, 1, unit, tile + r * D, gq + i * D, D);
     }
   }
@@ -348,7 +350,7 @@ INLINE void head_backward(const float *g, const float *q, const float *k, const 
     column_times(gws, qf, N, P, n0, 0, col, tile, gkf, D);
     column_times(ws, g, N, P, n0, 0, col, tile, gv, D);
   }
-  if (e) raw_grads(k, kf, e, E, N, 1, gkf, gk, ge, D);
+  if (e) raw_grads(k, kf, e, keep, E, N, 1, gkf, gk, ge, D);
   else feature_grads(kf, unit ? rk : keep, N, unit, gkf, gk, D);
 }
 
@@ -380,7 +382,7 @@ int causal_forward(const float *q, const float *k, const float *v, const float *
   if (!HEAD_DIM_OK(D)) return 2;
 #define FORWARD(d)                                                                                        \
   head_forward(q + h * N * d, k + h * N * d, v + h * N * d, keep ? keep + h * N : NULL, e ? e + h * N * E : NULL, \
-               E, N, unit, normalised, o + h * N * d, rq + h * N, rk + h * N, inv_den + h * N, s, d)
+               E, N, unit, normalised, 1.f, o + h * N * d, rq + h * N, rk + h * N, inv_den + h * N, s, d)
   FOR_EACH_HEAD(4, 0, FORWARD)
 }
 
@@ -392,7 +394,8 @@ int causal_backward(const float *g, const float *q, const float *k, const float 
 #define BACKWARD(d)                                                                                         \
   head_backward(g + h * N * d, q + h * N * d, k + h * N * d, v + h * N * d, keep ? keep + h * N : NULL,          \
                 e ? e + h * N * E : NULL, E, rq + h * N, rk + h * N, inv_den + h * N, o ? o + h * N * d : NULL, N, \
-                unit, normalised, gq + h * N * d, gk + h * N * d, gv + h * N * d, ge ? ge + h * N * E : NULL, s, d)
+                unit, normalised, 1.f, gq + h * N * d, gk + h * N * d, gv + h * N * d, ge ? ge + h * N * E : NULL, s, \
+                d)
   FOR_EACH_HEAD(6, 2, BACKWARD)
 }
 
@@ -502,33 +505,20 @@ INLINE void delta_head_backward(const float *g, const float *q, const float *k, 
   feature_grads(kn, rk, N, 1, dkn, gk, D);
 }
 
-int delta_forward(const float *q, const float *k, const float *v, const float *beta, int64_t G, int64_t N, int64_t D,
-                  float *o, float *u, float *rq, float *rk, int threads) {
-  if (!HEAD_DIM_OK(D)) return 2;
-#define DELTA_FORWARD(d)                                                                                       \
-  delta_head_forward(q + h * N * d, k + h * N * d, v + h * N * d, beta + h * N, N, o + h * N * d, u + h * N * d, \
-                     rq + h * N, rk + h * N, s, d)
-  FOR_EACH_HEAD(4, 0, DELTA_FORWARD)
+/* Gates read where the layer's projection wrote them (the decay families' log decays, deltanet's beta logits):
+   x [B, N, H E] token-major, all heads of a token side by side as F.linear leaves them; head i = (b, h) = (i / H,
+   i % H) starts at x + b N H E + h E, and H E floats lie between one token's values and the next. H = 1 reads x as
+   [G, N, E]. So the caller's transpose to heads, its copy and the gates' elementwise ops with their backward are
+   none. keep [B, N] (B = G / H) or NULL. */
+INLINE const float *head_gates(const float *x, int64_t i, int64_t H, int64_t N, int64_t E) {
+  return x + (i / H) * N * H * E + (i % H) * E;
 }
 
-int delta_backward(const float *g, const float *q, const float *k, const float *v, const float *beta, const float *rq,
-                   const float *rk, const float *u, int64_t G, int64_t N, int64_t D, float *gq, float *gk, float *gv,
-                   float *gbeta, int threads) {
-  if (!HEAD_DIM_OK(D)) return 2;
-#define DELTA_BACKWARD(d)                                                                                            \
-  delta_head_backward(g + h * N * d, q + h * N * d, k + h * N * d, v + h * N * d, beta + h * N, rq + h * N, rk + h * N, \
-                      u + h * N * d, N, gq + h * N * d, gk + h * N * d, gv + h * N * d, gbeta + h * N, s, d)
-  FOR_EACH_HEAD(12, 6, DELTA_BACKWARD)
-}
-
-/* The decay families' one chunk from their log decays g (ssd: [G, N, 1], gla: [G, N, D]; <= 0) rather than from e:
-   e = exp(b), b = cumsum_n g, computed here (one pass, the exponential below), and the backward returns dL/dg =
-   sum_{m >= n} dL/db_m with dL/db = dL/de e, so the caller's cumsum and exp, and their backward, are no PyTorch ops.
-   exp_neg: e^x for -87 <= x <= 0 (b >= -LIMIT, gated.py), the range reduction x = n log 2 + r, |r| <= log(2) / 2, and
-   a degree-7 polynomial for e^r (Taylor; relative error under 3e-7 there), 2^n through the exponent bits; a plain
-   loop of it vectorises, where libm's expf is one call per element. */
+/* exp_neg: e^x for -87 <= x <= 0 (smaller x clamped), the range reduction x = n log 2 + r, |r| <= log(2) / 2, and a
+   degree-7 polynomial for e^r (Taylor; relative error under 3e-7 there), 2^n through the exponent bits; a plain loop
+   of it vectorises (with -fno-trapping-math: the clamp's select), where libm's expf is one call per element. */
 INLINE float exp_neg(float x) {
-  x = fmaxf(x, -87.f);
+  x = x < -87.f ? -87.f : x;
   const float n = nearbyintf(x * 1.44269504f);
   const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
   float p = 1.f / 5040.f;
@@ -546,35 +536,145 @@ INLINE float exp_neg(float x) {
   return p * scale.f;
 }
 
-/* e [N, E] = exp(cumsum over the N rows of g [N, E]). */
-INLINE void decay_factors(const float *g, int64_t N, int64_t E, float *e) {
-  for (int64_t j = 0; j < E; j++) e[j] = g[j];
-  for (int64_t n = 1; n < N; n++)
-#pragma omp simd
-    for (int64_t j = 0; j < E; j++) e[n * E + j] = e[(n - 1) * E + j] + g[n * E + j];
-#pragma omp simd
-  for (int64_t i = 0; i < N * E; i++) e[i] = exp_neg(e[i]);
+/* log(1 + t) for 0 <= t <= 1: 2 atanh(s), s = t / (2 + t) in [0, 1/3], its odd series through s^13 (truncation
+   under 1e-8 there); vectorises as exp_neg does. */
+INLINE float log1p_unit(float t) {
+  const float s = t / (2.f + t), s2 = s * s;
+  float p = 1.f / 13.f;
+  p = p * s2 + 1.f / 11.f;
+  p = p * s2 + 1.f / 9.f;
+  p = p * s2 + 1.f / 7.f;
+  p = p * s2 + 1.f / 5.f;
+  p = p * s2 + 1.f / 3.f;
+  p = p * s2 + 1.f;
+  return 2.f * s * p;
 }
 
-int decayed_forward(const float *q, const float *k, const float *v, const float *g, int64_t E, int64_t G, int64_t N,
-                    int64_t D, float *o, int threads) {
+/* log sigmoid(y) = min(y, 0) - log(1 + e^-|y|), and sigmoid(-y) (its derivative), each from one exponential. */
+INLINE float log_sigmoid(float y) { return (y < 0.f ? y : 0.f) - log1p_unit(exp_neg(-fabsf(y))); }
+
+INLINE float sigmoid_neg(float y) {
+  const float t = exp_neg(-fabsf(y));
+  return (y < 0.f ? 1.f : t) / (1.f + t);
+}
+
+/* deltanet's beta [N] = sigmoid(x) of one head's logits (H floats from one token's to the next). */
+INLINE void betas(const float *x, int64_t H, int64_t N, float *beta) {
+#pragma omp simd
+  for (int64_t n = 0; n < N; n++) beta[n] = sigmoid_neg(-x[n * H]);
+}
+
+int delta_forward(const float *q, const float *k, const float *v, const float *x, int64_t H, int64_t G, int64_t N,
+                  int64_t D, float *o, float *u, float *rq, float *rk, int threads) {
   if (!HEAD_DIM_OK(D)) return 2;
-#define DECAYED_FORWARD(d)                                                                                         \
-  decay_factors(g + h * N * E, N, E, s);                                                                           \
-  head_forward(q + h * N * d, k + h * N * d, v + h * N * d, NULL, s, E, N, 0, 0, o + h * N * d, NULL, NULL, NULL, \
-               s + (N + 16) * d, d)
+#define DELTA_FORWARD(d)                                                                                    \
+  betas(head_gates(x, h, H, N, 1), H, N, s);                                                                \
+  delta_head_forward(q + h * N * d, k + h * N * d, v + h * N * d, s, N, o + h * N * d, u + h * N * d, rq + h * N, \
+                     rk + h * N, s + (N + 16) * d, d)
+  FOR_EACH_HEAD(5, 0, DELTA_FORWARD)
+}
+
+/* The backward's dL/dbeta into scratch, then dL/dx = dL/dbeta beta (1 - beta) where x lies. */
+int delta_backward(const float *g, const float *q, const float *k, const float *v, const float *x, const float *rq,
+                   const float *rk, const float *u, int64_t H, int64_t G, int64_t N, int64_t D, float *gq, float *gk,
+                   float *gv, float *gx, int threads) {
+  if (!HEAD_DIM_OK(D)) return 2;
+#define DELTA_BACKWARD(d)                                                                                            \
+  do {                                                                                                               \
+    float *gx_h = (float *)head_gates(gx, h, H, N, 1);                                                               \
+    betas(head_gates(x, h, H, N, 1), H, N, s);                                                                       \
+    delta_head_backward(g + h * N * d, q + h * N * d, k + h * N * d, v + h * N * d, s, rq + h * N, rk + h * N,        \
+                        u + h * N * d, N, gq + h * N * d, gk + h * N * d, gv + h * N * d, s + N + 16,                 \
+                        s + (N + 16) * d, d);                                                                        \
+    for (int64_t n = 0; n < N; n++) gx_h[n * H] = s[N + 16 + n] * s[n] * (1.f - s[n]);                               \
+  } while (0)
+  FOR_EACH_HEAD(13, 6, DELTA_BACKWARD)
+}
+
+/* The decay families' one chunk (decay.py's retention, gated.py's ssd and gla) from their gates x: per head the log
+   decays g [N, E] (E = 1: ssd, one per token; E = D: gla, one per token and key feature) are g = x (gate 0) or
+   c log sigmoid(gate x) (gate +-1: ssd's -softplus(x) is gate -1, gla's log sigmoid(x) / 16 gate 1 with c = 1/16),
+   zero for padded tokens (keep_n = 0: decay 1); b = cumsum_n g and e = e^b are computed here, q e and keep k / e are
+   the raw features, the output is scaled by `scale` (1 / sqrt(D)). The forward also writes what the backward needs
+   of the gates, e [G, N, E] and dg/dx (x's layout), so the backward has no exponential or logarithm to compute (NULL
+   for both without a backward); the backward returns dL/dx = dL/dg dg/dx with dL/dg = sum_{m >= n} dL/db_m, dL/db
+   = dL/de e. The factorised form needs e^-b far inside fp32: a head whose b falls below -limit leaves the forward
+   with status 4 and its output unwritten (ops/causal_cpu.py's Steep; the caller takes its chunked form). */
+INLINE int decay_factors(const float *x, const float *keep, int64_t HE, int gate, float c, float limit, int64_t N,
+                         int64_t E, float *e, float *dg) {
+  int steep = 0;
+  for (int64_t n = 0; n < N; n++) {
+    const float *xn = x + n * HE, kn = keep ? keep[n] : 1.f, sign = (float)gate;
+    float *en = e + n * E, *dn = dg ? dg + n * HE : NULL;
+    if (gate && dn) {
+#pragma omp simd
+      for (int64_t j = 0; j < E; j++) {
+        const float y = sign * xn[j], t = exp_neg(-fabsf(y));
+        en[j] = kn * c * ((y < 0.f ? y : 0.f) - log1p_unit(t));
+        dn[j] = kn * c * sign * (y < 0.f ? 1.f : t) / (1.f + t);
+      }
+    } else if (gate) {
+#pragma omp simd
+      for (int64_t j = 0; j < E; j++) en[j] = kn * c * log_sigmoid(sign * xn[j]);
+    } else {
+#pragma omp simd
+      for (int64_t j = 0; j < E; j++) en[j] = kn * xn[j];
+      if (dn)
+        for (int64_t j = 0; j < E; j++) dn[j] = kn;
+    }
+    if (n > 0) {
+#pragma omp simd
+      for (int64_t j = 0; j < E; j++) en[j] += en[j - E];
+    }
+#pragma omp simd reduction(| : steep)
+    for (int64_t j = 0; j < E; j++) steep |= en[j] < -limit;
+  }
+#pragma omp simd
+  for (int64_t i = 0; i < N * E; i++) e[i] = exp_neg(e[i]);
+  return steep;
+}
+
+/* dL/dx [N rows, HE floats apart] from ge = dL/de [N, E] (overwritten with dL/dg), e and dg/dx (x's layout). */
+INLINE void gate_grads(float *ge, const float *e, const float *dg, int64_t HE, int64_t N, int64_t E, float *gx) {
+  for (int64_t n = N - 1; n >= 0; n--) {
+    const float *en = e + n * E, *dn = dg + n * HE;
+    float *gn = ge + n * E, *out = gx + n * HE;
+#pragma omp simd
+    for (int64_t j = 0; j < E; j++) gn[j] *= en[j];
+    if (n < N - 1) {
+#pragma omp simd
+      for (int64_t j = 0; j < E; j++) gn[j] += gn[j + E];
+    }
+#pragma omp simd
+    for (int64_t j = 0; j < E; j++) out[j] = dn[j] * gn[j];
+  }
+}
+
+int decayed_forward(const float *q, const float *k, const float *v, const float *x, const float *keep, int64_t E,
+                    int64_t H, int gate, float c, float scale, float limit, int64_t G, int64_t N, int64_t D, float *o,
+                    float *e, float *dg, int threads) {
+  if (!HEAD_DIM_OK(D)) return 2;
+#define DECAYED_FORWARD(d)                                                                                           \
+  do {                                                                                                               \
+    const float *kp = keep ? keep + h / H * N : NULL;                                                                \
+    float *eh = e ? e + h * N * E : s, *dh = dg ? (float *)head_gates(dg, h, H, N, E) : NULL;                         \
+    if (decay_factors(head_gates(x, h, H, N, E), kp, H * E, gate, c, limit, N, E, eh, dh)) status |= 4;              \
+    else head_forward(q + h * N * d, k + h * N * d, v + h * N * d, kp, eh, E, N, 0, 0, scale, o + h * N * d, NULL,    \
+                      NULL, NULL, s + (N + 16) * d, d);                                                              \
+  } while (0)
   FOR_EACH_HEAD(5, 0, DECAYED_FORWARD)
 }
 
-int decayed_backward(const float *grad, const float *q, const float *k, const float *v, const float *g, int64_t E,
-                     int64_t G, int64_t N, int64_t D, float *gq, float *gk, float *gv, float *gg, int threads) {
+int decayed_backward(const float *grad, const float *q, const float *k, const float *v, const float *e,
+                     const float *dg, const float *keep, int64_t E, int64_t H, float scale, int64_t G, int64_t N,
+                     int64_t D, float *gq, float *gk, float *gv, float *gx, int threads) {
   if (!HEAD_DIM_OK(D)) return 2;
-#define DECAYED_BACKWARD(d)                                                                                        \
-  decay_factors(g + h * N * E, N, E, s);                                                                           \
-  head_backward(grad + h * N * d, q + h * N * d, k + h * N * d, v + h * N * d, NULL, s, E, NULL, NULL, NULL, NULL, \
-                N, 0, 0, gq + h * N * d, gk + h * N * d, gv + h * N * d, gg + h * N * E, s + (N + 16) * d, d);    \
-  for (int64_t i = 0; i < N * E; i++) gg[h * N * E + i] *= s[i]; /* dL/db = dL/de e */                             \
-  for (int64_t n = N - 2; n >= 0; n--)                                                                             \
-    for (int64_t j = 0; j < E; j++) gg[h * N * E + n * E + j] += gg[h * N * E + (n + 1) * E + j]
+#define DECAYED_BACKWARD(d)                                                                                          \
+  do {                                                                                                               \
+    const float *kp = keep ? keep + h / H * N : NULL, *eh = e + h * N * E;                                           \
+    head_backward(grad + h * N * d, q + h * N * d, k + h * N * d, v + h * N * d, kp, eh, E, NULL, NULL, NULL, NULL,   \
+                  N, 0, 0, scale, gq + h * N * d, gk + h * N * d, gv + h * N * d, s, s + (N + 16) * d, d);           \
+    gate_grads(s, eh, head_gates(dg, h, H, N, E), H * E, N, E, (float *)head_gates(gx, h, H, N, E));                  \
+  } while (0)
   FOR_EACH_HEAD(7, 2, DECAYED_BACKWARD)
 }

@@ -35,16 +35,25 @@ from torch import Tensor
 from models.attention.ops.common import dtype_name
 
 HERE = Path(__file__).parent
-SOURCES = [HERE / "causal_cpu.c", *sorted(HERE.glob("*/*.c"))]  # one library: the shared kernel and each op's own
+SOURCES = [
+    HERE / "causal_cpu.c",
+    HERE / "manhattan_cpu.c",
+    *sorted(HERE.glob("*/*.c")),
+]  # one library: the shared kernels and each op's own
 HEADERS = [HERE / "linear_cpu.h"]
-P, I64, I32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+P, I64, I32, F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
 SIGNATURES: dict[str, list] = {}  # kernel name -> argument types (declare)
 # 256-bit vectors for the simd loops: GCC 12 tunes the AMD EPYCs that virtual machines report as family 23 model 1 as
 # znver1 and keeps them to 128 bits; on a 2-core one (AVX2) 256 bits took causal_cpu.c's forward + backward at N = 77
 # from 0.86 to 0.67 ms and the non-causal kernels' from 10.6 to 6.2 ms (B = 64, N = 17, D = 16). AVX-512 tunings
 # already prefer 256. x86 only (other compilers' targets have no such flag).
 X86_FLAGS = ["-mprefer-vector-width=256"] if platform.machine().lower() in ("x86_64", "amd64") else []
-FLAGS = ["-O3", "-march=native", *X86_FLAGS, "-fno-math-errno", "-fopenmp", "-shared", "-fPIC", "-std=gnu11"]
+# -fno-trapping-math: no code here reads floating-point exceptions, and without it GCC keeps a select such as
+# x < -87 ? -87 : x out of vectorised loops (causal_cpu.c's exp_neg ran one element at a time)
+FLAGS = [
+    *["-O3", "-march=native", *X86_FLAGS, "-fno-math-errno", "-fno-trapping-math", "-fopenmp"],
+    *["-shared", "-fPIC", "-std=gnu11"],
+]
 HEAD_DIMS = (16, 32, 64, 128)
 DISABLE = "CLIP_CPU_KERNEL"
 STREAM_BYTES = 32 << 20
@@ -144,7 +153,8 @@ def load() -> tuple[ctypes.CDLL | None, str]:
 
 
 def declare(**signatures: list) -> None:
-    """The argument types of kernels of the library (P, I64, I32), by function name; every kernel returns a status."""
+    """The argument types of kernels of the library (P, I64, I32, F32), by function name; every kernel returns a
+    status."""
     SIGNATURES.update(signatures)
 
 
@@ -152,10 +162,11 @@ def declare(**signatures: list) -> None:
 declare(
     causal_forward=[P, P, P, P, P, I64, I64, I64, I64, I32, I32, P, P, P, P, I32],
     causal_backward=[P, P, P, P, P, P, I64, P, P, P, P, I64, I64, I64, I32, I32, P, P, P, P, I32],
-    delta_forward=[P, P, P, P, I64, I64, I64, P, P, P, P, I32],
-    delta_backward=[P, P, P, P, P, P, P, P, I64, I64, I64, P, P, P, P, I32],
-    decayed_forward=[P, P, P, P, I64, I64, I64, I64, P, I32],
-    decayed_backward=[P, P, P, P, P, I64, I64, I64, I64, P, P, P, P, I32],
+    delta_forward=[P, P, P, P, I64, I64, I64, I64, P, P, P, P, I32],
+    delta_backward=[P, P, P, P, P, P, P, P, I64, I64, I64, I64, P, P, P, P, I32],
+    decayed_forward=[P, P, P, P, P, I64, I64, I32, F32, F32, F32, I64, I64, I64, P, P, P, I32],
+    decayed_backward=[P, P, P, P, P, P, P, I64, I64, F32, I64, I64, I64, P, P, P, P, I32],
+    manhattan_forward=[P, P, P, P, I64, I64, I64, I64, I64, P, I32],  # retention_2d's grid (ops/manhattan.py)
 )
 
 
