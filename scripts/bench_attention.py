@@ -6,7 +6,10 @@
 
 Times the attention math only (q, k, v require grad; forward, then backward of a fixed random gradient), best
 of several repeats within a per-point budget, softmax through torch SDPA as the peer: on a GPU pinned to its
-FLASH backend (FlashAttention-2; fp32, which it lacks, on the memory-efficient one). The linear ops run the
+FLASH backend (FlashAttention-2; fp32, which it lacks, on the memory-efficient one). Up to --paired-max-n tokens
+(1,025) each variant's steps alternate with SDPA's and its ratio is to SDPA's best over the same repeats (the
+CSV's peer_ms): at 77 tokens a step is about a millisecond, and the machine's speed drifting between softmax's own
+row and the variant's, minutes apart, moved ratios by a third on a 2-core VM. The linear ops run the
 implementation the dispatcher picks (`--impl`, default auto; the impl column says which ran). A point whose
 predicted time is over --max-seconds is not run: its time is extrapolated from the largest measured point of the
 same line, O(N^p) with p = 1 for linear variants and 2 for the others, and marked. A point that runs out of

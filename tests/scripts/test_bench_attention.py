@@ -16,15 +16,43 @@ from train.bench.attention_page import aims, markdown
 
 
 def test_quick_run_writes_csv_plot_and_table(tmp_path):
-    main(
-        ["--quick", "--variants", "softmax", "linear_affine_nodenom", "--long-sizes", "--out", str(tmp_path / "bench")]
-    )
+    options = ["--variants", "softmax", "linear_affine_nodenom", "--paired-max-n", "300"]
+    main(["--quick", *options, "--out", str(tmp_path / "bench")])
     frame = pd.read_csv(tmp_path / "bench.csv")
     assert set(frame.variant) == {"softmax", "linear_affine_nodenom"} and (frame.time_ms > 0).all()
     assert set(frame[frame.variant == "linear_affine_nodenom"].impl) == {"cpu"}  # the C kernels, causal too
     assert (tmp_path / "bench.png").stat().st_size > 0
     text = (tmp_path / "bench.md").read_text()
     assert "linear_affine_nodenom full" in text and "linear_affine_nodenom causal float32: time / softmax" in text
+    # up to --paired-max-n the ratio is to SDPA timed alternately with the variant; beyond, to softmax's own row
+    ours = frame[frame.variant == "linear_affine_nodenom"]
+    paired, alone = ours[ours.N <= 300], ours[ours.N > 300]
+    assert len(paired) == 4 and len(alone) == 2  # 77 and 300, full and causal; the long size 1,024
+    assert (
+        paired.peer_ms.gt(0).all()
+        and alone.peer_ms.isna().all()
+        and frame[frame.variant == "softmax"].peer_ms.isna().all()
+    )
+    assert (paired.ratio_to_softmax / (paired.time_ms / paired.peer_ms) - 1).abs().max() < 1e-4  # the CSV's digits
+
+
+def test_time_pair_alternates_the_two_steps_and_returns_each_best():
+    calls, clock = [], iter(range(1000))
+
+    class Probe:
+        def time(self, fn):
+            fn()
+            return next(clock) * (10 if calls[-1] == "peer" else 1)
+
+        def peak_mb(self, fn):
+            fn()
+            return 0.0
+
+    steps = [lambda: calls.append("ours"), lambda: None, lambda: calls.append("peer"), lambda: None]
+    best, median, reps, _, peer_best = attention.time_pair(*steps, Probe(), budget=0.0)
+    timed = calls[3:]  # after the warm-ups (peer, ours) and the memory run (ours)
+    assert timed[: 2 * (reps - 1)] == ["peer", "ours"] * (reps - 1) and reps >= 3
+    assert peer_best == 0 and best < median  # the clock's values: the peer's first reading is 0 * 10
 
 
 def test_emulated_bf16_is_skipped_in_one_line_and_the_run_finishes(tmp_path, monkeypatch, capsys):

@@ -65,6 +65,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--impl", default="auto", help="implementation of the linear ops (ops/dispatch.py)")
     p.add_argument("--budget", type=float, default=1.5, help="seconds of repeats per point (at least 3 repeats)")
+    p.add_argument(
+        "--paired-max-n",
+        type=int,
+        default=1025,
+        help="up to this N each variant's steps alternate with SDPA softmax's, the ratio taken from the pair",
+    )
     p.add_argument("--max-seconds", type=float, default=4.0, help="extrapolate a point predicted to take longer")
     p.add_argument("--total-minutes", type=float, default=9.0, help="after this, remaining points are extrapolated")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice, all cores)")
@@ -151,6 +157,35 @@ def time_point(step, clear, probe, budget: float) -> tuple[float, float, int, fl
     return times[0], times[len(times) // 2], len(times), peak
 
 
+def time_pair(step, clear, peer, peer_clear, probe, budget: float) -> tuple[float, float, int, float | None, float]:
+    """time_point's (best, median, repeats, peak MB) of step() with step() and peer() timed alternately, and the best
+    seconds of peer() over the same window: on a machine whose speed drifts (other jobs, shared hosts) the two bests
+    come from the same minutes, where timing the peer alone earlier in the run can differ by a third at 77 tokens."""
+    peer()
+    peer_clear()
+    best_peer = float("inf")
+
+    def both():
+        nonlocal best_peer
+        peer_clear()
+        best_peer = min(best_peer, probe.time(peer))
+
+    def timed_step():
+        both()
+        clear()
+        return probe.time(step)
+
+    step()
+    clear()
+    start = time.perf_counter()
+    peak = probe.peak_mb(step)
+    times = [time.perf_counter() - start]
+    while len(times) < 3 or (time.perf_counter() - start < 2 * budget and len(times) < 50):
+        times.append(timed_step())
+    times.sort()
+    return times[0], times[len(times) // 2], len(times), peak, best_peer
+
+
 def traffic_bytes(passes: str, n: int, dtype: torch.dtype, args) -> int:
     """The least memory traffic of one step: 4 [B, H, N, D] tensors forward, 7 more backward."""
     tensors = 4 if passes == "fwd" else 11
@@ -170,16 +205,22 @@ def predict(points: list[tuple[int, float]], n: int, power: int) -> float:
 
 def measure(row: dict, name: str, causal: bool, n: int, dtype, passes: str, probe, args) -> float | None:
     """Runs one point into row (time, memory, impl; or the out-of-memory status); its best seconds, or None."""
+    paired = name != "softmax" and n <= args.paired_max_n and getattr(args, "with_softmax", False)
     try:
         step, clear, impl = make_step(name, causal, n, dtype, passes, args)
-        best, median, reps, peak = time_point(step, clear, probe, args.budget)
+        if paired:
+            peer, peer_clear, _ = make_step("softmax", causal, n, dtype, passes, args)
+            best, median, reps, peak, peer_best = time_pair(step, clear, peer, peer_clear, probe, args.budget)
+            row.update(peer_ms=1e3 * peer_best)
+        else:
+            best, median, reps, peak = time_point(step, clear, probe, args.budget)
     except Exception as err:  # only out-of-memory is reported; anything else is re-raised
         if not probes.is_oom(err):
             raise
         row.update(status="out of memory")
         return None
     finally:
-        step = clear = None
+        step = clear = peer = peer_clear = None
         probe.free()
     row.update(time_ms=1e3 * best, median_ms=1e3 * median, reps=reps, peak_mb=peak, impl=impl, status="")
     return best
@@ -268,6 +309,7 @@ def run(args) -> tuple[pd.DataFrame, dict]:
     default = DEFAULTS[args.device].get("variants")
     first = [n for n in ("softmax", "linear_affine_nodenom") if n in ATTENTIONS]
     names = args.variants or default or first + sorted(set(ATTENTIONS) - set(first))
+    args.with_softmax = "softmax" in names  # the page's ratios: pairs with SDPA only where softmax has its own rows
     info = dict(load_start=os.getloadavg()[0], threads=torch.get_num_threads(), machine=probe.describe())
     info.update(probe.rates(args.quick))
     print(", ".join(f"{k}={v:.4g}" for k, v in info.items() if isinstance(v, float)), info["machine"], flush=True)

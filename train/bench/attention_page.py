@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pandas as pd
 import torch
 
@@ -39,16 +40,18 @@ dispatch.known_ops({aim[0] for device in AIMS.values() for aim in device}, "the 
 
 
 def add_ratios(frame: pd.DataFrame, info: dict) -> pd.DataFrame:
-    """ratio_to_softmax: time / time of SDPA softmax in the same mode, dtype, pass and N (< 1 is faster); the
-    fraction of the machine's GEMM rate (CPU) or copy bandwidth (GPU) the linear variants reach."""
-    for column in ("time_ms", "peak_mb", "gbs", "gflops", "impl"):
+    """ratio_to_softmax: time / time of SDPA softmax in the same mode, dtype, pass and N (< 1 is faster), SDPA's
+    time from the same point's alternating steps where the point has one (peer_ms, up to --paired-max-n), else from
+    softmax's own row; the fraction of the machine's GEMM rate (CPU) or copy bandwidth (GPU) the linear variants
+    reach."""
+    for column in ("time_ms", "peak_mb", "gbs", "gflops", "impl", "peer_ms"):
         if column not in frame:
             frame[column] = float("nan") if column != "impl" else ""
     keys = ["mode", "dtype", "passes", "N"]
     peer = frame[frame.variant == "softmax"].set_index(keys)["time_ms"]
-    frame["ratio_to_softmax"] = (
-        frame["time_ms"].to_numpy() / peer.reindex(pd.MultiIndex.from_frame(frame[keys])).to_numpy()
-    )
+    own_row = peer.reindex(pd.MultiIndex.from_frame(frame[keys])).to_numpy()
+    paired = frame["peer_ms"].to_numpy(dtype=float)
+    frame["ratio_to_softmax"] = frame["time_ms"].to_numpy() / np.where(np.isnan(paired), own_row, paired)
     if "gemm" in info:
         frame["gemm_fraction"] = frame["gflops"] / frame["dtype"].map(
             {"float32": info["gemm"], "bfloat16": info["gemm_bf16"]}
@@ -128,6 +131,17 @@ def wide(part: pd.DataFrame, values) -> pd.DataFrame:
     return pivot
 
 
+def paired_note(args) -> str:
+    """What the ratios of the paired points mean (pages made before --paired-max-n existed have none)."""
+    if not getattr(args, "paired_max_n", None) or not getattr(args, "with_softmax", False):
+        return ""
+    return (
+        f"; up to N = {args.paired_max_n:,} the variant's steps alternate with SDPA's and the ratio is to SDPA's "
+        "best over the same repeats (the CSV's peer_ms), so a drift in the machine's speed during the run does not "
+        "enter it"
+    )
+
+
 def header(info: dict, args, made: dict | None = None) -> list[str]:
     shape = f"B={args.batch}, H={args.heads}, D={args.head_dim}"
     what_ran = pages.command("scripts.bench_attention", getattr(args, "argv", None))
@@ -136,8 +150,8 @@ def header(info: dict, args, made: dict | None = None) -> list[str]:
         pages.header(title, what_ran, load=info.get("load_end"), where=info["machine"], made=made),
         f"torch {info.get('torch', torch.__version__)}; {shape}. All numbers come from this one run, so the ratios are "
         f"side by side on the same machine. Time: best of repeats within {args.budget} s per point, in ms; (r x) is "
-        "the ratio to SDPA softmax in the same mode, dtype, pass and N; * = extrapolated, not run; OOM = out of "
-        "memory (see the script's docstring).",
+        f"the ratio to SDPA softmax in the same mode, dtype, pass and N{paired_note(args)}; * = extrapolated, not "
+        "run; OOM = out of memory (see the script's docstring).",
         "",
     ]
     if args.device == "cuda":
@@ -224,7 +238,7 @@ def plot(frame: pd.DataFrame, path: Path, title: str, dtype: str) -> None:
 
 WRITER = "train.bench.attention_page"  # in <out>.json: what writes the page again (tests/test_docs_regenerate.py)
 # what the page reads of the benchmark's arguments (saved in <out>.json with the stamp and the probes)
-PAGE_ARGS = ("batch", "heads", "head_dim", "budget", "device", "argv")
+PAGE_ARGS = ("batch", "heads", "head_dim", "budget", "device", "argv", "paired_max_n", "with_softmax")
 
 
 # the CSV's numeric columns (an empty cell is NaN there; in the text columns it stays '')
@@ -235,6 +249,7 @@ NUMERIC = (
     "gbs",
     "gflops",
     "ratio_to_softmax",
+    "peer_ms",
     "gemm_fraction",
     "bandwidth_fraction",
 )
