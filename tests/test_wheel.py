@@ -27,7 +27,8 @@ CHILD = textwrap.dedent(
     venv = Path(sys.argv[1])
     assert venv in Path(models.__file__).resolve().parents, models.__file__
     assert all(p.is_file() for p in cpu_build.SOURCES + cpu_build.HEADERS), cpu_build.SOURCES
-    assert {p.name for p in cpu_build.SOURCES} == {"causal_cpu.c", "nodenom_cpu.c", "affine_cpu.c"}, cpu_build.SOURCES
+    names = {"causal_cpu.c", "manhattan_cpu.c", "nodenom_cpu.c", "affine_cpu.c"}
+    assert {p.name for p in cpu_build.SOURCES} == names, cpu_build.SOURCES
     assert (config.TINY_CONFIG_DIR / "tiny-s.json").is_file() and (config.OPEN_CLIP_COPIES / "ViT-B-16.json").is_file()
     root = config.TINY_CONFIG_DIR.parents[1]
     assert all((root / f).is_file() for f in ("configs/demo.yaml", "configs/study/demo.yaml", "configs/tiny.yaml"))
