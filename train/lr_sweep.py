@@ -135,18 +135,38 @@ def apply(study: Study, rows: list[dict]) -> None:
             study.lr_by_size.setdefault(size, {})[attention] = chosen[nearest]["scale"]
 
 
-def adopt(study: Study, folder: Path) -> None:
-    """Train with the rates another study folder's sweep chose (FOLDER/lr_sweep.json, e.g. seed 0's) instead of
-    sweeping again (apply, as the sweep would), the sweep dropped. A folder without a choice for one of the study's
-    attentions is one StudyError line."""
-    path = Path(folder) / "lr_sweep.json"
-    rows = json.loads(path.read_text()) if path.is_file() else []
-    missing = [a for a in study.attentions if not any(r["attention"] == a and r.get("chosen") for r in rows)]
-    if missing:
-        raise StudyError(
-            f"{path} has no learning rate chosen for {missing[0]}: give a finished study folder of the same study "
-            "whose learning-rate sweep ran"
-        )
+def swept_rows(folder: Path) -> list[dict]:
+    """The sweep's rows of a finished study folder (FOLDER/lr_sweep.json) or of a published study page's data
+    (FOLDER/page.json's `sweep`, e.g. docs/study_tokens577/data); [] where neither holds any."""
+    folder = Path(folder)
+    if (folder / "lr_sweep.json").is_file():
+        rows = json.loads((folder / "lr_sweep.json").read_text())
+        if rows:
+            return rows
+    if (folder / "page.json").is_file():
+        return json.loads((folder / "page.json").read_text()).get("sweep") or []
+    return []
+
+
+def adopt(study: Study, folders: Path | str | list) -> None:
+    """Train with the rates other study folders' sweeps chose (swept_rows, e.g. seed 0's) instead of sweeping again
+    (apply, as the sweep would), the sweep dropped. With several folders each attention takes every row of the first
+    folder that chose a rate for it (sweeps of separate attentions run as separate studies). An attention no folder
+    chose a rate for is one StudyError line."""
+    folders = [folders] if isinstance(folders, (str, Path)) else list(folders)
+    rows: list[dict] = []
+    for attention in study.attentions:
+        for folder in folders:
+            mine = [r for r in swept_rows(folder) if r["attention"] == attention]
+            if any(r.get("chosen") for r in mine):
+                rows += mine
+                break
+        else:
+            where = ", ".join(str(Path(f) / "lr_sweep.json") for f in folders)
+            raise StudyError(
+                f"{where} has no learning rate chosen for {attention}: give a finished study folder of the same study "
+                "whose learning-rate sweep ran"
+            )
     apply(study, rows)
     study.lr_sweep = {}
 

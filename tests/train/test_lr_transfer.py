@@ -91,3 +91,25 @@ def test_the_sizes_study_sweeps_its_smallest_and_largest_of_four_sizes():
         summary(build_clip(ModelConfig(name=s)), macs=False)["params_without_token_embedding"] for s in study.sizes
     ]
     assert params == sorted(params) and params[-1] / params[0] >= 10
+
+
+def test_rates_from_several_folders_take_each_attention_from_the_first_that_swept_it(tmp_path):
+    """--rates-from A B: sweeps of separate attentions run as separate studies (each within its time) give one seed's
+    rates; a published page's data (page.json's sweep) serves as a folder; an attention no folder chose is one line."""
+    study = study_swept_at(tmp_path, "demo-w32")
+    first, page, empty = tmp_path / "first", tmp_path / "page", tmp_path / "empty"
+    for folder in (first, page, empty):
+        folder.mkdir()
+    (first / "lr_sweep.json").write_text(json.dumps(rows({("demo-w32", "linear_affine_nodenom"): 1.0})))
+    both = rows({("demo-w32", "linear_affine_nodenom"): 0.25, ("demo-w32", "softmax"): 0.5})
+    (page / "page.json").write_text(json.dumps({"sweep": both, "study": {}}))
+    (empty / "lr_sweep.json").write_text("[]")
+    with pytest.raises(StudyError, match=r"has no learning rate chosen for softmax: give a finished study folder"):
+        adopt(study_swept_at(tmp_path, "demo-w32"), [empty, first])
+    with pytest.raises(StudyError, match=r"no learning rate chosen for linear_affine: "):
+        adopt(study, [first, page])
+    study.attentions = ["softmax", "linear_affine_nodenom"]
+    adopt(study, [empty, first, page])
+    assert not study.lr_sweep
+    assert study.per_attention["linear_affine_nodenom"]["lr_scale"] == 1.0  # the first folder's choice, not page's
+    assert study.per_attention["softmax"]["lr_scale"] == 0.5
