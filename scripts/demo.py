@@ -40,12 +40,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0, help="seed of the data set and of every run")
     p.add_argument("--sizes", nargs="+", help="model sizes to train (default: the study's)")
     p.add_argument("--attentions", nargs="+", help="registry names, used in both towers (default: the study's)")
-    p.add_argument(
-        "--rates-from",
-        nargs="+",
-        help="finished folders of the same study (or a published page's data/): use the rates their sweeps chose, "
-        "each attention's from the first folder that swept it; no sweep",
-    )
+    rates = "finished folders of the same study (or a page's data/): their sweeps' rates (first wins), no sweep"
+    p.add_argument("--rates-from", nargs="+", help=rates)
     p.add_argument("--resume", action="store_true", help="keep the finished runs of --out trained with the same config")
     p.add_argument(
         "--reanalyse",
