@@ -397,7 +397,16 @@ def tables(seeds: list[Seed], targets: list[float], n_images: int | None = None)
         ]
         lrs.append(f"| {a} | {' / '.join(chosen)} |")
     if not any(s.sweep for s in seeds):
-        lrs = ["No seed ran a learning-rate sweep: each used the study config's rates (`per_attention` lr_scale)."]
+        lrs = [
+            "No seed ran a learning-rate sweep; the rates their runs trained with (the study config's, or those "
+            "another study's sweep chose: `--rates-from`):\n",
+            f"| attention | size | learning rate, seeds {names} |",
+        ]
+        lrs.append("|---|---|---|")
+        for a in attentions:
+            for size in sizes_of(seeds, a):
+                rates = [f"{run['lr']:.3g}" if (run := run_of(s, a, size)) and "lr" in run else "-" for s in seeds]
+                lrs.append(f"| {a} | {size} | {' / '.join(rates)} |")
     return ["\n".join(t) + "\n" for t in (best, alpha, train, frontier, mult, lrs)]
 
 

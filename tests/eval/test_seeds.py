@@ -105,10 +105,14 @@ def test_claims_and_report_from_three_seeds(tmp_path, capsys):
     assert "Eq. 7 - softmax exponent +0.110 [" in text and "over 3 seeds (margin +-0.05)" in text
     assert "| linear_affine | demo-w64 | 20% | 2.90x / 3.00x / 3.10x | 3.00x [" in text
     assert "seeds 0 / 1 / 2" in text and "| softmax | 0.5x / 0.5x / 0.5x |" in text
-    for f in folders:  # studies without a sweep (configs/study/flat.yaml): one line, not a table of dashes
+    for i, f in enumerate(folders):  # studies without a sweep (flat.yaml, --rates-from): the rates their runs used
         (f / "lr_sweep.json").write_text("[]")
+        runs = json.loads((f / "runs.json").read_text())
+        (f / "runs.json").write_text(json.dumps([r | {"lr": 1e-3 * (1 + i)} for r in runs[:-1]] + runs[-1:]))
     text = main([str(f) for f in folders] + ["--study", SHAPES])
     assert "No seed ran a learning-rate sweep" in text and "| softmax | - / - / - |" not in text
+    assert "| softmax | demo-w64 | 0.001 / 0.002 / 0.003 |" in text
+    assert f"| {NODENOM} | demo-w32 | - / - / - |" in text  # a run that does not record its rate
 
 
 def test_claim_c_over_seeds_is_an_equivalence_test_on_enough_sizes(tmp_path):
