@@ -4,7 +4,8 @@
 
 `write_page` copies what the page reads of each seed's folder (runs.json, fits.json, lr_sweep.json) into
 docs/<page>/data/<seed>/, with seeds.json (the header's stamp, the command, the folders as given, the targets and
-the zero-shot set's size), draws the learning curves with seed bands (docs/<page>/curves.png) and writes the page;
+the zero-shot set's size), draws the learning curves with seed bands (docs/<page>/curves.png) and the samples
+multipliers against target (docs/<page>/multipliers.png: eval/seeds_figures.py) and writes the page;
 a "## Findings" section already on the page stays (eval/study_page.py). `rebuild(page)` writes it again from
 docs/<page>/data/ alone: tests/test_docs_regenerate.py compares it with the committed page.
 """
@@ -24,7 +25,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from scipy import stats
 
-from eval import optimizer_study, pages, seeds, study_plots
+from eval import optimizer_study, pages, seeds, seeds_figures, study_plots
 from eval.scaling_plot import plain_ticks
 from eval.study_page import findings_of, page_text
 
@@ -97,7 +98,14 @@ def text_of(loaded: list[seeds.Seed], meta: dict) -> str:
     body = body_of(shown, meta["targets"], meta["command"], meta["n_images"], meta["made"])
     if meta.get("title"):  # the study config's `title:` (seeds.json written before studies had titles: none)
         body = f"# {meta['title']}\n" + body.split("\n", 1)[1]
-    return body + f"\n## Learning curves over seeds\n\n![learning curves with seed bands]({FIGURE})\n"
+    body += f"\n## Learning curves over seeds\n\n![learning curves with seed bands]({FIGURE})\n"
+    if not optimizer_study.is_optimizer_study(loaded) and seeds_figures.points(loaded, meta["targets"]):
+        body += (
+            "\n## Samples multipliers over seeds\n\nEach linear attention's samples to the target over softmax's "
+            "(the multiplier table's numbers): geometric mean over seeds with its 95% t interval, each seed a dot.\n"
+            f"\n![samples multiplier against target]({seeds_figures.FIGURE})\n"
+        )
+    return body
 
 
 def body_of(loaded: list[seeds.Seed], targets: list[float], command: str, n_images, made: dict | None) -> str:
@@ -150,6 +158,8 @@ def write_page(
     } | ({"title": title} if title else {})
     (data / "seeds.json").write_text(json.dumps(meta, indent=2))
     curves_figure([s.runs for s in loaded], page.parent / page.stem / FIGURE)
+    if not optimizer_study.is_optimizer_study(loaded):
+        seeds_figures.multipliers_figure(loaded, targets, page.parent / page.stem / seeds_figures.FIGURE)
     text = page_text(text_of(*load_data(data)), page.stem, findings_of(page))
     page.write_text(text)
     return text

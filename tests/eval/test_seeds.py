@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from eval import seeds_page
+from eval import seeds_figures, seeds_page
 from eval.claims import NODENOM, NORMALISED
 from eval.seeds import boot_multiplier, boot_top1, claim_c_seeds, hierarchical, load_seed, multiplier_spread, spread
 from scripts.study_seeds import main
@@ -95,6 +95,14 @@ def test_claims_and_report_from_three_seeds(tmp_path, capsys):
     # the page is its data written again (eval/seeds_page.py), its figure the seed bands of each size
     assert seeds_page.rebuild(out) == text and (tmp_path / "seeds" / "curves.png").stat().st_size > 0
     assert "(seeds/curves.png)" in text
+    # and the multipliers against target, the table's numbers, with their intervals over seeds
+    assert (tmp_path / "seeds" / "multipliers.png").stat().st_size > 0 and "(seeds/multipliers.png)" in text
+    drawn = seeds_figures.points([load_seed(f) for f in folders], [0.6, 0.4, 0.2])
+    row = drawn[(NORMALISED, "demo-w64")]  # 2.9x, 3.0x, 3.1x at every target: geometric mean 2.999x
+    assert [t for t, _ in row] == [0.6, 0.4, 0.2] and all(k.mean == pytest.approx(2.999, abs=1e-3) for _, k in row)
+    # at demo-w32 softmax reaches only 60% (the same curve for every attention: 1x), and Eq. 7 3x at demo-w64
+    assert [(t, k.mean) for t, k in drawn[(NORMALISED, "demo-w32")]] == [(0.6, pytest.approx(1.0))]
+    assert drawn[(NODENOM, "demo-w64")][-1][1].mean == pytest.approx(3.0)
     claims = {line.split("|")[1].strip()[:3]: line.split("|")[2].strip() for line in text.splitlines() if "| (" in line}
     # Eq. 7 reaches softmax's final error: comparable at every seed
     assert claims["(a)"] == "**supported**"

@@ -1,0 +1,78 @@
+"""The seeds page's figure of samples multipliers: each linear attention's samples to a target zero-shot error over
+softmax's of the same size, against the target, with its 95% interval over seeds (eval/seeds.py multiplier_spread,
+the numbers of the page's multiplier table).
+
+    multipliers_figure(seeds, targets, path)   # False (nothing drawn) when no target gives a multiplier
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+from eval import seeds as seeds_mod
+from eval import study_plots
+
+FIGURE = "multipliers.png"
+
+
+def points(seeds: list[seeds_mod.Seed], targets: list[float]) -> dict[tuple[str, str], list[tuple[float, object]]]:
+    """(attention, size) -> [(target, Spread)] for every target with a multiplier at every seed."""
+    attentions = list(dict.fromkeys(r["attention"] for r in seeds[0].runs))
+    found = {}
+    for a in (a for a in attentions if a != "softmax"):
+        for size in seeds_mod.sizes_of(seeds, a):
+            if not all(seeds_mod.run_of(s, "softmax", size) for s in seeds):
+                continue
+            row = [(t, k) for t in targets if (k := seeds_mod.multiplier_spread(seeds, a, size, t)) is not None]
+            if row:
+                found[(a, size)] = row
+    return found
+
+
+def multipliers_figure(seeds: list[seeds_mod.Seed], targets: list[float], path: Path) -> bool:
+    """One panel per size: the geometric mean over seeds (filled marker) with its 95% t interval (bar), each seed's
+    value (small dots), a lower bound where a seed's run never reached the target (open triangle, the bar open
+    above); the line at 1 is softmax."""
+    found = points(seeds, targets)
+    if not found:
+        return False
+    attentions = list(dict.fromkeys(r["attention"] for r in seeds[0].runs))
+    sizes = list(dict.fromkeys(size for _, size in found))
+    fig, axes = plt.subplots(1, len(sizes), figsize=(4.8 * len(sizes), 3.9), dpi=110, squeeze=False)
+    order = sorted({t for row in found.values() for t, _ in row}, reverse=True)  # easiest target first
+    shift = {a: 0.08 * (i - (len(attentions) - 1) / 2) for i, a in enumerate(attentions)}  # keep the bars apart
+    for ax, size in zip(axes[0], sizes):
+        for (a, s), row in found.items():
+            if s != size:
+                continue
+            colour = study_plots.colour(attentions, a)
+            for target, k in row:
+                x = order.index(target) + shift[a]
+                bound = ">" in k.marks
+                hi = k.hi if math.isfinite(k.hi) else k.mean * 4
+                if math.isfinite(k.lo):
+                    ax.plot([x, x], [k.lo, hi], color=colour, lw=1.2, ls=":" if bound else "-")
+                ax.plot(x, k.mean, marker="^" if bound else "o", mfc="none" if bound else colour, color=colour, ms=6)
+                ax.plot([x] * len(k.values), k.values, ".", color=colour, ms=3, alpha=0.5)
+            ax.plot([], [], "o", color=colour, label=a)
+        ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+        ax.set(yscale="log", xlabel="target zero-shot top-1 error (harder to the right)", xlim=(-0.5, len(order) - 0.5))
+        ax.set(ylabel="samples to the target / softmax's (log)", title=f"{size}: {len(seeds)} seeds, 95% t interval")
+        ax.set_xticks(range(len(order)), [f"{100 * t:g}%" for t in order])
+        ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}x"))
+        ax.yaxis.set_minor_formatter(NullFormatter())
+        ax.grid(True, which="both", alpha=0.3)
+        ax.title.set_fontsize(8)
+    axes[0][0].legend(fontsize=7, title="open triangle: a seed never reached it (lower bound)", title_fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return True
