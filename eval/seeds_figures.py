@@ -18,6 +18,7 @@ from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from eval import seeds as seeds_mod
 from eval import study_plots
+from eval.scaling_plot import plain_ticks
 
 FIGURE = "multipliers.png"
 
@@ -72,6 +73,62 @@ def multipliers_figure(seeds: list[seeds_mod.Seed], targets: list[float], path: 
         ax.grid(True, which="both", alpha=0.3)
         ax.title.set_fontsize(8)
     axes[0][0].legend(fontsize=7, title="open triangle: a seed never reached it (lower bound)", title_fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return True
+
+
+PARAMS_FIGURE = "loss_params.png"
+
+
+def has_sizes(seeds: list[seeds_mod.Seed]) -> bool:
+    """Every seed fitted the validation loss against parameters, and some attention has models of two sizes or more."""
+    return all(s.fits.get(seeds_mod.PARAMS_FIT, {}).get("groups") for s in seeds) and any(
+        len(params_of(seeds, a)) > 1 for a in dict.fromkeys(r["attention"] for r in seeds[0].runs)
+    )
+
+
+def params_of(seeds: list[seeds_mod.Seed], attention: str) -> set[str]:
+    """The distinct models of an attention's sizes (SIZE@RESpx, one model at several image sizes, counts once)."""
+    return {size.split("@")[0] for size in seeds_mod.sizes_of(seeds, attention)}
+
+
+def params_figure(seeds: list[seeds_mod.Seed], path: Path) -> bool:
+    """Claim (c)'s quantity: the final validation loss of each full-budget run against its parameters without the
+    token embedding, per attention: each seed's runs (dots) and its power-law fit (thin line, eval/scaling.py), the
+    mean over seeds at each size with its 95% t interval (bar); the legend gives the exponent over seeds."""
+    if not has_sizes(seeds):
+        return False
+    attentions = list(dict.fromkeys(r["attention"] for r in seeds[0].runs))
+    fig, ax = plt.subplots(figsize=(6.2, 4.4), dpi=110)
+    for i, a in enumerate(attentions):
+        colour, sizes = study_plots.colour(attentions, a), seeds_mod.sizes_of(seeds, a)
+        if len(params_of(seeds, a)) < 2:
+            continue
+        runs = [[seeds_mod.run_of(s, a, size) for size in sizes] for s in seeds]
+        for row in runs:
+            x, y = [r["params_without_token_embedding"] for r in row], [r["val_loss"] for r in row]
+            ax.plot(x, y, ".", color=colour, ms=3, alpha=0.5)
+        for size_runs in zip(*runs):
+            k = seeds_mod.spread([r["val_loss"] for r in size_runs])
+            x = size_runs[0]["params_without_token_embedding"] * 1.03 ** (i - 1)  # keep the bars apart
+            bar = [[k.mean - k.lo], [k.hi - k.mean]] if len(size_runs) > 1 else None
+            ax.errorbar(x, k.mean, yerr=bar, fmt="o", color=colour, ms=5, capsize=2)
+        for s in seeds:
+            g = s.fits[seeds_mod.PARAMS_FIT]["groups"].get(a)
+            if g and g.get("beta") is not None:
+                lo, hi = g["x_range"]
+                xs = [lo * (hi / lo) ** (j / 20) for j in range(21)]
+                ax.plot(xs, [g["beta"] * x ** g["alpha"] for x in xs], color=colour, lw=0.7, alpha=0.5)
+        exponent = seeds_mod.exponent_spread(seeds, a, seeds_mod.PARAMS_FIT).text("{:+.3f}")
+        ax.plot([], [], "o-", color=colour, label=f"{a}: exponent {exponent}")
+    ax.set(xscale="log", yscale="log", xlabel="parameters without the token embedding (log)")
+    ax.set(ylabel="final validation loss (contrastive, log)")
+    ax.set_title(f"{len(seeds)} seeds: mean and 95% t interval per size; thin lines: each seed's fit", fontsize=8)
+    ax.grid(True, which="both", alpha=0.3)
+    plain_ticks(ax)
+    ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

@@ -5,7 +5,8 @@
 `write_page` copies what the page reads of each seed's folder (runs.json, fits.json, lr_sweep.json) into
 docs/<page>/data/<seed>/, with seeds.json (the header's stamp, the command, the folders as given, the targets and
 the zero-shot set's size), draws the learning curves with seed bands (docs/<page>/curves.png) and the samples
-multipliers against target (docs/<page>/multipliers.png: eval/seeds_figures.py) and writes the page;
+multipliers against target and the loss against parameters (multipliers.png, loss_params.png: eval/seeds_figures.py)
+and writes the page;
 a "## Findings" section already on the page stays (eval/study_page.py). `rebuild(page)` writes it again from
 docs/<page>/data/ alone: tests/test_docs_regenerate.py compares it with the committed page.
 """
@@ -105,6 +106,13 @@ def text_of(loaded: list[seeds.Seed], meta: dict) -> str:
             "(the multiplier table's numbers): geometric mean over seeds with its 95% t interval, each seed a dot.\n"
             f"\n![samples multiplier against target]({seeds_figures.FIGURE})\n"
         )
+    if seeds_figures.has_sizes(loaded):
+        body += (
+            "\n## Loss against parameters over seeds\n\nClaim (c)'s quantity: each full-budget run's final "
+            "validation loss against its parameters without the token embedding, each seed's power-law fit, and the "
+            "exponent over seeds.\n"
+            f"\n![validation loss against parameters]({seeds_figures.PARAMS_FIGURE})\n"
+        )
     return body
 
 
@@ -160,6 +168,7 @@ def write_page(
     curves_figure([s.runs for s in loaded], page.parent / page.stem / FIGURE)
     if not optimizer_study.is_optimizer_study(loaded):
         seeds_figures.multipliers_figure(loaded, targets, page.parent / page.stem / seeds_figures.FIGURE)
+    seeds_figures.params_figure(loaded, page.parent / page.stem / seeds_figures.PARAMS_FIGURE)
     text = page_text(text_of(*load_data(data)), page.stem, findings_of(page))
     page.write_text(text)
     return text

@@ -97,6 +97,7 @@ def test_claims_and_report_from_three_seeds(tmp_path, capsys):
     assert "(seeds/curves.png)" in text
     # and the multipliers against target, the table's numbers, with their intervals over seeds
     assert (tmp_path / "seeds" / "multipliers.png").stat().st_size > 0 and "(seeds/multipliers.png)" in text
+    assert (tmp_path / "seeds" / "loss_params.png").stat().st_size > 0 and "(seeds/loss_params.png)" in text
     drawn = seeds_figures.points([load_seed(f) for f in folders], [0.6, 0.4, 0.2])
     row = drawn[(NORMALISED, "demo-w64")]  # 2.9x, 3.0x, 3.1x at every target: geometric mean 2.999x
     assert [t for t, _ in row] == [0.6, 0.4, 0.2] and all(k.mean == pytest.approx(2.999, abs=1e-3) for _, k in row)
@@ -175,3 +176,11 @@ def test_linearisation_over_seeds_counts_the_teacher(tmp_path):
     row = next(line for line in text.splitlines() if line.startswith(f"| {NODENOM} | 2.00x / 3.00x / 4.50x |"))
     assert "| 3.00x [" in row and "| 0.50x [0.50x, 0.50x] | 0.50x [0.50x, 0.50x] |" in row
     assert "## Linearisation, counted fairly" in text and seeds_page.rebuild(out) == text
+
+
+def test_loss_against_parameters_needs_two_models_not_two_image_sizes(tmp_path):
+    seeds = [load_seed(study(tmp_path / f"s{i}", i, 3.0, 0.0)) for i in range(2)]
+    assert seeds_figures.params_of(seeds, NODENOM) == {"demo-w32", "demo-w64"} and seeds_figures.has_sizes(seeds)
+    for s in seeds:  # one model at two image sizes (SIZE@RESpx): no loss-against-parameters figure
+        s.runs = [r | {"size": "demo-w64@" + ("32px" if r["size"] == "demo-w32" else "64px")} for r in s.runs]
+    assert not seeds_figures.has_sizes(seeds) and not seeds_figures.params_figure(seeds, tmp_path / "p.png")
