@@ -8,7 +8,8 @@ A CPU without native bf16 (AVX2 only: no AVX512-BF16, no AMX) runs bf16 matrix p
 about 76x slower than fp32, and the same CPU model name can come with or without it. So every rate is probed on
 a small product first (SMALL x SMALL, a fraction of a second), a large product is timed only where the small
 rate predicts it finishes within `max_seconds`, and a dtype whose small rate is under EMULATED_BELOW of fp32's is
-emulated: benchmarks skip it with the one line `emulated()` gives, in their output and on their page.
+emulated, as is one whose native instructions the x86 CPU's flags lack (NATIVE_FLAGS: a timing probe on a loaded
+machine can misread); benchmarks skip it with the one line `emulated()` gives, in their output and on their page.
 
 `CLIP_BF16_EMULATED=1` makes the probe report bf16 as emulated (the path of a CPU without it, on one that has
 it); `ONEDNN_MAX_CPU_ISA=AVX2` (oneDNN's own variable, set before Python starts) makes the CPU really emulate it.
@@ -21,6 +22,7 @@ import os
 import platform
 import resource
 import time
+from pathlib import Path
 
 import torch
 
@@ -88,11 +90,31 @@ def emulated(device: str = "cpu") -> dict[str, str]:
     return out
 
 
+# x86 CPU flags of each reduced precision's native matrix products; a CPU whose /proc/cpuinfo lists none of them
+# emulates it, however the timing probe reads on a loaded machine (an oversubscribed fp32 probe can read 100x slow)
+NATIVE_FLAGS = {"bfloat16": {"avx512_bf16", "amx_bf16"}, "float16": {"avx512_fp16", "amx_fp16"}}
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """The x86 CPU's flags from /proc/cpuinfo; empty where there is none (not Linux, not x86: the probe decides)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return frozenset()
+    line = next((line for line in text.splitlines() if line.startswith("flags")), "")
+    return frozenset(line.partition(":")[2].split())
+
+
 @functools.cache
 def measured_emulated(device: str) -> dict[str, str]:
-    fp32, out = small_rate(device, torch.float32), {}
+    fp32, out, flags = small_rate(device, torch.float32), {}, cpu_flags()
     for dtype in (torch.bfloat16, torch.float16):
         name = str(dtype).removeprefix("torch.")
+        if flags and not NATIVE_FLAGS[name] & flags:
+            wanted = " or ".join(sorted(NATIVE_FLAGS[name]))
+            out[name] = f"{SHORT[name]} skipped: this CPU emulates it (no {wanted} in /proc/cpuinfo's flags)"
+            continue
         rate = small_rate(device, dtype)
         if rate < EMULATED_BELOW * fp32:
             out[name] = (

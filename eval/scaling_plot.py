@@ -41,6 +41,16 @@ def plain_ticks(ax) -> None:
             axis.set_minor_formatter(ticker.FuncFormatter(lambda v, _, shown=shown: _minor_label(v, shown)))
 
 
+def finish(fig, ax, path) -> None:
+    """One-panel figures: grid, plain log ticks, a small legend, then saved to `path` and closed."""
+    ax.grid(True, which="both", alpha=0.3)
+    plain_ticks(ax)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
 def _minor_label(value: float, shown: tuple[int, ...]) -> str:
     mantissa = value / 10 ** math.floor(math.log10(value)) if value > 0 else 0
     return f"{value:g}" if any(abs(mantissa - m) < 1e-6 for m in shown) else ""

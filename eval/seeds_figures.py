@@ -18,7 +18,7 @@ from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from eval import seeds as seeds_mod
 from eval import study_plots
-from eval.scaling_plot import plain_ticks
+from eval.scaling_plot import finish
 
 FIGURE = "multipliers.png"
 
@@ -126,10 +126,5 @@ def params_figure(seeds: list[seeds_mod.Seed], path: Path) -> bool:
     ax.set(xscale="log", yscale="log", xlabel="parameters without the token embedding (log)")
     ax.set(ylabel="final validation loss (contrastive, log)")
     ax.set_title(f"{len(seeds)} seeds: mean and 95% t interval per size; thin lines: each seed's fit", fontsize=8)
-    ax.grid(True, which="both", alpha=0.3)
-    plain_ticks(ax)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    finish(fig, ax, path)
     return True
