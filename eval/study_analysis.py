@@ -259,7 +259,8 @@ def write_report(out: Path, study, runs, fits, classes: int, bench: str, clock: 
     (out / "clock.json").write_text(json.dumps(clock))
     (out / "runs.json").write_text(json.dumps(runs, indent=2))
     (out / "fits.json").write_text(json.dumps({n: study_report.fit_digest(f) for n, f in fits.items()}, indent=2))
-    (out / "lr_sweep.json").write_text(json.dumps(list(sweep), indent=2))
+    own = [r for r in sweep if "from" not in r]  # rows another study's sweep chose (rates_from) are not this one's
+    (out / "lr_sweep.json").write_text(json.dumps(own, indent=2))
     if sweep:
         study_plots.sweep_figure(list(sweep), study.attentions, out / "lr_sweep.png")
     n_images = classes * study.data.get("eval_per_class", 1)

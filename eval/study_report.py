@@ -438,9 +438,16 @@ def sweep_table(rows: list[dict], sweep: dict) -> str:
     sizes = list(dict.fromkeys(r.get("size") for r in rows))  # rows of older studies name none: lr_sweep.size
     sizes = [sweep["size"]] if sizes == [None] else sizes
     several = len(sizes) > 1
+    source = list(dict.fromkeys(r["from"] for r in rows if r.get("from")))
     lines = [
         "## Learning rate per attention\n",
-        f"Each attention trained at {', '.join(map(str, sizes))} with {scales_text(rows)} x its learning rate; the "
+        (
+            f"The rates come from the sweep of {', '.join(f'`{f}`' for f in source)} (`rates_from`: its runs are not "
+            "trained again here, nor on this study's clock). There, e"
+            if source
+            else "E"
+        )
+        + f"ach attention trained at {', '.join(map(str, sizes))} with {scales_text(rows)} x its learning rate; the "
         f"lowest final {'validation loss' if sweep.get('metric', 'val_loss') == 'val_loss' else 'zero-shot error'} "
         + (
             "chose the multiple at each swept size; where an attention's sizes chose the same multiple it transfers "

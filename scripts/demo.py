@@ -23,7 +23,7 @@ from pathlib import Path
 from eval import machine, study_analysis
 from train.bench.attention import study_table
 from train.linearise import Settings, linearise
-from train.lr_sweep import adopt, choose, grid, reuse_chosen, sweep_jobs
+from train.lr_sweep import choose, grid, reuse_chosen, sweep_jobs
 from train.study import REPO, Study, StudyError, data_paths, done_before, jobs_of, load_study, make_data
 from train.study_local import run_jobs
 
@@ -88,6 +88,7 @@ def reanalyse(out: Path, study: Study, args: argparse.Namespace) -> Path:
     """The analysis of a finished study folder again: its runs rebuilt from the study config, their times and the
     study's clock from the files it wrote (none for a study trained by `train.submit study`)."""
     jobs, _, sweep = grid(study, out, data_paths(out / "data"), args.seed)
+    sweep = sweep or study.adopted
     clock = study_analysis.saved_times(out, jobs)
     analyse(out, study, jobs, clock, args, sweep)
     study_analysis.append_linearise(out)
@@ -110,9 +111,7 @@ def train(jobs: list, study: Study, what: str, clock: dict, out: Path) -> None:
 def main(argv: list[str] | None = None) -> Path:
     args = parse_args(argv)
     try:
-        study = load_study(args.study, quick=args.quick)
-        if args.rates_from:
-            adopt(study, args.rates_from)
+        study = load_study(args.study, quick=args.quick, rates_from=args.rates_from)
     except StudyError as e:
         raise SystemExit(f"error: {e}") from None
     study.sizes = {s: study.sizes.get(s, {}) for s in args.sizes} if args.sizes else study.sizes
@@ -125,7 +124,7 @@ def main(argv: list[str] | None = None) -> Path:
     clock["resume"] = args.resume
     stage(f"making the synthetic data set in {out / 'data'}")
     paths = make_data(out / "data", study, args.seed)
-    sweep = []
+    sweep = list(study.adopted)  # the rows of another study's sweep whose rates this one trains with (rates_from)
     if study.lr_sweep:
         pairs = sweep_jobs(study, out, paths, args.seed)
         what = f"learning-rate sweep: {len(pairs)} runs at {study.lr_sweep['size']}"

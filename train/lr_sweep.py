@@ -130,6 +130,11 @@ def apply(study: Study, rows: list[dict]) -> None:
             own["lr_scale"] = own.get("lr_scale", 1) * next(iter(chosen.values()))["scale"]
             continue
         swept = [s for s in sizes if s in chosen]
+        if not swept:
+            raise StudyError(
+                f"the sweep chose {attention}'s rate per size at {', '.join(map(str, chosen))} (it does not transfer), "
+                f"none of them a size of this study ({', '.join(sizes)}); give the study an lr_sweep instead"
+            )
         for size in sizes:
             nearest = min(swept, key=lambda s: (abs(sizes.index(s) - sizes.index(size)), sizes.index(s)))
             study.lr_by_size.setdefault(size, {})[attention] = chosen[nearest]["scale"]
@@ -148,18 +153,19 @@ def swept_rows(folder: Path) -> list[dict]:
     return []
 
 
-def adopt(study: Study, folders: Path | str | list) -> None:
+def adopt(study: Study, folders: Path | str | list) -> list[dict]:
     """Train with the rates other study folders' sweeps chose (swept_rows, e.g. seed 0's) instead of sweeping again
-    (apply, as the sweep would), the sweep dropped. With several folders each attention takes every row of the first
-    folder that chose a rate for it (sweeps of separate attentions run as separate studies). An attention no folder
-    chose a rate for is one StudyError line."""
+    (apply, as the sweep would), the sweep dropped; returns the rows applied, each with the folder it came from
+    (`from`). With several folders each attention takes every row of the first folder that chose a rate for it
+    (sweeps of separate attentions run as separate studies). An attention no folder chose a rate for is one
+    StudyError line. load_study calls it for a study's `rates_from` (and scripts.demo's --rates-from)."""
     folders = [folders] if isinstance(folders, (str, Path)) else list(folders)
     rows: list[dict] = []
     for attention in study.attentions:
         for folder in folders:
             mine = [r for r in swept_rows(folder) if r["attention"] == attention]
             if any(r.get("chosen") for r in mine):
-                rows += mine
+                rows += [{**r, "from": str(folder)} for r in mine]
                 break
         else:
             where = ", ".join(str(Path(f) / "lr_sweep.json") for f in folders)
@@ -169,6 +175,7 @@ def adopt(study: Study, folders: Path | str | list) -> None:
             )
     apply(study, rows)
     study.lr_sweep = {}
+    return rows
 
 
 def grid(study: Study, out: Path, paths: dict[str, str], seed: int) -> tuple[list[Job], list[Job], list[dict]]:

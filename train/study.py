@@ -54,6 +54,9 @@ class Study:
     budgets: dict = field(default_factory=dict)
     # a learning-rate sweep at one size, its best multiple used at every size (train/lr_sweep.py); {} = none
     lr_sweep: dict = field(default_factory=dict)
+    # instead of a sweep: the rates another study's sweep chose (train/lr_sweep.adopt), from its finished folders or
+    # its docs page's data/ (paths relative to the repository; the first folder that swept an attention wins)
+    rates_from: list[str] = field(default_factory=list)
     # the linearisation arm (train/linearise.py) on the best softmax run: {transfer_steps, distill_steps,
     # eval_every, warmup_steps} (its options); {} = none
     linearise: dict = field(default_factory=dict)
@@ -70,6 +73,8 @@ class Study:
     # images per full-budget run on which eval/smoothing.py measures each image-tower layer's kept share of token
     # spread after training (the report's over-smoothing section); 0 = not measured
     smoothing: int = 0
+    # set on load, not a config key: the sweep rows whose chosen rates the study trains with (rates_from)
+    adopted: list[dict] = field(default_factory=list)
 
 
 def spec_of(folder: Path) -> str:
@@ -120,8 +125,9 @@ def merge(base: dict, changes: dict) -> dict:
     return merged
 
 
-def load_study(path: str | Path, quick: bool = False) -> Study:
-    """The study of a YAML file (with its `quick:` section merged in when quick)."""
+def load_study(path: str | Path, quick: bool = False, rates_from: list | None = None) -> Study:
+    """The study of a YAML file (with its `quick:` section merged in when quick); `rates_from` (folders, e.g. from
+    `--rates-from`) replaces the file's own: the study then trains with the rates their sweeps chose, no sweep."""
     path = Path(path)
     if not path.is_file():
         raise StudyError(f"study config {path} does not exist; use configs/study/demo.yaml or a copy of it")
@@ -129,7 +135,7 @@ def load_study(path: str | Path, quick: bool = False) -> Study:
     quick_part = raw.pop("quick", {}) or {}
     if quick:
         raw = merge(raw, quick_part)
-    known = {f.name for f in fields(Study)}
+    known = {f.name for f in fields(Study)} - {"adopted"}
     unknown = sorted(set(raw) - known)
     if unknown:
         raise StudyError(f"{path}: unknown key {unknown[0]!r}; valid keys: {', '.join(sorted(known))}, quick")
@@ -164,7 +170,32 @@ def load_study(path: str | Path, quick: bool = False) -> Study:
     expand_optimizers(study, path)
     check_budgets(study.budgets, path)
     check_sweep(study, path)
+    adopt_rates(study, path, rates_from)
     return study
+
+
+def adopt_rates(study: Study, path: Path, rates_from: list | None) -> None:
+    """The study's rates from other studies' sweeps (its `rates_from`, or the caller's instead), each folder checked
+    here: one that does not exist, or chose no rate for an attention, is one StudyError line."""
+    if study.rates_from and study.lr_sweep and not rates_from:
+        raise StudyError(f"{path}: lr_sweep and rates_from both set; keep one (a sweep, or another study's rates)")
+    folders = rates_from or study.rates_from
+    folders = [folders] if isinstance(folders, (str, Path)) else list(folders or [])
+    if not folders:
+        return
+    resolved = [Path(f) if Path(f).is_absolute() or Path(f).exists() else REPO / f for f in folders]
+    missing = [str(f) for f in resolved if not f.is_dir()]
+    if missing:
+        raise StudyError(f"{path}: rates_from: {missing[0]} is not a folder; give a finished study or a page's data/")
+    from train.lr_sweep import adopt  # it imports this module
+
+    study.rates_from = [str(f) for f in folders]
+    named = {str(r): str(f) for r, f in zip(resolved, folders)}  # as given: the report names it, not this path
+    try:
+        rows = adopt(study, resolved)
+    except StudyError as e:
+        raise StudyError(f"{path}: rates_from: {e}") from None
+    study.adopted = [{**row, "from": named.get(row["from"], row["from"])} for row in rows]
 
 
 def expand_image_sizes(study: Study, path: Path) -> None:

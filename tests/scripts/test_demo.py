@@ -129,6 +129,7 @@ def test_study_config_errors_are_one_line(tmp_path):
 
 def test_per_attention_settings_scale_the_learning_rate_and_override_the_run(tmp_path):
     study = load_study(demo.STUDY)
+    study.lr_by_size = {}  # (the rates the main job adopts from the 4-size study's sweep: tested below)
     study.per_attention = {"linear_affine_nodenom": {"lr_scale": 2.0, "run": {"train.max_steps": 2400}}}
     paths = {"train": "t", "val": "v", "eval": "e"}
     jobs = {(j.size, j.attention): j.argv for j in jobs_of(study, tmp_path, paths, seed=0) if j.after is None}
@@ -178,9 +179,10 @@ def check_full_study(out: Path) -> None:
         rows = by[attention]
         assert 1 - rows[-1]["top1"] < 1 - rows[0]["top1"], attention  # error falls with size
         assert fits["error_frontier"]["groups"][attention]["alpha_ci"][1] < 0, attention  # and with compute
-    # 2. A learning rate chosen per attention by the sweep.
-    sweep = json.loads((out / "lr_sweep.json").read_text())
-    assert sorted(r["attention"] for r in sweep if r["chosen"]) == sorted(by)
+    # 2. A learning rate chosen per attention by a sweep (the 4-size study's, at its smallest and largest size).
+    assert "## Learning rate per attention" in report and "The rates come from the sweep of" in report
+    rates = {r["attention"] for r in json.loads((out / "page.json").read_text())["sweep"] if r["chosen"]}
+    assert rates == set(by)
     # 3. Multipliers with intervals, exponents and their differences, and the claims with their numbers.
     table = report.split("## Samples to a target error")[1].split("\n## ")[0]
     assert any(f"| {a} | " in table and "x [" in table for a in ("linear_affine", "linear_affine_nodenom"))
@@ -221,6 +223,7 @@ def test_demo_quick_with_budgets_reports_each_budget(tmp_path, quick_polls):
     row per budget, and the curve the multipliers read is the budgets' ends."""
     study = tmp_path / "study.yaml"
     raw = yaml.safe_load(demo.STUDY.read_text())
+    raw.pop("rates_from")  # the study's own sweep instead of the 4-size study's rates
     raw["quick"]["budgets"] = {"fractions": [0.5], "cooldown": 0.5}
     raw["quick"]["lr_sweep"] = {"size": "demo-w32", "scales": [0.5, 2.0]}
     raw["quick"]["run"]["train.max_steps"] = 8
@@ -281,6 +284,7 @@ def test_sweep_scales_may_differ_per_attention(tmp_path):
     study = load_study(demo.STUDY)
     study.lr_sweep = {"size": "demo-w32", "scales": {"softmax": [0.25, 0.5], "linear_affine": [0.5, 2.0]}}
     study.attentions, study.budgets = ["softmax", "linear_affine"], {}
+    study.per_attention, study.lr_by_size = {}, {}  # not the rates the main job adopts
     pairs = sweep_jobs(study, tmp_path, {"train": "t", "val": "v", "eval": "e"}, seed=0)
     assert [(s, j.attention) for s, j in pairs] == [
         (0.25, "softmax"),
@@ -291,7 +295,8 @@ def test_sweep_scales_may_differ_per_attention(tmp_path):
     assert pairs[3][1].run_dir == tmp_path / "lr_sweep" / "x2" / "runs" / "demo-w32-linear_affine"
     assert "optim.lr=0.008" in pairs[3][1].argv and "optim.lr=0.001" in pairs[0][1].argv
     raw = yaml.safe_load(demo.STUDY.read_text())
-    raw["lr_sweep"]["scales"] = {"softmax": [0.5, 1.0]}
+    raw.pop("rates_from")
+    raw["lr_sweep"] = {"size": "demo-w32", "scales": {"softmax": [0.5, 1.0]}}
     (tmp_path / "bad.yaml").write_text(yaml.safe_dump(raw))
     with pytest.raises(StudyError, match=r"lr_sweep\.scales has no multiples for linear_affine; give every attention"):
         load_study(tmp_path / "bad.yaml")
@@ -318,6 +323,10 @@ def test_image_sizes_are_an_axis_beside_the_sizes(tmp_path):
     model.image_size the resolution; a resolution the patch does not divide is one line naming the nearest."""
     raw = yaml.safe_load(demo.STUDY.read_text())
     raw |= {"sizes": {"demo-w16": {"optim.lr": 5.0e-3}, "demo-w32": {}}, "image_sizes": [32, 16], "lr_sweep": {}}
+    (tmp_path / "res.yaml").write_text(yaml.safe_dump(raw))
+    with pytest.raises(StudyError, match=r"rates_from: the sweep chose softmax's rate per size at demo-w64, demo-w16"):
+        load_study(tmp_path / "res.yaml")  # the main job's rates_from: swept at sizes this study names otherwise
+    raw.pop("rates_from")
     (tmp_path / "res.yaml").write_text(yaml.safe_dump(raw))
     study = load_study(tmp_path / "res.yaml")
     assert list(study.sizes) == ["demo-w16@16px", "demo-w16@32px", "demo-w32@16px", "demo-w32@32px"]

@@ -16,7 +16,10 @@ PATHS = {"train": "t/{0..1}.tar", "val": "v/{0..1}.tar", "eval": "e"}
 
 def study_swept_at(tmp_path, sizes):
     raw = yaml.safe_load(DEMO.read_text())
-    raw["lr_sweep"]["size"] = sizes
+    raw.pop("rates_from")  # a sweep in the study instead of the 4-size study's rates
+    scales = {"softmax": [0.25, 0.5, 1.0], "linear_affine": [0.25, 0.5, 1.0]}
+    scales["linear_affine_nodenom"] = [0.125, 0.25, 0.5]
+    raw["lr_sweep"] = {"size": sizes, "scales": scales, "metric": "val_loss"}
     (tmp_path / "study.yaml").write_text(yaml.safe_dump(raw))
     return load_study(tmp_path / "study.yaml")
 
@@ -113,3 +116,30 @@ def test_rates_from_several_folders_take_each_attention_from_the_first_that_swep
     assert not study.lr_sweep
     assert study.per_attention["linear_affine_nodenom"]["lr_scale"] == 1.0  # the first folder's choice, not page's
     assert study.per_attention["softmax"]["lr_scale"] == 0.5
+
+
+def test_the_main_job_trains_with_the_rates_the_four_size_study_swept_at_both_ends(tmp_path):
+    """configs/study/demo.yaml's rates_from: the sweep of docs/study_sizes (at demo-w16 and demo-w64) sets every run's
+    rate, carried to demo-w32 only where both ends agree; the report names where they come from; --rates-from
+    replaces rates_from (not applied twice); a missing folder, or a sweep beside rates_from, is one line."""
+    study = load_study(DEMO)
+    assert not study.lr_sweep and study.rates_from == ["docs/study_sizes/data"]
+    chosen = {(r["size"], r["attention"]): r["scale"] for r in study.adopted if r["chosen"]}
+    assert {size for size, _ in chosen} == {"demo-w16", "demo-w64"}  # swept at the smallest and the largest
+    lrs = {(j.size, j.attention): j.argv for j in jobs_of(study, tmp_path, PATHS, 0) if j.after is None}
+    for (size, attention), argv in lrs.items():
+        ends = [chosen[s, attention] for s in ("demo-w16", "demo-w64")]
+        own = chosen.get((size, attention), ends[0] if size == "demo-w32" else None)  # w32: the nearer (first) end
+        assert f"optim.lr={study.sizes[size]['optim.lr'] * own}" in argv, (size, attention)
+    again = load_study(DEMO, rates_from=[REPO / "docs" / "study_sizes" / "data"])
+    assert again.per_attention == study.per_attention and again.lr_by_size == study.lr_by_size
+    section = sweep_table(study.adopted, {})
+    assert section.startswith("## Learning rate per attention\n\nThe rates come from the sweep of `docs/study_sizes/")
+    raw = yaml.safe_load(DEMO.read_text())
+    (tmp_path / "gone.yaml").write_text(yaml.safe_dump({**raw, "rates_from": ["docs/no_such_study/data"]}))
+    with pytest.raises(StudyError, match=r"rates_from: .*no_such_study/data is not a folder; give a finished study"):
+        load_study(tmp_path / "gone.yaml")
+    both = {**raw, "lr_sweep": {"size": "demo-w32", "scales": [0.5, 1.0]}}
+    (tmp_path / "both.yaml").write_text(yaml.safe_dump(both))
+    with pytest.raises(StudyError, match=r"lr_sweep and rates_from both set; keep one"):
+        load_study(tmp_path / "both.yaml")
