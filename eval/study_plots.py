@@ -136,9 +136,9 @@ def sweep_figure(rows: list[dict], attentions: list[str], path) -> None:
             if not mine:
                 continue
             values = [r["val_loss"] if column == "val_loss" else 1 - r["top1"] for r in mine]
-            label = f"{attention} at {size}" if len(sizes) > 1 else attention
+            name = f"{attention} at {size}" if len(sizes) > 1 else attention
             line = "-o" if sizes.index(size) == 0 else "--s"
-            ax.plot([r["lr"] for r in mine], values, line, ms=4, color=colour(attentions, attention), label=label)
+            ax.plot([r["lr"] for r in mine], values, line, ms=4, color=colour(attentions, attention), label=name)
             chosen = [(r["lr"], v) for r, v in zip(mine, values) if r["chosen"]]
             ax.plot(*zip(*chosen), "o", ms=11, mfc="none", color=colour(attentions, attention)) if chosen else None
         ax.set(xscale="log", yscale="log", xlabel="peak learning rate", ylabel=label)

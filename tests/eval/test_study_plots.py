@@ -22,7 +22,11 @@ def test_the_multiplier_figure_draws_intervals_and_bounds(tmp_path):
     assert (tmp_path / "m.png").stat().st_size > 0
 
 
-def test_the_sweep_figure_circles_the_chosen_rate(tmp_path):
+def test_the_sweep_figure_circles_the_chosen_rate(tmp_path, monkeypatch):
+    import eval.study_plots as plots
+
+    drawn = []
+    monkeypatch.setattr(plots.plt, "close", lambda fig: drawn.append(fig))
     rows = [
         {"attention": a, "scale": s, "lr": 1e-3 * s, "val_loss": 1 + abs(s - 1), "top1": 0.3, "chosen": s == 1}
         for a in ("softmax", "linear_affine")
@@ -30,3 +34,5 @@ def test_the_sweep_figure_circles_the_chosen_rate(tmp_path):
     ]
     sweep_figure(rows, ["softmax", "linear_affine"], tmp_path / "s.png")
     assert (tmp_path / "s.png").stat().st_size > 0
+    # each panel's y axis names its metric (not the last line's attention)
+    assert [ax.get_ylabel() for ax in drawn[0].axes] == ["final validation loss", "final zero-shot error"]
