@@ -143,3 +143,24 @@ def test_the_main_job_trains_with_the_rates_the_four_size_study_swept_at_both_en
     (tmp_path / "both.yaml").write_text(yaml.safe_dump(both))
     with pytest.raises(StudyError, match=r"lr_sweep and rates_from both set; keep one"):
         load_study(tmp_path / "both.yaml")
+
+
+def test_the_long_sizes_study_runs_the_four_sizes_at_four_times_the_budget_with_their_swept_rates(tmp_path):
+    """configs/study/sizes_long.yaml (claim (c) nearer convergence): the paper's pair at the 4-size study's sizes, 4x
+    its steps on 4x its data (each sample seen as often), a cooled-down budget at exactly the 4-size study's, and
+    the rates that study's sweep chose (softmax 0.25x at demo-w48, its nearest swept size being demo-w64)."""
+    short, long = (
+        load_study(REPO / "configs" / "study" / "sizes.yaml"),
+        load_study(REPO / "configs" / "study" / "sizes_long.yaml"),
+    )
+    assert list(long.sizes) == list(short.sizes) and long.attentions == ["softmax", "linear_affine_nodenom"]
+    steps = long.run["train.max_steps"]
+    assert steps == 4 * short.run["train.max_steps"] and long.budgets["fractions"][0] * steps == 1600
+    assert long.data["train_samples"] == 4 * short.data["train_samples"]
+    assert not long.lr_sweep and long.per_attention["linear_affine_nodenom"]["lr_scale"] == 0.5
+    assert {size: long.lr_by_size[size]["softmax"] for size in long.sizes} == {
+        "demo-w16": 1.0,
+        "demo-w32": 1.0,
+        "demo-w48": 0.25,
+        "demo-w64": 0.25,
+    }
