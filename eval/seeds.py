@@ -160,17 +160,17 @@ def linearise_section(seeds: list[Seed]) -> list[str]:
     for student in students:
         found = [s.linearise.get(student, {}) for s in arms]
         both = [r for r in found if r.get("linearised_gmacs") and r.get("scratch_gmacs")]
-        if len(both) < len(found):
-            lin = sum(bool(r.get("linearised_gmacs")) for r in found)
-            own = sum(bool(r.get("scratch_gmacs")) for r in found)
-            reached = f"the target reached at {lin} of {len(found)} seeds linearised, at {own} from scratch"
-            rows.append(f"| {student} | {reached} | | | |")
+        cells = [outcome(r) for r in found]
+        if not both:
+            rows.append(f"| {student} | {' / '.join(cells)} | | | |")
             continue
         total = spread([r["linearised_gmacs"] / r["scratch_gmacs"] for r in both], log=True)
         alone = spread([r["linearised_gmacs_without_teacher"] / r["scratch_gmacs"] for r in both], log=True)
         steps = spread([r["linearised_steps"] / r["scratch_steps"] for r in both], log=True)
+        where = "the seed" if len(both) == 1 else f"the {len(both)} seeds"
+        over = "" if len(both) == len(found) else f" ({where} where both reached it)"
         rows.append(
-            f"| {student} | {per_seed(total.values, '{:.2f}x')} | {total.text(unit='x')} | {alone.text(unit='x')} | "
+            f"| {student} | {' / '.join(cells)} | {total.text(unit='x')}{over} | {alone.text(unit='x')} | "
             f"{steps.text(unit='x')} |"
         )
     return [
@@ -181,6 +181,16 @@ def linearise_section(seeds: list[Seed]) -> list[str]:
         "every student batch.\n",
         "\n".join(rows) + "\n",
     ]
+
+
+def outcome(arm: dict) -> str:
+    """One seed's cell of the linearisation table: its compute ratio, or which side never reached the target."""
+    lin, own = arm.get("linearised_gmacs"), arm.get("scratch_gmacs")
+    if lin and own:
+        return f"{lin / own:.2f}x"
+    if lin:
+        return f"linearised only ({arm['linearised_steps']:,} steps)"
+    return f"from scratch only ({arm['scratch_steps']:,} steps)" if own else "neither reached it"
 
 
 def run_of(seed: Seed, attention: str, size: str) -> dict | None:

@@ -184,3 +184,22 @@ def test_loss_against_parameters_needs_two_models_not_two_image_sizes(tmp_path):
     for s in seeds:  # one model at two image sizes (SIZE@RESpx): no loss-against-parameters figure
         s.runs = [r | {"size": "demo-w64@" + ("32px" if r["size"] == "demo-w32" else "64px")} for r in s.runs]
     assert not seeds_figures.has_sizes(seeds) and not seeds_figures.params_figure(seeds, tmp_path / "p.png")
+
+
+def test_linearisation_over_seeds_says_which_side_missed_the_target(tmp_path):
+    """A seed whose from-scratch run never reached the target, one where neither did: each seed's cell says so, and
+    the mean reads only the seeds where both reached it (saying how many)."""
+    folders = [study(tmp_path / f"s{i}", i, 3.0, 0.0) for i in range(3)]
+    arms = [
+        {"linearised_gmacs": 200, "linearised_gmacs_without_teacher": 50, "scratch_gmacs": 100},
+        {"linearised_gmacs": 300, "linearised_gmacs_without_teacher": 50, "scratch_gmacs": None},
+        {"linearised_gmacs": None, "linearised_gmacs_without_teacher": None, "scratch_gmacs": None},
+    ]
+    for folder, arm in zip(folders, arms):
+        (folder / "linearise").mkdir()
+        arm |= {"linearised_steps": 10 if arm["linearised_gmacs"] else None, "scratch_steps": 20}
+        (folder / "linearise" / "linearise.json").write_text(json.dumps({"teacher": "x", NODENOM: arm}))
+    text = main([str(f) for f in folders] + ["--study", SHAPES])
+    row = next(line for line in text.splitlines() if line.startswith(f"| {NODENOM} | 2.00x / "))
+    assert "| 2.00x / linearised only (10 steps) / neither reached it | 2.00x" in row
+    assert "(the seed where both reached it)" in row
