@@ -26,6 +26,7 @@ NODENOM, NORMALISED = "linear_affine_nodenom", "linear_affine"
 # claim (c): the fit it reads (eval/study_analysis.FITS), the one shown beside it, and what "similar" means
 PARAMS_FIT, FRONTIER_FIT = "val_loss_params", "error_frontier"
 MARGIN, MIN_SIZES, MIN_SPAN = 0.05, 4, 10.0
+FLAT_LOSS = 0.05  # a run has flattened when its validation loss falls less than 5% per doubling of samples at its end
 BENCH_TRAIN = Path(__file__).resolve().parents[1] / "docs" / "bench_train.csv"
 BENCH_LONG = Path(__file__).resolve().parents[1] / "docs" / "bench_long.csv"
 GAP, LOSS_RATIO, FLAT, MUCH_SLOWER, MORE_BUDGET = 0.05, 1.05, 0.2, 2.0, 2.0
@@ -37,7 +38,10 @@ RULE_C = (
     f"+-{MARGIN} (the margin of 'similar'), not supported when it lies wholly outside +-{MARGIN}, else undetermined; "
     f"undetermined too with fewer than {MIN_SIZES} sizes or sizes spanning less than {MIN_SPAN:g}x in parameters "
     f"(3 sizes: indicative only), or when either fit's R^2 on log loss is below {R2_MIN} (the power law does not "
-    f"describe its points). The compute-frontier exponents of zero-shot error are shown beside it, not ruled on."
+    f"describe its points), or when some run the fits read has not flattened (its validation loss still falls "
+    f">= {100 * FLAT_LOSS:.0f}% per doubling of samples between its cooled-down budget nearest half its samples and "
+    f"its end: the exponents then compare the sizes at equal samples, not converged). The compute-frontier exponents "
+    f"of zero-shot error are shown beside it, not ruled on."
 )
 RULE_D = (
     f"(d) judged at the image tokens the study's largest runs trained with, from those runs alone: the samples "
@@ -159,6 +163,37 @@ def coverage(groups: dict[str, dict]) -> tuple[int, float, list[str]]:
     return sizes, span, reasons
 
 
+def loss_fall(run: dict) -> float | None:
+    """The fall of a run's validation loss per doubling of samples at its end: from its cooled-down budget nearest
+    half its samples to its end (run["budgets"]: [samples, top-1, val loss], the last its end); None with fewer than
+    two budgets."""
+    budgets = [b for b in run.get("budgets", []) if len(b) > 2 and b[2] is not None and math.isfinite(b[2])]
+    if len(budgets) < 2:
+        return None
+    end = budgets[-1]
+    half = min(budgets[:-1], key=lambda b: abs(math.log(b[0] / (end[0] / 2))))
+    return 1 - (end[2] / half[2]) ** (1 / math.log2(end[0] / half[0]))
+
+
+def convergence(runs: list[dict]) -> tuple[str, str | None]:
+    """(what claim (c)'s runs of softmax and Eq. 7 show of their budget and flatness, why they cannot be ruled on or
+    None): each run's loss_fall; runs without budgets leave it unmeasured, which is said, not ruled on."""
+    mine = [r for r in runs if r["attention"] in ("softmax", NODENOM)]
+    falls = [f for f in map(loss_fall, mine) if f is not None]
+    samples = sorted({r["samples_seen"] for r in mine})
+    each = ", ".join(f"{s:,}" for s in samples)
+    budget = f"{each} samples each" if len(samples) == 1 else f"budgets of {each} samples"
+    if not falls:
+        return f"{budget}; flatness not measured (no cooled-down budgets)", None
+    text = (
+        f"{budget}; validation loss at the end falling {100 * min(falls):.0f}% to {100 * max(falls):.0f}% per "
+        f"doubling of samples (flat: < {100 * FLAT_LOSS:.0f}%)"
+    )
+    if max(falls) < FLAT_LOSS:
+        return text, None
+    return text, "not flat: the exponents compare the sizes at equal samples, not converged"
+
+
 def frontier_line(fits: dict) -> str:
     """The compute-frontier exponents of zero-shot error, shown beside claim (c) (not the quantity it rules on)."""
     c = next((c for c in fits.get(FRONTIER_FIT, {}).get("comparisons", []) if c["a"] == NODENOM), None)
@@ -169,8 +204,9 @@ def frontier_line(fits: dict) -> str:
     return f"{head}: difference {c['alpha_diff']:+.3f} [{lo:+.3f}, {hi:+.3f}]"
 
 
-def claim_c(fits: dict) -> tuple[str, str]:
-    """The exponents of validation loss against non-embedding parameters (PARAMS_FIT), by the equivalence rule."""
+def claim_c(fits: dict, runs: list[dict] = ()) -> tuple[str, str]:
+    """The exponents of validation loss against non-embedding parameters (PARAMS_FIT), by the equivalence rule, on
+    runs that have flattened (convergence)."""
     fit = fits.get(PARAMS_FIT, {})
     c = next((c for c in fit.get("comparisons", []) if c["a"] == NODENOM and c["b"] == "softmax"), None)
     if c is None:
@@ -178,6 +214,7 @@ def claim_c(fits: dict) -> tuple[str, str]:
         return "undetermined", f"validation loss against parameters not fitted ({why}); {frontier_line(fits)}"
     soft, eq7 = fit["groups"]["softmax"], fit["groups"][NODENOM]
     sizes, span, reasons = coverage({"softmax": soft, NODENOM: eq7})
+    flat, unflat = convergence(list(runs))
     lo, hi = c["alpha_diff_ci"]
     ci = "no interval" if c.get("verdict") == "undetermined" else f"[{lo:+.3f}, {hi:+.3f}]"
     r2 = ", ".join(
@@ -186,8 +223,9 @@ def claim_c(fits: dict) -> tuple[str, str]:
     numbers = (
         f"validation loss against non-embedding parameters, {sizes} sizes spanning {span:.1f}x: exponents softmax "
         f"{soft['alpha']:+.3f}, Eq. 7 {eq7['alpha']:+.3f}; difference {c['alpha_diff']:+.3f} {ci} "
-        f"(margin +-{MARGIN}); R^2 on log loss {r2} (the paper: about -0.36 vs -0.33); {frontier_line(fits)}"
+        f"(margin +-{MARGIN}); R^2 on log loss {r2} (the paper: about -0.36 vs -0.33); {flat}; {frontier_line(fits)}"
     )
+    reasons += [unflat] if unflat else []
     if c.get("verdict") == "undetermined":  # too few points for an interval (eval.scaling says why)
         reasons.append(c.get("reason") or "no interval")
     if reasons:
@@ -254,7 +292,7 @@ def claims(
         ("(d) LA needs more epochs but less total time", NODENOM, "d"),
     ):
         if judge == "c":
-            out.append((claim, *claim_c(fits)))
+            out.append((claim, *claim_c(fits, runs)))
             continue
         shared = [s for s in largest.get(attention, {}) if s in soft]
         if not shared:

@@ -25,6 +25,7 @@ from scipy import stats
 
 from eval import pages
 from eval.claims import (
+    FLAT_LOSS,
     FRONTIER_FIT,
     GAP,
     MARGIN,
@@ -36,8 +37,10 @@ from eval.claims import (
     PARAMS_FIT,
     RULE_D,
     claim_a,
+    convergence,
     coverage,
     equivalence,
+    loss_fall,
     step_ratio,
     step_ratios,
     time_verdict,
@@ -56,7 +59,9 @@ RULES = (
     f"seed's fit at the end of its full-budget runs): supported when the whole seed interval of the difference "
     f"(Eq. 7 - softmax) lies within +-{MARGIN}, not supported when it lies wholly outside +-{MARGIN}, else "
     f"undetermined; undetermined too with fewer than {MIN_SIZES} sizes or a span under {MIN_SPAN:g}x in parameters "
-    f"at some seed (3 sizes: indicative only), or a fit with R^2 on log loss below {R2_MIN} at some seed. "
+    f"at some seed (3 sizes: indicative only), a fit with R^2 on log loss below {R2_MIN} at some seed, or a run at "
+    f"some seed whose validation loss still falls >= {100 * FLAT_LOSS:.0f}% per doubling of samples at its end (not "
+    "flat: the sizes compared at equal samples, not converged). "
     "(d) by the single-study rule, on the seed interval of the samples multiplier and the mean over seeds of the "
     "measured step-time ratio: " + RULE_D.removeprefix("(d) ") + " A seed whose run never reaches the target counts "
     "at its lower bound (its samples seen over softmax's samples to the target) and makes the upper bound infinite; "
@@ -277,6 +282,10 @@ def claim_c_seeds(seeds: list[Seed]) -> tuple[str, str]:
     reasons = [f"seed {seed}: {why}" for seed, (_, _, whys) in covers.items() for why in whys]
     if len(fitted) < len(seeds):
         reasons.append(f"{len(seeds) - len(fitted)} seed(s) without the fit")
+    flat = {s.seed: convergence(s.runs) for s in fitted}
+    reasons += [f"seed {seed}: {why}" for seed, (_, why) in flat.items() if why]
+    paired = [r for s in fitted for r in s.runs if r["attention"] in ("softmax", NODENOM)]
+    falls = [f for f in map(loss_fall, paired) if f is not None]
     if not math.isfinite(diff.lo):
         reasons.append(f"{len(fitted)} seed(s): no interval over seeds")
     numbers = (
@@ -284,7 +293,13 @@ def claim_c_seeds(seeds: list[Seed]) -> tuple[str, str]:
         f"exponent {diff.text('{:+.3f}')} over {len(fitted)} seeds (margin +-{MARGIN}); softmax "
         f"{exponent_spread(fitted, 'softmax', PARAMS_FIT).text('{:+.3f}')}, Eq. 7 "
         f"{exponent_spread(fitted, NODENOM, PARAMS_FIT).text('{:+.3f}')} (the paper: about -0.36 vs -0.33); "
-        f"compute-frontier difference of zero-shot error (not ruled on) {diff_spread(seeds, NODENOM).text('{:+.3f}')}"
+        + (
+            f"validation loss at the end falling {100 * min(falls):.0f}% to {100 * max(falls):.0f}% per doubling of "
+            f"samples (flat: < {100 * FLAT_LOSS:.0f}%); "
+            if falls
+            else "flatness not measured (no cooled-down budgets); "
+        )
+        + f"compute-frontier difference of zero-shot error (not ruled on) {diff_spread(seeds, NODENOM).text('{:+.3f}')}"
     )
     if reasons:
         return "undetermined", numbers + "; undetermined: " + "; ".join(dict.fromkeys(reasons))

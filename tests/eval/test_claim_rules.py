@@ -129,3 +129,24 @@ def test_the_same_rule_over_seeds(tmp_path, monkeypatch, shift, expected):
     verdict, numbers = claim_c_seeds([load_seed(f) for f in folders])
     assert verdict == expected, numbers
     assert "5 sizes spanning 30.0x" in numbers and "over 3 seeds" in numbers
+
+
+@pytest.mark.parametrize("before, expected", [(1.02, "supported"), (1.3, "undetermined")])
+def test_equal_exponents_of_runs_that_have_not_flattened_are_undetermined(tmp_path, monkeypatch, before, expected):
+    """Each run's cooled-down budget at half its samples: a validation loss 2% above its end (1.4% per doubling:
+    flat) leaves the verdict to the exponents; 30% above (23% per doubling) compares sizes at equal samples, not
+    converged, and is undetermined, saying so."""
+    monkeypatch.setattr(study_analysis, "plot", lambda *args, **kwargs: None)
+    jobs = study(tmp_path / "runs", {"softmax": ALPHA, NODENOM: ALPHA}, FIVE)
+    spec = SimpleNamespace(fits={"n_boot": 200}, attentions=["softmax", NODENOM])
+    fits = study_analysis.scaling_fits(jobs, tmp_path, spec)
+    rows = study_analysis.run_rows(jobs)
+    for r in rows:
+        end = SAMPLES[-1]
+        r["budgets"] = [[end // 2, 0.5, r["val_loss"] * before], [end, 0.5, r["val_loss"]]]
+    verdicts = {claim[:3]: (verdict, numbers) for claim, verdict, numbers in claims(rows, fits, [0.9], 1000, 50)}
+    verdict, numbers = verdicts["(c)"]
+    assert verdict == expected, numbers
+    fall = 100 * (1 - 1 / before)
+    assert f"16,000 samples each; validation loss at the end falling {fall:.0f}% to {fall:.0f}% per doubling" in numbers
+    assert ("not flat: the exponents compare the sizes at equal samples" in numbers) == (expected == "undetermined")
