@@ -10,7 +10,7 @@ if sys.argv[1:2] not in (["-h"], ["--help"]):
     try:
         load_config(sys.argv[1:], warn=False)
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
+        sys.stderr.write(f"error: {e}\n")  # one write per line: ranks share stderr (train/main.py cli)
         sys.exit(1)
 
 from train import main as entry

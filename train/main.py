@@ -91,7 +91,10 @@ def cli(argv: list[str] | None = None) -> int:
     try:
         return main(argv)
     except (ConfigError, TrainingError, CheckpointError, DataError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        # one write of the whole line: the ranks of a job share stderr, and print's separate newline lets the lines of
+        # two ranks run into one (the line is far below PIPE_BUF, so one write is not interleaved)
+        sys.stderr.write(f"error: {e}\n")
+        sys.stderr.flush()
         return 1
 
 
