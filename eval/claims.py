@@ -175,21 +175,30 @@ def loss_fall(run: dict) -> float | None:
     return 1 - (end[2] / half[2]) ** (1 / math.log2(end[0] / half[0]))
 
 
+def pair_falls(runs: list[dict]) -> list[float]:
+    """loss_fall of each run of softmax and Eq. 7 (claim (c)'s pair) that has budgets to measure it."""
+    return [f for r in runs if r["attention"] in ("softmax", NODENOM) for f in [loss_fall(r)] if f is not None]
+
+
+def falls_text(falls: list[float]) -> str:
+    """How fast claim (c)'s runs still fall at their end, as the reports say it."""
+    if not falls:
+        return "flatness not measured (no cooled-down budgets)"
+    return (
+        f"validation loss at the end falling {100 * min(falls):.0f}% to {100 * max(falls):.0f}% per doubling of "
+        f"samples (flat: < {100 * FLAT_LOSS:.0f}%)"
+    )
+
+
 def convergence(runs: list[dict]) -> tuple[str, str | None]:
     """(what claim (c)'s runs of softmax and Eq. 7 show of their budget and flatness, why they cannot be ruled on or
     None): each run's loss_fall; runs without budgets leave it unmeasured, which is said, not ruled on."""
-    mine = [r for r in runs if r["attention"] in ("softmax", NODENOM)]
-    falls = [f for f in map(loss_fall, mine) if f is not None]
-    samples = sorted({r["samples_seen"] for r in mine})
+    falls = pair_falls(runs)
+    samples = sorted({r["samples_seen"] for r in runs if r["attention"] in ("softmax", NODENOM)})
     each = ", ".join(f"{s:,}" for s in samples)
     budget = f"{each} samples each" if len(samples) == 1 else f"budgets of {each} samples"
-    if not falls:
-        return f"{budget}; flatness not measured (no cooled-down budgets)", None
-    text = (
-        f"{budget}; validation loss at the end falling {100 * min(falls):.0f}% to {100 * max(falls):.0f}% per "
-        f"doubling of samples (flat: < {100 * FLAT_LOSS:.0f}%)"
-    )
-    if max(falls) < FLAT_LOSS:
+    text = f"{budget}; {falls_text(falls)}"
+    if not falls or max(falls) < FLAT_LOSS:
         return text, None
     return text, "not flat: the exponents compare the sizes at equal samples, not converged"
 

@@ -40,7 +40,8 @@ from eval.claims import (
     convergence,
     coverage,
     equivalence,
-    loss_fall,
+    falls_text,
+    pair_falls,
     step_ratio,
     step_ratios,
     time_verdict,
@@ -284,8 +285,7 @@ def claim_c_seeds(seeds: list[Seed]) -> tuple[str, str]:
         reasons.append(f"{len(seeds) - len(fitted)} seed(s) without the fit")
     flat = {s.seed: convergence(s.runs) for s in fitted}
     reasons += [f"seed {seed}: {why}" for seed, (_, why) in flat.items() if why]
-    paired = [r for s in fitted for r in s.runs if r["attention"] in ("softmax", NODENOM)]
-    falls = [f for f in map(loss_fall, paired) if f is not None]
+    falls = pair_falls([r for s in fitted for r in s.runs])
     if not math.isfinite(diff.lo):
         reasons.append(f"{len(fitted)} seed(s): no interval over seeds")
     numbers = (
@@ -293,13 +293,8 @@ def claim_c_seeds(seeds: list[Seed]) -> tuple[str, str]:
         f"exponent {diff.text('{:+.3f}')} over {len(fitted)} seeds (margin +-{MARGIN}); softmax "
         f"{exponent_spread(fitted, 'softmax', PARAMS_FIT).text('{:+.3f}')}, Eq. 7 "
         f"{exponent_spread(fitted, NODENOM, PARAMS_FIT).text('{:+.3f}')} (the paper: about -0.36 vs -0.33); "
-        + (
-            f"validation loss at the end falling {100 * min(falls):.0f}% to {100 * max(falls):.0f}% per doubling of "
-            f"samples (flat: < {100 * FLAT_LOSS:.0f}%); "
-            if falls
-            else "flatness not measured (no cooled-down budgets); "
-        )
-        + f"compute-frontier difference of zero-shot error (not ruled on) {diff_spread(seeds, NODENOM).text('{:+.3f}')}"
+        f"{falls_text(falls)}; compute-frontier difference of zero-shot error (not ruled on) "
+        f"{diff_spread(seeds, NODENOM).text('{:+.3f}')}"
     )
     if reasons:
         return "undetermined", numbers + "; undetermined: " + "; ".join(dict.fromkeys(reasons))
