@@ -14,7 +14,9 @@ decoded images, so the same batches bit for bit.
 
 import contextlib
 import logging
+import multiprocessing
 import os
+from concurrent.futures import ProcessPoolExecutor
 
 from data.errors import BadSample
 from data.stream import decode, tar_samples
@@ -27,24 +29,38 @@ PRELOADED: dict[str, list[dict]] = {}
 PRELOADED_LIMITS: dict[str, tuple[int, int]] = {}
 
 
-def preload(urls: list[str], max_mb: float, max_pixels: int, max_caption_bytes: int) -> float:
+def read_and_decode(url: str, max_pixels: int, max_caption_bytes: int) -> list[dict]:
+    """The raw samples of one tar, each that decodes with its (image, caption) under DECODED."""
+    samples = list(tar_samples(url))
+    for sample in samples:
+        with contextlib.suppress(BadSample):
+            sample[DECODED] = decode(sample, max_pixels, max_caption_bytes)
+    return samples
+
+
+def preload(urls: list[str], max_mb: float, max_pixels: int, max_caption_bytes: int, workers: int = 1) -> float:
     """Read and decode whole shards given as absolute local paths (a fork may run in another directory) into
     PRELOADED while their files fit in `max_mb` (the runs' data.cache_mb), for the SampleCaches of this process and
-    of its forks. A sample that does not decode is kept undecoded: the run that meets it decodes it again and counts
-    it as skipped. Returns the MB of tar files kept."""
-    used = 0
+    of its forks; with `workers` > 1 that many forked processes decode them (a decoded image comes back pixel for
+    pixel: PIL pickles its bytes). A sample that does not decode is kept undecoded: the run that meets it decodes it
+    again and counts it as skipped. Returns the MB of tar files kept."""
+    used, chosen = 0, []
     for url in urls:
         if url in PRELOADED or not os.path.isabs(url) or not os.path.isfile(url):
             continue
         size = os.path.getsize(url)
         if used + size > max_mb * 2**20:
             break
-        samples = list(tar_samples(url))
-        for sample in samples:
-            with contextlib.suppress(BadSample):
-                sample[DECODED] = decode(sample, max_pixels, max_caption_bytes)
-        PRELOADED[url], PRELOADED_LIMITS[url] = samples, (max_pixels, max_caption_bytes)
+        chosen.append(url)
         used += size
+    limits = (max_pixels, max_caption_bytes)
+    if workers > 1 and len(chosen) > 1:
+        with ProcessPoolExecutor(min(workers, len(chosen)), mp_context=multiprocessing.get_context("fork")) as pool:
+            shards = list(pool.map(read_and_decode, chosen, *([limit] * len(chosen) for limit in limits)))
+    else:
+        shards = [read_and_decode(url, *limits) for url in chosen]
+    for url, samples in zip(chosen, shards, strict=True):
+        PRELOADED[url], PRELOADED_LIMITS[url] = samples, limits
     return used / 2**20
 
 

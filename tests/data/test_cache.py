@@ -122,3 +122,15 @@ def test_preloaded_shards_decoded_under_other_limits_or_relative_paths_are_not_u
     batches, skipped = run_epochs(spec, 1, cache_mb=1)
     assert sum(len(tokens) for _, tokens, *_ in batches[0]) == 12 and not any(skipped.values())
     assert counted == {"tars": 2, "decoded": 12}
+
+
+def test_shards_preloaded_by_two_processes_give_the_same_batches_without_reading_a_tar(tmp_path, counted, preloaded):
+    spec = write_shards(tmp_path, [7, 13, 5])
+    plain = epochs(spec, 2, cache_mb=1)
+    urls = [str(tmp_path / f"000{k}.tar") for k in range(3)]
+    defaults = DataConfig(train_shards=spec)
+    assert preloaded.preload(urls, 1, defaults.max_image_pixels, defaults.max_caption_bytes, workers=2) > 0
+    assert [len(preloaded.PRELOADED[url]) for url in urls] == [7, 13, 5]  # in the order asked, from the processes
+    counted.update(tars=0, decoded=0)
+    assert same(plain, epochs(spec, 2, cache_mb=1))
+    assert counted == {"tars": 0, "decoded": 0}  # decoded images came back with the samples
