@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> Path:
     clock = {"wall": time.perf_counter(), "cpu": machine.cpu_seconds(), "load": [os.getloadavg()[0]]}
     clock["resume"] = args.resume
     stage(f"making the synthetic data set in {out / 'data'}")
-    paths = make_data(out / "data", study, args.seed)
+    paths = make_data(out / "data", study, args.seed, report=lambda m: print("   " + m, file=sys.stderr))
     sweep = list(study.adopted)  # the rows of another study's sweep whose rates this one trains with (rates_from)
     if study.lr_sweep:
         pairs = sweep_jobs(study, out, paths, args.seed)

@@ -10,6 +10,8 @@ threads, so two one-thread runs at a time finish the grid sooner than one two-th
 
 from __future__ import annotations
 
+import contextlib
+import json
 import subprocess
 import sys
 from dataclasses import dataclass, field, fields
@@ -25,6 +27,7 @@ from models.config import ModelConfig, resolved_size
 from models.run_folder import step_name
 
 REPO = Path(__file__).resolve().parents[1]
+MADE = "made.json"  # in a study's data folder: the settings and seed it was made with, written when it is whole
 
 
 class StudyError(ValueError):
@@ -110,10 +113,21 @@ def data_paths(folder: Path) -> dict[str, str]:
     return {k: spec_of(folder / k) for k in ("train", "val")} | {"eval": str(folder / "eval")}
 
 
-def make_data(folder: Path, study: Study, seed: int) -> dict[str, str]:
+def make_data(folder: Path, study: Study, seed: int, report=None) -> dict[str, str]:
     """The embedded data set of the study (data.make_synthetic with its `data:` settings) in `folder`, its shards
-    written by `jobs` processes (the same bytes as one)."""
+    written by `jobs` processes (the same bytes as one). A set that `folder` already holds, made to the end with
+    the same settings and seed (its MADE file, written last), is kept: the same bytes would be written again (a
+    study resumed with --resume, or run in parts with --sizes)."""
+    wanted = json.loads(json.dumps({"seed": seed, **study.data}))  # tuples as lists, as read back
+    made = folder / MADE
+    with contextlib.suppress(OSError, ValueError):
+        if json.loads(made.read_text()) == wanted:
+            if report:
+                report(f"kept: made with the same settings and seed ({made})")
+            return data_paths(folder)
+    made.unlink(missing_ok=True)
     make_synthetic(folder, seed=seed, **{"workers": study.jobs, **study.data})
+    run_folder.write_text_atomic(made, json.dumps(wanted, indent=1))
     return data_paths(folder)
 
 
