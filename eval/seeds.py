@@ -109,9 +109,13 @@ class Spread:
         return f"{bound}{fmt.format(self.mean)}{unit}{interval}"
 
 
-def spread(values: list[float], log: bool = False, marks: list[str] | None = None) -> Spread:
+def spread(
+    values: list[float], log: bool = False, marks: list[str] | None = None, within: tuple[float, float] | None = None
+) -> Spread:
     """The mean of `values` and its 95% Student-t interval over seeds (no interval from one seed). A lower bound
-    among them ('>') makes the upper end infinite, an upper bound ('<') the lower end 0."""
+    among them ('>') makes the upper end infinite, an upper bound ('<') the lower end 0. `within`: the range the
+    quantity can take (a top-1 accuracy's [0, 1]), to which the interval is cut (with 2-3 seeds a t interval of an
+    accuracy can reach past 100%)."""
     marks = marks or [""] * len(values)
     x = np.log(values) if log else np.asarray(values, dtype=float)
     back = np.exp if log else (lambda v: v)
@@ -123,6 +127,8 @@ def spread(values: list[float], log: bool = False, marks: list[str] | None = Non
     half = float(stats.t.ppf(0.975, len(x) - 1) * np.std(x, ddof=1) / math.sqrt(len(x)))
     lo = 0.0 if "<" in marks else float(back(mean - half))
     hi = math.inf if ">" in marks else float(back(mean + half))
+    if within:
+        lo, hi = max(lo, within[0]), min(hi, within[1])
     return Spread(list(values), float(back(mean)), lo, hi, marks)
 
 
@@ -260,7 +266,7 @@ def claim_rows(seeds: list[Seed], targets: list[float], n_images: int | None = N
         return [("all", "undetermined", "no Eq. 7 and softmax runs of the same size at every seed")]
     size = sizes[-1]
     verdicts = [claim_a(run_of(s, NODENOM, size), run_of(s, "softmax", size), n_images)[0] for s in seeds]
-    gap = spread([run_of(s, "softmax", size)["top1"] - run_of(s, NODENOM, size)["top1"] for s in seeds])
+    gap = spread([run_of(s, "softmax", size)["top1"] - run_of(s, NODENOM, size)["top1"] for s in seeds], within=(-1, 1))
     agreed = verdicts[0] if len(set(verdicts)) == 1 else "undetermined"
     numbers = f"{size}: seeds say {', '.join(verdicts)}; softmax - Eq. 7 top-1 {gap.text('{:+.1%}')}"
     rows.append(("(a) Eq. 7 converges to a loss and accuracy comparable to softmax", agreed, numbers))
@@ -386,7 +392,7 @@ def tables(seeds: list[Seed], targets: list[float], n_images: int | None = None)
     best = [f"| attention | best zero-shot top-1, seeds {names} | mean [95% CI over seeds]{both} |"]
     best.append("|---|---|---|" + ("---|" if both else ""))
     for a in attentions:
-        top = spread([max(r["top1"] for r in s.runs if r["attention"] == a) for s in seeds])
+        top = spread([max(r["top1"] for r in s.runs if r["attention"] == a) for s in seeds], within=(0, 1))
         cell = ""
         if both and all(run_of(s, a, largest) for s in seeds):
             mean = np.mean([run_of(s, a, largest)["top1"] for s in seeds])
@@ -457,13 +463,13 @@ def report(
         [
             pages.header("The study over seeds", command, made=made),
             f"{sources(seeds)}. Each number: its value per seed, then the mean over seeds with a 95% Student-t "
-            f"interval over seeds ({len(seeds) - 1} degrees of freedom; multipliers on a log scale). '>' marks a mean "
-            "with a seed whose run never reached the target (counted at its lower bound), '<' one with a seed whose "
-            "run was there at its first evaluation (counted at its upper bound). Targets softmax of that size "
-            "misses at a seed, or reaches by its first evaluation, give no multiplier (eval/multiplier.py). Beside "
-            "it, where the zero-shot set's size is known: a two-level bootstrap, the seeds resampled and within each "
-            "the zero-shot images (2,000 replicates, percentile interval); with few seeds its seed level is coarse and "
-            "narrower than the t interval, so the verdicts read the t interval.\n",
+            f"interval over seeds ({len(seeds) - 1} degrees of freedom; multipliers on a log scale; top-1 intervals "
+            "cut to 0-100%). '>' marks a mean with a seed whose run never reached the target (counted at its lower "
+            "bound), '<' one with a seed whose run was there at its first evaluation (counted at its upper bound). "
+            "Targets softmax of that size misses at a seed, or reaches by its first evaluation, give no multiplier "
+            "(eval/multiplier.py). Beside it, where the zero-shot set's size is known: a two-level bootstrap, the "
+            "seeds resampled and within each the zero-shot images (2,000 replicates, percentile interval); with few "
+            "seeds its seed level is coarse and narrower than the t interval, so the verdicts read the t interval.\n",
             "## The paper's claims, on intervals over seeds\n",
             "\n".join(claims) + "\n\nRules: " + RULES + "\n",
             "## Best zero-shot top-1\n",

@@ -66,6 +66,8 @@ def test_spread_is_the_mean_with_a_student_t_interval_over_seeds():
     assert one.mean == 3.0 and math.isnan(one.lo) and one.text() == "3.00"
     assert spread([2.0, 3.0], marks=["", ">"]).hi == math.inf and spread([2.0, 3.0], marks=["<", ""]).lo == 0
     assert spread([2.0, 3.0], marks=[">", "<"]).text() == "n/a (bounds on both sides)"
+    top1 = spread([0.678, 0.774], within=(0, 1))  # two seeds' accuracies: the t interval reaches past 100%
+    assert spread([0.678, 0.774]).hi > 1 and (top1.lo, top1.hi) == pytest.approx((spread([0.678, 0.774]).lo, 1.0))
 
 
 def test_multipliers_per_seed_and_the_bounds_at_both_ends(tmp_path):
