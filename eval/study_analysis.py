@@ -281,13 +281,16 @@ def write_report(out: Path, study, runs, fits, classes: int, bench: str, clock: 
 
 
 def run_times(out: Path, jobs) -> None:
-    """Each job's wall and CPU seconds as the study's runs.json in `out` holds them (jobs it lacks keep theirs)."""
+    """Each job's wall and CPU seconds as its run folder's study_times.json holds them (train/study_local.py writes
+    it as the run ends), else as the study's runs.json in `out` does (folders older than the file; a study run in
+    parts with --sizes keeps only the last part's runs there); jobs that neither has keep theirs."""
     path = out / "runs.json"
     times = {r["run_dir"]: r for r in json.loads(path.read_text())} if path.is_file() else {}
     for job in jobs:
-        if str(job.run_dir) in times:
-            job.wall_seconds = times[str(job.run_dir)]["wall_seconds"]
-            job.cpu_seconds = times[str(job.run_dir)]["cpu_seconds"]
+        own = Path(job.run_dir) / run_folder.STUDY_TIMES
+        saved = json.loads(own.read_text()) if own.is_file() else times.get(str(job.run_dir))
+        if saved:
+            job.wall_seconds, job.cpu_seconds = saved["wall_seconds"], saved["cpu_seconds"]
 
 
 def saved_times(out: Path, jobs) -> dict:

@@ -1,7 +1,7 @@
 """The run directory and its checkpoints: the one module that knows their layout and what "complete" means.
 
     RUN/                                 train.run_dir (a remote URL is staged locally first: train/storage.py)
-        config.yaml  git_commit.txt  metrics.jsonl  [wandb_id.txt]
+        config.yaml  git_commit.txt  metrics.jsonl  [wandb_id.txt]  [study_times.json: a study's run]
         checkpoints/
             step_00000100/
                 model.safetensors        the CLIP state dict (open_clip key names): what eval and pretrained read
@@ -54,6 +54,7 @@ CHECKPOINTS, LATEST, MANIFEST = "checkpoints", "latest", "manifest.json"
 UPLOADED = "uploaded"  # train/storage.py: in a remote run's staging folder, what the remote holds
 # the run directory's own files (train/ writes them, eval/ and the scripts read them)
 CONFIG, SUMMARY, GIT_COMMIT = "config.yaml", "summary.json", "git_commit.txt"
+STUDY_TIMES = "study_times.json"  # a study's run: its wall and CPU seconds as the study measured them
 METRICS, WANDB_ID = "metrics.jsonl", "wandb_id.txt"
 RUN_FILES = (CONFIG, SUMMARY, GIT_COMMIT, METRICS, WANDB_ID)
 META, MODEL, STATE = "meta.json", "model.safetensors", "state"

@@ -6,12 +6,14 @@ memory (data.workers 0, data.cache_mb) find them read and decoded once, by this 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
 
+from models.run_folder import STUDY_TIMES, write_text_atomic
 from train.forked import fork_train
 from train.study import REPO, Job
 
@@ -41,6 +43,13 @@ def reap(running: list[Job]) -> Job | None:
             job.cpu_seconds = usage.ru_utime + usage.ru_stime
             return job
     return None
+
+
+def write_times(job: Job) -> None:
+    """The finished run's wall and CPU seconds in its own folder (STUDY_TIMES), where a study resumed or run in parts
+    reads them (eval/study_analysis.py run_times): its last runs.json holds only the runs of its last part."""
+    times = {"wall_seconds": job.wall_seconds, "cpu_seconds": job.cpu_seconds}
+    write_text_atomic(job.run_dir / STUDY_TIMES, json.dumps(times))
 
 
 def ready_to_start(job: Job) -> bool:
@@ -115,6 +124,7 @@ def run_jobs(jobs: list[Job], parallel: int, threads: int, report=print, launch:
                     f"training {finished.size} with {finished.attention} stopped with exit code "
                     f"{finished.process.returncode}; see {finished.run_dir / 'train.log'}"
                 )
+            write_times(finished)
             report(
                 f"run {done}/{len(jobs)} done: {finished.size} {finished.attention} in "
                 f"{finished.wall_seconds:.0f} s ({finished.cpu_seconds:.0f} CPU s)"

@@ -1,11 +1,15 @@
-"""A study's embedded data set is made once per folder, settings and seed: a resumed study, or one run in parts with
---sizes, keeps the set a finished make left (train/study.py make_data); other settings, another seed or an
-interrupted make write it again."""
+"""A study run in parts (--sizes, then --resume into the same folder): its embedded data set is made once per
+folder, settings and seed (train/study.py make_data; other settings, another seed or an interrupted make write it
+again), and the runs of an earlier part keep their wall and CPU seconds (their folders' study_times.json)."""
 
 import json
+import sys
 
 import train.study
-from train.study import MADE, REPO, load_study, make_data
+from eval.study_analysis import run_times
+from models.run_folder import STUDY_TIMES
+from train.study import MADE, REPO, Job, load_study, make_data
+from train.study_local import run_jobs
 
 DEMO = REPO / "configs" / "study" / "demo.yaml"
 
@@ -30,3 +34,19 @@ def test_the_same_settings_and_seed_keep_the_data_and_others_remake_it(tmp_path,
     study.data["val_samples"] = 32  # other settings
     make_data(folder, study, seed=4)
     assert made == [4, 4, 4] and json.loads((folder / MADE).read_text())["val_samples"] == 32
+
+
+def test_a_run_of_an_earlier_part_keeps_its_times_when_runs_json_lacks_it(tmp_path):
+    first = Job(
+        "demo-w64", "softmax", tmp_path / "runs" / "w64", [sys.executable, "-c", "import time; time.sleep(0.3)"]
+    )
+    run_jobs([first], parallel=1, threads=1, report=lambda line: None)
+    saved = json.loads((first.run_dir / STUDY_TIMES).read_text())
+    assert saved["wall_seconds"] == first.wall_seconds >= 0.3
+    # the last part's runs.json holds only its own runs (--sizes demo-w16)
+    other = {"run_dir": str(tmp_path / "runs" / "w16"), "wall_seconds": 5.0, "cpu_seconds": 4.0}
+    (tmp_path / "runs.json").write_text(json.dumps([other]))
+    again = [Job("demo-w64", "softmax", first.run_dir, []), Job("demo-w16", "softmax", tmp_path / "runs" / "w16", [])]
+    run_times(tmp_path, again)
+    assert again[0].wall_seconds == first.wall_seconds and again[0].cpu_seconds == first.cpu_seconds
+    assert (again[1].wall_seconds, again[1].cpu_seconds) == (5.0, 4.0)  # a folder without the file: runs.json
