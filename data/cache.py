@@ -17,6 +17,7 @@ import logging
 import multiprocessing
 import os
 from concurrent.futures import ProcessPoolExecutor
+from itertools import repeat
 
 from data.errors import BadSample
 from data.stream import decode, tar_samples
@@ -56,7 +57,7 @@ def preload(urls: list[str], max_mb: float, max_pixels: int, max_caption_bytes: 
     limits = (max_pixels, max_caption_bytes)
     if workers > 1 and len(chosen) > 1:
         with ProcessPoolExecutor(min(workers, len(chosen)), mp_context=multiprocessing.get_context("fork")) as pool:
-            shards = list(pool.map(read_and_decode, chosen, *([limit] * len(chosen) for limit in limits)))
+            shards = list(pool.map(read_and_decode, chosen, repeat(max_pixels), repeat(max_caption_bytes)))
     else:
         shards = [read_and_decode(url, *limits) for url in chosen]
     for url, samples in zip(chosen, shards, strict=True):
