@@ -431,6 +431,14 @@ def size_cell(row: dict, several: bool) -> str:
     return f" {row.get('size')} |" if several else ""
 
 
+def around_text(rows: list[dict]) -> str:
+    """' (the rate the sweep of F chose ...)' for a sweep around another study's rates (rows with `around`)."""
+    around = list(dict.fromkeys(f for r in rows for f in r.get("around") or []))
+    if not around:
+        return ""
+    return f" (the rate the sweep of {', '.join(f'`{f}`' for f in around)} chose at that size: `rates_from`)"
+
+
 def sweep_table(rows: list[dict], sweep: dict) -> str:
     """The report's section on the learning-rate sweep (train/lr_sweep.py; `sweep` its settings, '' without one)."""
     if not rows:
@@ -447,7 +455,9 @@ def sweep_table(rows: list[dict], sweep: dict) -> str:
             if source
             else "E"
         )
-        + f"ach attention trained at {', '.join(map(str, sizes))} with {scales_text(rows)} x its learning rate; the "
+        + f"ach attention trained at {', '.join(map(str, sizes))} with {scales_text(rows)} x its learning rate"
+        + around_text(rows)
+        + "; the "
         f"lowest final {'validation loss' if sweep.get('metric', 'val_loss') == 'val_loss' else 'zero-shot error'} "
         + (
             "chose the multiple at each swept size; where an attention's sizes chose the same multiple it transfers "

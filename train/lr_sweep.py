@@ -9,6 +9,8 @@ size where the sweep shows it transfers (apply).
                                    # or per attention: {softmax: [0.25, 0.5, 1.0], linear_elu: [0.5, 1.0, 2.0]}
       metric: val_loss             # or error (zero-shot top-1 error) at the end of the run
       run: {}                      # overrides of the sweep's runs only, e.g. {train.max_steps: 400}
+    rates_from: [docs/study_sizes/data]  # beside a sweep: its multiples are of the rates that sweep chose (a sweep
+                                   # around them, e.g. at 4x the budget); its rows record the folders (`around`)
 
 Each sweep run trains like the grid's run of that size and attention (its per_attention budget, and the
 const-cooldown schedule keeping the checkpoints where the shorter budgets branch, without the branches), so the
@@ -27,7 +29,7 @@ import math
 from pathlib import Path
 
 from eval.scaling import load_points
-from train.study import Job, Study, StudyError, finished, jobs_of
+from train.study import Job, Study, StudyError, finished, jobs_of, resolve_folder
 
 
 def scales_of(study: Study, attention: str) -> list[float]:
@@ -103,6 +105,8 @@ def choose(study: Study, pairs: list[tuple[float, Job]]) -> list[dict]:
         lr = next(float(a.split("=", 1)[1]) for a in job.argv if a.startswith("optim.lr="))
         row = {"size": job.size, "attention": job.attention, "scale": scale, "lr": lr}
         row |= {"val_loss": float(loss["val_loss"]), "top1": float(error["zeroshot/top1"]), "chosen": False}
+        if study.adopted:  # multiples of the rates rates_from chose: adopt applies those first
+            row["around"] = list(study.rates_from)
         rows.append(row)
     for size, attention in dict.fromkeys((r["size"], r["attention"]) for r in rows):
         mine = [r for r in rows if r["attention"] == attention and r["size"] == size]
@@ -122,6 +126,8 @@ def apply(study: Study, rows: list[dict]) -> None:
     sizes = list(study.sizes)
     for attention in study.attentions:
         chosen = {r.get("size"): r for r in rows if r["attention"] == attention and r["chosen"]}
+        if not chosen:
+            continue
         transfers = len({r["scale"] for r in chosen.values()}) == 1
         for row in chosen.values():
             row["transfers"] = transfers
@@ -137,7 +143,8 @@ def apply(study: Study, rows: list[dict]) -> None:
             )
         for size in sizes:
             nearest = min(swept, key=lambda s: (abs(sizes.index(s) - sizes.index(size)), sizes.index(s)))
-            study.lr_by_size.setdefault(size, {})[attention] = chosen[nearest]["scale"]
+            own = study.lr_by_size.setdefault(size, {})
+            own[attention] = own.get(attention, 1) * chosen[nearest]["scale"]  # x the rate adopted there, if any
 
 
 def swept_rows(folder: Path) -> list[dict]:
@@ -153,18 +160,24 @@ def swept_rows(folder: Path) -> list[dict]:
     return []
 
 
-def adopt(study: Study, folders: Path | str | list) -> list[dict]:
+def adopt(study: Study, folders: Path | str | list, keep_sweep: bool = False) -> list[dict]:
     """Train with the rates other study folders' sweeps chose (swept_rows, e.g. seed 0's) instead of sweeping again
-    (apply, as the sweep would), the sweep dropped; returns the rows applied, each with the folder it came from
-    (`from`). With several folders each attention takes every row of the first folder that chose a rate for it
-    (sweeps of separate attentions run as separate studies). An attention no folder chose a rate for is one
-    StudyError line. load_study calls it for a study's `rates_from` (and scripts.demo's --rates-from)."""
+    (apply, as the sweep would), the sweep dropped (kept with keep_sweep: a sweep around these rates); returns the
+    rows applied, each with the folder it came from (`from`). With several folders each attention takes every row of
+    the first folder that chose a rate for it (sweeps of separate attentions run as separate studies); rows swept
+    around other folders' rates (`around`) apply those folders' rates first. An attention no folder chose a rate for
+    is one StudyError line. load_study calls it for a study's `rates_from` (and scripts.demo's --rates-from)."""
     folders = [folders] if isinstance(folders, (str, Path)) else list(folders)
     rows: list[dict] = []
     for attention in study.attentions:
         for folder in folders:
             mine = [r for r in swept_rows(folder) if r["attention"] == attention]
             if any(r.get("chosen") for r in mine):
+                around = next((r["around"] for r in mine if r.get("around")), None)
+                if around:  # its multiples are of the rates those folders chose: those first (apply multiplies)
+                    inner = copy.copy(study)
+                    inner.attentions = [attention]
+                    adopt(inner, [resolve_folder(f) for f in around], keep_sweep=True)
                 rows += [{**r, "from": str(folder)} for r in mine]
                 break
         else:
@@ -174,7 +187,8 @@ def adopt(study: Study, folders: Path | str | list) -> list[dict]:
                 "whose learning-rate sweep ran"
             )
     apply(study, rows)
-    study.lr_sweep = {}
+    if not keep_sweep:
+        study.lr_sweep = {}
     return rows
 
 

@@ -58,7 +58,8 @@ class Study:
     # a learning-rate sweep at one size, its best multiple used at every size (train/lr_sweep.py); {} = none
     lr_sweep: dict = field(default_factory=dict)
     # instead of a sweep: the rates another study's sweep chose (train/lr_sweep.adopt), from its finished folders or
-    # its docs page's data/ (paths relative to the repository; the first folder that swept an attention wins)
+    # its docs page's data/ (paths relative to the repository; the first folder that swept an attention wins); with
+    # an lr_sweep beside it, the sweep's multiples multiply those rates (a sweep around them, e.g. at a longer budget)
     rates_from: list[str] = field(default_factory=list)
     # the linearisation arm (train/linearise.py) on the best softmax run: {transfer_steps, distill_steps,
     # eval_every, warmup_steps} (its options); {} = none
@@ -188,16 +189,20 @@ def load_study(path: str | Path, quick: bool = False, rates_from: list | None = 
     return study
 
 
+def resolve_folder(folder: str | Path) -> Path:
+    """A folder as a config names it: as given where it exists (or is absolute), else relative to the repository."""
+    return Path(folder) if Path(folder).is_absolute() or Path(folder).exists() else REPO / folder
+
+
 def adopt_rates(study: Study, path: Path, rates_from: list | None) -> None:
     """The study's rates from other studies' sweeps (its `rates_from`, or the caller's instead), each folder checked
     here: one that does not exist, or chose no rate for an attention, is one StudyError line."""
-    if study.rates_from and study.lr_sweep and not rates_from:
-        raise StudyError(f"{path}: lr_sweep and rates_from both set; keep one (a sweep, or another study's rates)")
+    around = bool(study.rates_from and study.lr_sweep and not rates_from)  # a sweep around those rates
     folders = rates_from or study.rates_from
     folders = [folders] if isinstance(folders, (str, Path)) else list(folders or [])
     if not folders:
         return
-    resolved = [Path(f) if Path(f).is_absolute() or Path(f).exists() else REPO / f for f in folders]
+    resolved = [resolve_folder(f) for f in folders]
     missing = [str(f) for f in resolved if not f.is_dir()]
     if missing:
         raise StudyError(f"{path}: rates_from: {missing[0]} is not a folder; give a finished study or a page's data/")
@@ -206,7 +211,7 @@ def adopt_rates(study: Study, path: Path, rates_from: list | None) -> None:
     study.rates_from = [str(f) for f in folders]
     named = {str(r): str(f) for r, f in zip(resolved, folders)}  # as given: the report names it, not this path
     try:
-        rows = adopt(study, resolved)
+        rows = adopt(study, resolved, keep_sweep=around)
     except StudyError as e:
         raise StudyError(f"{path}: rates_from: {e}") from None
     study.adopted = [{**row, "from": named.get(row["from"], row["from"])} for row in rows]

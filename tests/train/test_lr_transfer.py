@@ -139,10 +139,41 @@ def test_the_main_job_trains_with_the_rates_the_four_size_study_swept_at_both_en
     (tmp_path / "gone.yaml").write_text(yaml.safe_dump({**raw, "rates_from": ["docs/no_such_study/data"]}))
     with pytest.raises(StudyError, match=r"rates_from: .*no_such_study/data is not a folder; give a finished study"):
         load_study(tmp_path / "gone.yaml")
-    both = {**raw, "lr_sweep": {"size": "demo-w32", "scales": [0.5, 1.0]}}
-    (tmp_path / "both.yaml").write_text(yaml.safe_dump(both))
-    with pytest.raises(StudyError, match=r"lr_sweep and rates_from both set; keep one"):
-        load_study(tmp_path / "both.yaml")
+
+
+def rates(study, tmp_path) -> dict[tuple[str, str], float]:
+    return {
+        (j.size, j.attention): float(next(a for a in j.argv if a.startswith("optim.lr=")).split("=")[1])
+        for j in jobs_of(study, tmp_path, PATHS, 0)
+        if j.after is None
+    }
+
+
+def test_a_sweep_beside_rates_from_sweeps_around_the_rates_it_adopts(tmp_path):
+    """lr_sweep with rates_from (e.g. again at a longer budget): each multiple is of the adopted rate at its size; the
+    choice multiplies it (per size where it does not transfer); a study adopting that sweep gets the same rates."""
+    raw = yaml.safe_load(DEMO.read_text())
+    raw["lr_sweep"] = {"size": ["demo-w16", "demo-w64"], "scales": [0.5, 1.0, 2.0]}
+    (tmp_path / "both.yaml").write_text(yaml.safe_dump(raw))
+    adopted, study = rates(load_study(DEMO), tmp_path), load_study(tmp_path / "both.yaml")
+    assert study.lr_sweep and study.adopted
+    swept = {(j.size, j.attention, s): j for s, j in sweep_jobs(study, tmp_path, PATHS, 0)}
+    for (size, attention, scale), job in swept.items():
+        assert f"optim.lr={adopted[size, attention] * scale}" in job.argv
+    choices = {(s, a): 1.0 for s in ("demo-w16", "demo-w64") for a in study.attentions}
+    choices |= {("demo-w16", "softmax"): 0.5, ("demo-w64", "softmax"): 0.5, ("demo-w64", "linear_affine"): 0.25}
+    swept_rows = [{**r, "around": ["docs/study_sizes/data"]} for r in rows(choices)]
+    apply(study, swept_rows)
+    expect = {(s, a): lr * (0.5 if a == "softmax" else 1.0) for (s, a), lr in adopted.items()}
+    expect["demo-w64", "linear_affine"] = adopted["demo-w64", "linear_affine"] * 0.25  # demo-w32: demo-w16's 1x
+    assert rates(study, tmp_path) == pytest.approx(expect)
+    (tmp_path / "lr_sweep.json").write_text(json.dumps(swept_rows))
+    plain = yaml.safe_load(DEMO.read_text())
+    plain.pop("rates_from")
+    (tmp_path / "plain.yaml").write_text(yaml.safe_dump(plain))
+    assert rates(load_study(tmp_path / "plain.yaml", rates_from=[tmp_path]), tmp_path) == pytest.approx(expect)
+    text = sweep_table(swept_rows, study.lr_sweep)
+    assert "x its learning rate (the rate the sweep of `docs/study_sizes/data` chose at that size" in text
 
 
 def test_the_long_sizes_study_runs_the_four_sizes_at_four_times_the_budget_with_their_swept_rates(tmp_path):
