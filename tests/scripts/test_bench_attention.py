@@ -27,7 +27,9 @@ def test_quick_run_writes_csv_plot_and_table(tmp_path):
     # up to --paired-max-n the ratio is to SDPA timed alternately with the variant; beyond, to softmax's own row
     ours = frame[frame.variant == "linear_affine_nodenom"]
     paired, alone = ours[ours.N <= 300], ours[ours.N > 300]
-    assert len(paired) == 4 and len(alone) == 2  # 77 and 300, full and causal; the long size 1,024
+    fp32 = [part[part.dtype == "float32"].N.tolist() for part in (paired, alone)]  # bf16 too where it is native
+    assert fp32 == [[77, 300, 77, 300], [1024, 1024]]  # full and causal; bf16 (--quick) at 77 and 300 only
+    assert len(paired) == 4 * ours.dtype.nunique() and len(alone) == 2
     assert (
         paired.peer_ms.gt(0).all()
         and alone.peer_ms.isna().all()
