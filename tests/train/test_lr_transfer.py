@@ -192,8 +192,12 @@ def test_the_long_sizes_study_runs_the_four_sizes_at_four_times_the_budget_with_
     assert not long.lr_sweep
     sweep = load_study(REPO / "configs" / "study" / "sizes_long_sweep.yaml")
     assert sweep.run == long.run and sweep.data == long.data and sweep.budgets == long.budgets
-    chosen = [r for r in json.loads((REPO / "docs/study_sizes_long_sweep/data/page.json").read_text())["sweep"]]
-    chosen = {(r["size"], r["attention"]): r["lr"] for r in chosen if r["chosen"]}
+    swept = json.loads((REPO / "docs/study_sizes_long_sweep/data/page.json").read_text())["sweep"]
+    chosen = {(r["size"], r["attention"]): r["lr"] for r in swept if r["chosen"]}
+    for size, attention in chosen:  # every choice inside its sweep (the page's claim)
+        scales = sorted(r["scale"] for r in swept if (r["size"], r["attention"]) == (size, attention))
+        picked = next(r["scale"] for r in swept if (r["size"], r["attention"], r["chosen"]) == (size, attention, True))
+        assert scales[0] < picked < scales[-1], (size, attention, picked, scales)
     assert sweep.lr_sweep["size"] == list(long.sizes)
     lr = rates(long, tmp_path)
     assert set(chosen) == set(lr)
