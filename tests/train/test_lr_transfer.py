@@ -203,3 +203,26 @@ def test_the_long_sizes_study_runs_the_four_sizes_at_four_times_the_budget_with_
     assert set(chosen) == set(lr)
     for key, rate in chosen.items():
         assert lr[key] == pytest.approx(rate), key
+
+
+def test_the_depth_study_swaps_the_depths_of_two_widths_at_the_long_studys_rates(tmp_path):
+    """configs/study/depth.yaml: demo-w48 and demo-w64 as sizes_long trains them (same data, steps, budgets and
+    rates, so a sizes_long seed's folder resumed keeps their runs), and each width at the other's depth at its
+    width's rates; the swapped model configs differ from their width's in the layers alone."""
+    long = load_study(REPO / "configs" / "study" / "sizes_long.yaml")
+    depth = load_study(REPO / "configs" / "study" / "depth.yaml")
+    assert (depth.data, depth.run, depth.budgets, depth.attentions) == (
+        long.data,
+        long.run,
+        long.budgets,
+        long.attentions,
+    )
+    lr_long, lr_depth = rates(long, tmp_path), rates(depth, tmp_path)
+    for width, swapped, layers in (("demo-w48", "demo-w48-l3", 3), ("demo-w64", "demo-w64-l2", 2)):
+        for attention in depth.attentions:
+            assert lr_depth[width, attention] == pytest.approx(lr_long[width, attention])
+            assert lr_depth[swapped, attention] == pytest.approx(lr_long[width, attention])
+        own, other = (json.loads((REPO / "configs" / "models" / f"{n}.json").read_text()) for n in (width, swapped))
+        for tower in ("vision_cfg", "text_cfg"):
+            assert other[tower].pop("layers") == layers and own[tower].pop("layers") == 5 - layers
+        assert own == other
