@@ -447,6 +447,39 @@ def exponent_table(seeds: list[Seed], attentions: list[str], fit: str, what: str
     return rows
 
 
+def size_table(seeds: list[Seed]) -> list[str]:
+    """Per attention and size (smallest first): the final validation loss and zero-shot top-1 of its full-budget
+    run per seed, with the mean over seeds and its 95% t interval (the points of claim (c)'s fits), and its change
+    from the next smaller size, paired by seed (where a size gains or loses)."""
+    names = " / ".join(s.seed for s in seeds)
+    rows = [f"| attention | size | non-embedding parameters | validation loss, seeds {names} | mean [95% CI] "]
+    rows[0] += "| change from the smaller size above, paired over seeds | zero-shot top-1 mean [95% CI] |"
+    rows.append("|---|---|---|---|---|---|---|")
+    for a in dict.fromkeys(r["attention"] for r in seeds[0].runs):
+        below = None
+        for size in sizes_of(seeds, a):
+            runs = [run_of(s, a, size) for s in seeds]
+            loss, top1 = spread([r["val_loss"] for r in runs]), spread([r["top1"] for r in runs], within=(0, 1))
+            params = f"{runs[0]['params_without_token_embedding']:,}"
+            rows.append(
+                f"| {a} | {size} | {params} | {per_seed(loss.values, '{:.3f}')} | {loss.text('{:.3f}')} | "
+                f"{paired_change(below, loss.values)} | {top1.text('{:.1%}')} |"
+            )
+            below = loss.values
+    return rows
+
+
+def paired_change(before: list[float] | None, after: list[float]) -> str:
+    """The change from `before` to `after` (the same seeds in order) as a percentage: the geometric mean over seeds
+    of after/before with its 95% t interval, so the seed-to-seed level (each seed its own data) cancels."""
+    if before is None:
+        return ""
+    ratio = spread([b / a for a, b in zip(before, after)], log=True)
+    if not math.isfinite(ratio.lo):
+        return f"{ratio.mean - 1:+.1%}"
+    return f"{ratio.mean - 1:+.1%} [{ratio.lo - 1:+.1%}, {ratio.hi - 1:+.1%}]"
+
+
 def sources(seeds: list[Seed]) -> str:
     """'From N study folders (seed 0: `FOLDER`, ...)': where a page over seeds read its numbers."""
     return f"From {len(seeds)} study folders ({', '.join(f'seed {s.seed}: `{s.folder}`' for s in seeds)})"
@@ -474,6 +507,8 @@ def report(
             "\n".join(claims) + "\n\nRules: " + RULES + "\n",
             "## Best zero-shot top-1\n",
             best,
+            "## Final validation loss per size\n",
+            "\n".join(size_table(seeds)) + "\n",
             "## Exponents of the validation loss against non-embedding parameters (claim (c))\n",
             alpha,
             "## Exponents of the training loss against non-embedding parameters (as the paper plots it)\n",

@@ -9,7 +9,16 @@ from scipy import stats
 
 from eval import seeds_figures, seeds_page
 from eval.claims import NODENOM, NORMALISED
-from eval.seeds import boot_multiplier, boot_top1, claim_c_seeds, hierarchical, load_seed, multiplier_spread, spread
+from eval.seeds import (
+    boot_multiplier,
+    boot_top1,
+    claim_c_seeds,
+    hierarchical,
+    load_seed,
+    multiplier_spread,
+    size_table,
+    spread,
+)
 from scripts.study_seeds import main
 from train.study import REPO
 
@@ -205,3 +214,19 @@ def test_linearisation_over_seeds_says_which_side_missed_the_target(tmp_path):
     row = next(line for line in text.splitlines() if line.startswith(f"| {NODENOM} | 2.00x / "))
     assert "| 2.00x / linearised only (10 steps) / neither reached it | 2.00x" in row
     assert "(the seed where both reached it)" in row
+
+
+def test_the_size_table_gives_each_sizes_loss_and_its_change_from_the_smaller_size_paired_by_seed(tmp_path):
+    """Each seed draws its own data, so the loss level moves between seeds; the change from the next smaller size is
+    a ratio per seed (its geometric mean with a t interval), which that level cancels out of."""
+    folders = [study(tmp_path / f"s{i}", i, 3.0, 0.0) for i in range(3)]
+    for i, folder in enumerate(folders):
+        runs = json.loads((folder / "runs.json").read_text())
+        for r in runs:  # each seed's level differs by 50%; the larger size is 20% lower at every seed
+            r["val_loss"] = (1 + 0.5 * i) * (0.8 if r["size"] == "demo-w64" else 1.0)
+        (folder / "runs.json").write_text(json.dumps(runs))
+    rows = size_table([load_seed(f) for f in folders])
+    small = next(r for r in rows if r.startswith("| softmax | demo-w32 |"))
+    large = next(r for r in rows if r.startswith("| softmax | demo-w64 |"))
+    assert "| 1.000 / 1.500 / 2.000 | 1.500 [" in small and small.split("|")[6].strip() == ""
+    assert "| 0.800 / 1.200 / 1.600 |" in large and large.split("|")[6].strip() == "-20.0% [-20.0%, -20.0%]"
