@@ -71,8 +71,9 @@ class Study:
     # ATTENTION@OPTIMIZER (per_attention and lr_sweep.scales keyed by either name); [] = the run config's optimizer.
     # Expanded into `attentions` on load (eval/optimizer_study.py: ARM_SEPARATOR, attention_of).
     optimizers: list[str] = field(default_factory=list)
-    # {size: {attention: multiple}}: the learning-rate multiples a sweep at several sizes chose where its choice did not
-    # transfer across sizes (train/lr_sweep.apply); read by attention_settings
+    # {size: {attention: multiple}}: multiples of the size's learning rate per attention (in a config: rates chosen
+    # per size and attention, e.g. by sweeps at two depths); a sweep at several sizes multiplies them by its choices
+    # where they do not transfer across sizes (train/lr_sweep.apply); read by attention_settings
     lr_by_size: dict = field(default_factory=dict)
     # images per full-budget run on which eval/smoothing.py measures each image-tower layer's kept share of token
     # spread after training (the report's over-smoothing section); 0 = not measured
@@ -181,12 +182,28 @@ def load_study(path: str | Path, quick: bool = False, rates_from: list | None = 
         raise StudyError(
             f"{path}: linearise: unknown key {unknown[0]!r}; valid keys: {', '.join(sorted(LINEARISE_KEYS))}"
         )
+    check_lr_by_size(study, path)
     expand_image_sizes(study, path)
     expand_optimizers(study, path)
     check_budgets(study.budgets, path)
     check_sweep(study, path)
     adopt_rates(study, path, rates_from)
     return study
+
+
+def check_lr_by_size(study: Study, path: Path) -> None:
+    """lr_by_size ({size: {attention: multiple}}, e.g. the rates sweeps at two depths chose): a size or attention the
+    study does not train, or a multiple that is not > 0, is one StudyError line."""
+    study.lr_by_size = study.lr_by_size or {}
+    for size, multiples in study.lr_by_size.items():
+        if size not in study.sizes:
+            raise StudyError(f"{path}: lr_by_size: unknown size {size!r}; the study's sizes: {', '.join(study.sizes)}")
+        for attention, multiple in (multiples or {}).items():
+            if attention not in study.attentions:
+                known = ", ".join(study.attentions)
+                raise StudyError(f"{path}: lr_by_size.{size}: unknown attention {attention!r}; the study's: {known}")
+            if not isinstance(multiple, (int, float)) or not multiple > 0:
+                raise StudyError(f"{path}: lr_by_size.{size}.{attention}: {multiple!r} is not a multiple > 0")
 
 
 def resolve_folder(folder: str | Path) -> Path:

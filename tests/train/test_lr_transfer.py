@@ -192,12 +192,7 @@ def test_the_long_sizes_study_runs_the_four_sizes_at_four_times_the_budget_with_
     assert not long.lr_sweep
     sweep = load_study(REPO / "configs" / "study" / "sizes_long_sweep.yaml")
     assert sweep.run == long.run and sweep.data == long.data and sweep.budgets == long.budgets
-    swept = json.loads((REPO / "docs/study_sizes_long_sweep/data/page.json").read_text())["sweep"]
-    chosen = {(r["size"], r["attention"]): r["lr"] for r in swept if r["chosen"]}
-    for size, attention in chosen:  # every choice inside its sweep (the page's claim)
-        scales = sorted(r["scale"] for r in swept if (r["size"], r["attention"]) == (size, attention))
-        picked = next(r["scale"] for r in swept if (r["size"], r["attention"], r["chosen"]) == (size, attention, True))
-        assert scales[0] < picked < scales[-1], (size, attention, picked, scales)
+    chosen = swept_choices("study_sizes_long_sweep")  # every choice inside its sweep (the page's claim)
     assert sweep.lr_sweep["size"] == list(long.sizes)
     lr = rates(long, tmp_path)
     assert set(chosen) == set(lr)
@@ -205,24 +200,88 @@ def test_the_long_sizes_study_runs_the_four_sizes_at_four_times_the_budget_with_
         assert lr[key] == pytest.approx(rate), key
 
 
-def test_the_depth_study_swaps_the_depths_of_two_widths_at_the_long_studys_rates(tmp_path):
-    """configs/study/depth.yaml: demo-w48 and demo-w64 as sizes_long trains them (same data, steps, budgets and
-    rates, so a sizes_long seed's folder resumed keeps their runs), and each width at the other's depth at its
-    width's rates; the swapped model configs differ from their width's in the layers alone."""
+def swept_choices(page: str) -> dict[tuple[str, str], float]:
+    """(size, attention) -> the rate a published sweep page chose, each choice inside its sweep (not at an edge)."""
+    swept = json.loads((REPO / "docs" / page / "data" / "page.json").read_text())["sweep"]
+    chosen = {(r["size"], r["attention"]): r for r in swept if r["chosen"]}
+    for (size, attention), row in chosen.items():
+        scales = sorted(r["scale"] for r in swept if (r["size"], r["attention"]) == (size, attention))
+        assert scales[0] < row["scale"] < scales[-1], (page, size, attention, row["scale"], scales)
+    return {key: row["lr"] for key, row in chosen.items()}
+
+
+def layers_of(size: str) -> int:
+    cfg = json.loads((REPO / "configs" / "models" / f"{size}.json").read_text())
+    assert cfg["vision_cfg"]["layers"] == cfg["text_cfg"]["layers"]
+    return cfg["vision_cfg"]["layers"]
+
+
+def test_the_one_depth_ladder_trains_every_size_at_two_layers_at_the_rate_swept_at_its_width_and_depth(tmp_path):
+    """configs/study/depth2.yaml: four widths at two layers per tower, spanning over 10x in parameters, on sizes_long's
+    data, steps and budgets (so a sizes_long seed's folder resumed keeps its demo-w32 and demo-w48 runs), each size at
+    the rate its own sweep chose: sizes_long's sweep at demo-w32 and demo-w48, depth2_sweep's at the two new sizes."""
     long = load_study(REPO / "configs" / "study" / "sizes_long.yaml")
+    ladder = load_study(REPO / "configs" / "study" / "depth2.yaml")
+    sweep = load_study(REPO / "configs" / "study" / "depth2_sweep.yaml")
+    for other in (long, sweep):
+        assert (ladder.data, ladder.run, ladder.budgets, ladder.attentions) == (
+            other.data,
+            other.run,
+            other.budgets,
+            other.attentions,
+        )
+    assert {layers_of(size) for size in ladder.sizes} == {2} and set(sweep.lr_sweep["size"]) <= set(ladder.sizes)
+    chosen = swept_choices("study_sizes_long_sweep") | swept_choices("study_depth2_sweep")
+    lr_long, lr = rates(long, tmp_path), rates(ladder, tmp_path)
+    assert set(lr) == {(s, a) for s in ladder.sizes for a in ladder.attentions}
+    for key, rate in lr.items():
+        assert rate == pytest.approx(chosen[key]), key
+        if key[0] in long.sizes:
+            assert rate == lr_long[key]  # exactly: the resumed folder's runs are kept
+
+
+def test_the_depth_study_puts_three_widths_at_two_and_three_layers_at_their_swept_rates(tmp_path):
+    """configs/study/depth.yaml: demo-w16, demo-w48 and demo-w64 each at two and three layers per tower, the sizes
+    sizes_long and depth2 train at their rates (so their seed folders resumed keep those runs); demo-w48-l3, swept
+    nowhere, at its width's rate. Each pair's model configs differ in the layers alone."""
     depth = load_study(REPO / "configs" / "study" / "depth.yaml")
+    long, ladder = (load_study(REPO / "configs" / "study" / f"{n}.yaml") for n in ("sizes_long", "depth2"))
     assert (depth.data, depth.run, depth.budgets, depth.attentions) == (
         long.data,
         long.run,
         long.budgets,
         long.attentions,
     )
-    lr_long, lr_depth = rates(long, tmp_path), rates(depth, tmp_path)
-    for width, swapped, layers in (("demo-w48", "demo-w48-l3", 3), ("demo-w64", "demo-w64-l2", 2)):
-        for attention in depth.attentions:
-            assert lr_depth[width, attention] == pytest.approx(lr_long[width, attention])
-            assert lr_depth[swapped, attention] == pytest.approx(lr_long[width, attention])
-        own, other = (json.loads((REPO / "configs" / "models" / f"{n}.json").read_text()) for n in (width, swapped))
+    trained = rates(long, tmp_path) | rates(ladder, tmp_path)
+    lr = rates(depth, tmp_path)
+    for size, attention in lr:
+        source = ("demo-w48", attention) if size == "demo-w48-l3" else (size, attention)
+        assert lr[size, attention] == trained[source], (size, attention)
+    for width in ("demo-w16", "demo-w48", "demo-w64"):
+        two, three = (s for s in depth.sizes if s.startswith(width + "-") or s == width)
+        own, other = (json.loads((REPO / "configs" / "models" / f"{n}.json").read_text()) for n in (two, three))
+        assert {layers_of(two), layers_of(three)} == {2, 3}
         for tower in ("vision_cfg", "text_cfg"):
-            assert other[tower].pop("layers") == layers and own[tower].pop("layers") == 5 - layers
+            own[tower].pop("layers"), other[tower].pop("layers")
         assert own == other
+
+
+def test_lr_by_size_in_a_config_sets_a_rate_per_size_and_attention_and_is_checked_at_load(tmp_path):
+    """lr_by_size: {size: {attention: multiple}} of the size's optim.lr (rates chosen by sweeps a study cannot adopt
+    through rates_from, e.g. sweeps at two depths); a name the study does not train or a multiple <= 0 is one line."""
+    raw = yaml.safe_load(DEMO.read_text())
+    raw.pop("rates_from")
+    raw["sizes"] = {"demo-w16": {"optim.lr": 4.0e-3}, "demo-w64": {"optim.lr": 2.0e-3}}
+    raw["lr_by_size"] = {"demo-w64": {"linear_affine_nodenom": 0.5}}
+    (tmp_path / "study.yaml").write_text(yaml.safe_dump(raw))
+    lr = rates(load_study(tmp_path / "study.yaml"), tmp_path)
+    assert lr["demo-w64", "linear_affine_nodenom"] == pytest.approx(1.0e-3)
+    assert lr["demo-w64", "softmax"] == pytest.approx(2.0e-3) and lr["demo-w16", "linear_affine_nodenom"] == 4.0e-3
+    for bad, message in (
+        ({"demo-w99": {"softmax": 2}}, "lr_by_size: unknown size 'demo-w99'; the study's sizes: demo-w16, demo-w64"),
+        ({"demo-w16": {"elu": 2}}, "lr_by_size.demo-w16: unknown attention 'elu'; the study's: softmax"),
+        ({"demo-w16": {"softmax": 0}}, "lr_by_size.demo-w16.softmax: 0 is not a multiple > 0"),
+    ):
+        (tmp_path / "bad.yaml").write_text(yaml.safe_dump({**raw, "lr_by_size": bad}))
+        with pytest.raises(StudyError, match=message):
+            load_study(tmp_path / "bad.yaml")
