@@ -46,6 +46,18 @@ LONG_FIRST = (
 )
 
 
+# Long scopes that are not marked `trains` (or are, further down): placed after LONG_FIRST, before the many short ones.
+LONG_TOO = (
+    "tests/test_wheel.py",
+    "tests/train/test_rank_faults.py",
+    "tests/scripts/test_gpu_train_check.py",
+    "tests/train/test_siglip_exchange.py",
+    "tests/train/test_stages.py",
+    "tests/train/test_distill_default.py",
+    "tests/scripts/test_optimizer_study.py",
+)
+
+
 # Modules that train, launch processes or bring up a cluster: marked `trains`; `make test-fast` leaves them out.
 TRAINS = (
     *LONG_FIRST,
@@ -102,7 +114,7 @@ def pytest_sessionfinish(session, exitstatus):
 
 
 def pytest_collection_modifyitems(items):
-    rank = {path: i for i, path in enumerate(LONG_FIRST)}
+    rank = {path: i for i, path in enumerate((*LONG_FIRST, *LONG_TOO))}
     items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
     for item in items:
         if item.nodeid.split("::")[0] in TRAINS:
@@ -111,8 +123,12 @@ def pytest_collection_modifyitems(items):
 
 def pytest_xdist_make_scheduler(config, log):
     """`make test` runs `pytest -n 2 --dist loadscope`: the tests of one module run on one worker, so a module
-    fixture is built once, and the cluster modules share one scope."""
+    fixture is built once, and the cluster modules share one scope. The scopes go out in the collection's order
+    (LONG_FIRST, then LONG_TOO, then the rest): xdist's --loadscope-reorder, on by default, would hand them out by
+    number of tests instead, leaving long modules with few tests (the wheel, the rank faults) to the end."""
     from xdist.scheduler import LoadScopeScheduling
+
+    config.option.loadscopereorder = False
 
     class Scheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
