@@ -236,7 +236,8 @@ def adopt_rates(study: Study, path: Path, rates_from: list | None) -> None:
 
 def expand_image_sizes(study: Study, path: Path) -> None:
     """sizes x image_sizes -> sizes named SIZE@RESpx whose overrides set model.name and model.image_size (smallest
-    resolution first within a size); a resolution the size's patch does not divide is one StudyError line."""
+    resolution first within a size), lr_by_size's too; a resolution the size's patch does not divide is one
+    StudyError line."""
     if not study.image_sizes:
         return
     expanded = {}
@@ -248,12 +249,13 @@ def expand_image_sizes(study: Study, path: Path) -> None:
                 raise StudyError(f"{path}: image_sizes: {str(e).splitlines()[0]}") from None
             expanded[f"{size}@{res}px"] = {"model.name": size, "model.image_size": res, **(settings or {})}
     study.sizes = expanded
+    study.lr_by_size = {f"{s}@{res}px": m for s, m in study.lr_by_size.items() for res in study.image_sizes}
 
 
 def expand_optimizers(study: Study, path: Path) -> None:
     """attentions x optimizers -> arms ATTENTION@OPTIMIZER: each arm's run overrides set both towers' attention and
-    optim.name, then the attention's own per_attention settings, then the arm's; lr_sweep.scales per attention are
-    copied to its arms. An unknown optimizer is one StudyError line listing the known ones."""
+    optim.name, then the attention's own per_attention settings, then the arm's; lr_sweep.scales and lr_by_size per
+    attention are copied to its arms. An unknown optimizer is one StudyError line listing the known ones."""
     if not study.optimizers:
         return
     from train.optim import known_optimizers  # timm's list: imported only by studies with this axis
@@ -274,6 +276,10 @@ def expand_optimizers(study: Study, path: Path) -> None:
     if isinstance(scales, dict):
         study.lr_sweep["scales"] = {a: scales.get(a, scales.get(attention_of(a))) for a in arms}
     study.attentions, study.per_attention = arms, per_arm
+    study.lr_by_size = {
+        size: {f"{a}{ARM_SEPARATOR}{o}": m for a, m in (multiples or {}).items() for o in study.optimizers}
+        for size, multiples in study.lr_by_size.items()
+    }
 
 
 SWEEP_KEYS = {"size", "scales", "metric", "run"}

@@ -285,3 +285,19 @@ def test_lr_by_size_in_a_config_sets_a_rate_per_size_and_attention_and_is_checke
         (tmp_path / "bad.yaml").write_text(yaml.safe_dump({**raw, "lr_by_size": bad}))
         with pytest.raises(StudyError, match=message):
             load_study(tmp_path / "bad.yaml")
+
+
+def test_lr_by_size_follows_the_image_size_and_optimizer_axes(tmp_path):
+    """image_sizes names the sizes SIZE@RESpx and optimizers the attentions ATTENTION@OPTIMIZER: a multiple given for
+    the size and attention applies to each of them."""
+    raw = yaml.safe_load(DEMO.read_text())
+    raw.pop("rates_from")
+    raw["sizes"] = {"demo-w32": {"optim.lr": 2.0e-3}}
+    raw |= {"image_sizes": [32, 64], "optimizers": ["adamw", "lion"]}
+    raw["lr_by_size"] = {"demo-w32": {"softmax": 0.5}}
+    (tmp_path / "study.yaml").write_text(yaml.safe_dump(raw))
+    lr = rates(load_study(tmp_path / "study.yaml"), tmp_path)
+    for res in ("32px", "64px"):
+        for optimizer in ("adamw", "lion"):
+            assert lr[f"demo-w32@{res}", f"softmax@{optimizer}"] == pytest.approx(1.0e-3)
+            assert lr[f"demo-w32@{res}", f"linear_affine@{optimizer}"] == pytest.approx(2.0e-3)
