@@ -190,6 +190,7 @@ def findings(found: list[dict]) -> str:
         out.append(
             f"- {g['size']}, {g['attention']}, {g['steps']:,} steps, {n}{dropped}: chosen "
             f"{g['chosen']:.4g} ({where}), final validation loss "
-            f"{interval(best['mean'], best['lo'], best['hi'], '.3f')}; the other rates, paired by seed: {'; '.join(others) or 'none'}."
+            f"{interval(best['mean'], best['lo'], best['hi'], '.3f')}; the other rates, paired by seed: "
+            f"{'; '.join(others) or 'none'}."
         )
     return "\n".join(out) + "\n"
