@@ -129,12 +129,12 @@ def write(folders: list[Path], out: Path, command: str) -> Path:
     return pages.write_page(out, rebuild, pages.stamp(), {"command": command, "groups": found}, rows)
 
 
-def interval(mean: float, lo: float, hi: float, fmt: str) -> str:
+def interval(mean: float, lo: float, hi: float, fmt: str, unit: str = "") -> str:
     if not math.isfinite(mean):
         return "-"
     if not math.isfinite(lo):
-        return f"{mean:{fmt}}"  # one seed: no interval
-    return f"{mean:{fmt}} [{lo:{fmt}}, {hi:{fmt}}]"
+        return f"{mean:{fmt}}{unit}"  # one seed: no interval
+    return f"{mean:{fmt}}{unit} [{lo:{fmt}}{unit}, {hi:{fmt}}{unit}]"
 
 
 def rebuild(page: Path) -> str:
@@ -153,12 +153,12 @@ def rebuild(page: Path) -> str:
     for g in meta["groups"]:
         for r in g["rates"]:
             mark = " (chosen)" if r["lr"] == g["chosen"] else ""
-            change = interval(r["change"], r["change_lo"], r["change_hi"], "+.1f")
+            change = interval(r["change"], r["change_lo"], r["change_hi"], "+.1f", "%")
             top1 = f"{100 * np.mean(r['top1']):.1f}%" if r["top1"] else "-"
             lines.append(
                 f"| {g['size']} | {g['attention']} | {g['steps']:,} | {r['lr']:.4g}{mark} | "
                 f"{', '.join(f'{v:.3f}' for v in r['loss'])} | {interval(r['mean'], r['lo'], r['hi'], '.3f')} | "
-                f"{change if change == '-' else change + '%'} | {top1} |"
+                f"{change} | {top1} |"
             )
     lines.append("\n## Runs\n")
     lines.append("| run folder | size | attention | steps | learning rate | seed | final validation loss |")
@@ -183,7 +183,8 @@ def findings(found: list[dict]) -> str:
                 continue
             side = "one seed" if not math.isfinite(r["change_lo"]) else "higher" if r["change_lo"] > 0 else "lower"
             side = "not distinguishable" if r["change_lo"] <= 0 <= r["change_hi"] else side
-            others.append(f"{r['lr']:.4g} {interval(r['change'], r['change_lo'], r['change_hi'], '+.1f')}% ({side})")
+            change = interval(r["change"], r["change_lo"], r["change_hi"], "+.1f", "%")
+            others.append(f"{r['lr']:.4g} {change} ({side})")
         where = "at the edge of the rates tried" if g["edge"] else "inside the rates tried"
         n = f"{len(g['seeds'])} seed{'s' if len(g['seeds']) != 1 else ''}"
         dropped = f"; seeds {', '.join(map(str, g['left_out']))} left out (a rate missing)" if g["left_out"] else ""

@@ -210,6 +210,15 @@ def swept_choices(page: str) -> dict[tuple[str, str], float]:
     return {key: row["lr"] for key, row in chosen.items()}
 
 
+def chosen_over_seeds(page: str) -> dict[tuple[str, str], float]:
+    """(size, attention) -> the rate a published rates-over-seeds page chose (eval/rate_seeds.py), each inside the
+    rates tried, over at least 5 seeds."""
+    found = json.loads((REPO / "docs" / f"{page}.json").read_text())["meta"]["groups"]
+    for g in found:
+        assert not g["edge"] and len(g["seeds"]) >= 5 and not g["left_out"], (page, g["size"], g["attention"])
+    return {(g["size"], g["attention"]): g["chosen"] for g in found}
+
+
 def layers_of(size: str) -> int:
     cfg = json.loads((REPO / "configs" / "models" / f"{size}.json").read_text())
     assert cfg["vision_cfg"]["layers"] == cfg["text_cfg"]["layers"]
@@ -219,7 +228,8 @@ def layers_of(size: str) -> int:
 def test_the_one_depth_ladder_trains_every_size_at_two_layers_at_the_rate_swept_at_its_width_and_depth(tmp_path):
     """configs/study/depth2.yaml: four widths at two layers per tower, spanning over 10x in parameters, on sizes_long's
     data, steps and budgets (so a sizes_long seed's folder resumed keeps its demo-w32 and demo-w48 runs), each size at
-    the rate its own sweep chose: sizes_long's sweep at demo-w32 and demo-w48, depth2_sweep's at the two new sizes."""
+    the rate chosen for it: sizes_long's sweep at demo-w32 and demo-w48; at the two new sizes the rates over five
+    seeds around depth2_sweep's seed-0 choices (docs/study_depth2_rates.md)."""
     long = load_study(REPO / "configs" / "study" / "sizes_long.yaml")
     ladder = load_study(REPO / "configs" / "study" / "depth2.yaml")
     sweep = load_study(REPO / "configs" / "study" / "depth2_sweep.yaml")
@@ -231,7 +241,9 @@ def test_the_one_depth_ladder_trains_every_size_at_two_layers_at_the_rate_swept_
             other.attentions,
         )
     assert {layers_of(size) for size in ladder.sizes} == {2} and set(sweep.lr_sweep["size"]) <= set(ladder.sizes)
-    chosen = swept_choices("study_sizes_long_sweep") | swept_choices("study_depth2_sweep")
+    over_seeds = chosen_over_seeds("study_depth2_rates")
+    assert {size for size, _ in over_seeds} == set(sweep.lr_sweep["size"])
+    chosen = swept_choices("study_sizes_long_sweep") | over_seeds
     lr_long, lr = rates(long, tmp_path), rates(ladder, tmp_path)
     assert set(lr) == {(s, a) for s in ladder.sizes for a in ladder.attentions}
     for key, rate in lr.items():
