@@ -28,7 +28,7 @@ import yaml
 from eval import pages
 from eval.scaling_io import load_points
 from eval.scaling_plot import finish
-from eval.seeds import spread
+from eval.seeds import Spread, spread
 
 FIGURE = "rates.png"
 
@@ -130,11 +130,8 @@ def write(folders: list[Path], out: Path, command: str) -> Path:
 
 
 def interval(mean: float, lo: float, hi: float, fmt: str, unit: str = "") -> str:
-    if not math.isfinite(mean):
-        return "-"
-    if not math.isfinite(lo):
-        return f"{mean:{fmt}}{unit}"  # one seed: no interval
-    return f"{mean:{fmt}}{unit} [{lo:{fmt}}{unit}, {hi:{fmt}}{unit}]"
+    """As the seeds pages print a mean and its interval (eval/seeds.py Spread.text); '-' where there is none."""
+    return Spread([mean], mean, lo, hi, [""]).text(fmt, unit) if math.isfinite(mean) else "-"
 
 
 def rebuild(page: Path) -> str:
@@ -153,11 +150,11 @@ def rebuild(page: Path) -> str:
     for g in meta["groups"]:
         for r in g["rates"]:
             mark = " (chosen)" if r["lr"] == g["chosen"] else ""
-            change = interval(r["change"], r["change_lo"], r["change_hi"], "+.1f", "%")
+            change = interval(r["change"], r["change_lo"], r["change_hi"], "{:+.1f}", "%")
             top1 = f"{100 * np.mean(r['top1']):.1f}%" if r["top1"] else "-"
             lines.append(
                 f"| {g['size']} | {g['attention']} | {g['steps']:,} | {r['lr']:.4g}{mark} | "
-                f"{', '.join(f'{v:.3f}' for v in r['loss'])} | {interval(r['mean'], r['lo'], r['hi'], '.3f')} | "
+                f"{', '.join(f'{v:.3f}' for v in r['loss'])} | {interval(r['mean'], r['lo'], r['hi'], '{:.3f}')} | "
                 f"{change} | {top1} |"
             )
     lines.append("\n## Runs\n")
@@ -183,7 +180,7 @@ def findings(found: list[dict]) -> str:
                 continue
             side = "one seed" if not math.isfinite(r["change_lo"]) else "higher" if r["change_lo"] > 0 else "lower"
             side = "not distinguishable" if r["change_lo"] <= 0 <= r["change_hi"] else side
-            change = interval(r["change"], r["change_lo"], r["change_hi"], "+.1f", "%")
+            change = interval(r["change"], r["change_lo"], r["change_hi"], "{:+.1f}", "%")
             others.append(f"{r['lr']:.4g} {change} ({side})")
         where = "at the edge of the rates tried" if g["edge"] else "inside the rates tried"
         n = f"{len(g['seeds'])} seed{'s' if len(g['seeds']) != 1 else ''}"
@@ -191,7 +188,7 @@ def findings(found: list[dict]) -> str:
         out.append(
             f"- {g['size']}, {g['attention']}, {g['steps']:,} steps, {n}{dropped}: chosen "
             f"{g['chosen']:.4g} ({where}), final validation loss "
-            f"{interval(best['mean'], best['lo'], best['hi'], '.3f')}; the other rates, paired by seed: "
+            f"{interval(best['mean'], best['lo'], best['hi'], '{:.3f}')}; the other rates, paired by seed: "
             f"{'; '.join(others) or 'none'}."
         )
     return "\n".join(out) + "\n"
