@@ -4,9 +4,9 @@
 
 `write_page` copies what the page reads of each seed's folder (runs.json, fits.json, lr_sweep.json) into
 docs/<page>/data/<seed>/, with seeds.json (the header's stamp, the command, the folders as given, the targets and
-the zero-shot set's size), draws the learning curves with seed bands (docs/<page>/curves.png) and the samples
+the zero-shot set's size), draws the learning curves with seed bands (docs/<page>/curves.png), the samples
 multipliers against target and the loss against parameters (multipliers.png, loss_params.png: eval/seeds_figures.py)
-and writes the page;
+and claim (c)'s exponent at each budget (budget_exponents.png: eval/budget_exponents.py), and writes the page;
 a "## Findings" section already on the page stays (eval/study_page.py). `rebuild(page)` writes it again from
 docs/<page>/data/ alone: tests/test_docs_regenerate.py compares it with the committed page.
 """
@@ -26,7 +26,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from scipy import stats
 
-from eval import optimizer_study, pages, seeds, seeds_figures, study_plots
+from eval import budget_exponents, optimizer_study, pages, seeds, seeds_figures, study_plots
 from eval.scaling_plot import plain_ticks
 from eval.study_page import findings_of, page_text
 
@@ -113,6 +113,15 @@ def text_of(loaded: list[seeds.Seed], meta: dict) -> str:
             "exponent over seeds.\n"
             f"\n![validation loss against parameters]({seeds_figures.PARAMS_FIGURE})\n"
         )
+    if table := budget_exponents.table(loaded):
+        body += (
+            "\n## Exponents at each budget\n\nThe same power law of validation loss against non-embedding "
+            "parameters, fitted per seed at the cooled-down end of each budget the runs share "
+            "(eval/budget_exponents.py); the last row's budget is the one claim (c) reads. Shown, not ruled on: "
+            "where the runs have not flattened it says whether the exponents and their difference drift as the "
+            "sizes train longer, not where they settle.\n\n" + "\n".join(table) + "\n"
+            f"\n![exponents against the budget they are read at]({budget_exponents.FIGURE})\n"
+        )
     return body
 
 
@@ -169,6 +178,7 @@ def write_page(
     if not optimizer_study.is_optimizer_study(loaded):
         seeds_figures.multipliers_figure(loaded, targets, page.parent / page.stem / seeds_figures.FIGURE)
     seeds_figures.params_figure(loaded, page.parent / page.stem / seeds_figures.PARAMS_FIGURE)
+    budget_exponents.figure(loaded, page.parent / page.stem / budget_exponents.FIGURE)
     text = page_text(text_of(*load_data(data)), page.stem, findings_of(page))
     page.write_text(text)
     return text
