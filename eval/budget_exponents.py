@@ -9,11 +9,14 @@ difference drift as the budget grows over the budgets measured, not where they s
 
     rows(seeds)            # [Row]: per budget and attention, the exponent per seed, over seeds, minus softmax's
     table(seeds)           # the seeds page's Markdown table ([] when the study has no budgets or < 3 sizes)
+    falls_table(seeds)     # per size: how fast its validation loss falls per doubling of samples between budgets
     figure(seeds, path)    # exponent and difference against samples seen, with 95% intervals over seeds
 """
 
 from __future__ import annotations
 
+import itertools
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -114,6 +117,42 @@ def table(seeds: list[seeds_mod.Seed]) -> list[str]:
             f"| {r.samples:,} | {r.attention} | {seeds_mod.per_seed(r.exponent.values, '{:+.3f}')} | "
             f"{r.exponent.text('{:+.3f}')} | {diff} | {r.r2[0]:.3f} to {r.r2[1]:.3f} |"
         )
+    return lines
+
+
+def falls(run: dict) -> list[tuple[int, int, float]]:
+    """[(samples, next samples, fall)]: between consecutive cooled-down budget ends, how much the validation loss
+    falls per doubling of samples (1 - (L1 / L0) ** (1 / log2(n1 / n0))); a run with a floor in reach falls less
+    and less."""
+    ends = sorted(budget_losses(run).items())
+    return [(n0, n1, 1 - (l1 / l0) ** (1 / math.log2(n1 / n0))) for (n0, l0), (n1, l1) in itertools.pairwise(ends)]
+
+
+def falls_table(seeds: list[seeds_mod.Seed]) -> list[str]:
+    """Per attention and size of rows(seeds): the validation loss's fall per doubling of samples between each pair
+    of consecutive budgets, mean over seeds with its 95% t interval (claim (c)'s flatness, FLAT_LOSS, reads the
+    last); [] when rows(seeds) is."""
+    if not rows(seeds):
+        return []
+    attentions = list(dict.fromkeys(r["attention"] for r in seeds[0].runs))
+    found, pairs = {}, None
+    for a in attentions:
+        for size in sizes(seeds, a):
+            per_seed = [falls(seeds_mod.run_of(s, a, size)) for s in seeds]
+            mine = [(n0, n1) for n0, n1, _ in per_seed[0]]
+            if (
+                mine
+                and (pairs is None or mine == pairs)
+                and all([(n0, n1) for n0, n1, _ in f] == mine for f in per_seed)
+            ):
+                pairs = mine
+                found[(a, size)] = [seeds_mod.spread([f[i][2] for f in per_seed]) for i in range(len(mine))]
+    if not found:
+        return []
+    head = [f"{n0:,} to {n1:,} samples" for n0, n1 in pairs]
+    lines = ["| attention | size | " + " | ".join(head) + " |", "|---|---|" + "---|" * len(head)]
+    for (a, size), spreads in found.items():
+        lines.append(f"| {a} | {size} | " + " | ".join(x.text("{:.0%}") for x in spreads) + " |")
     return lines
 
 

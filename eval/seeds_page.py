@@ -27,6 +27,7 @@ import numpy as np
 from scipy import stats
 
 from eval import budget_exponents, optimizer_study, pages, seeds, seeds_figures, study_plots
+from eval.claims import FLAT_LOSS
 from eval.scaling_plot import plain_ticks
 from eval.study_page import findings_of, page_text
 
@@ -121,6 +122,12 @@ def text_of(loaded: list[seeds.Seed], meta: dict) -> str:
             "where the runs have not flattened it says whether the exponents and their difference drift as the "
             "sizes train longer, not where they settle.\n\n" + "\n".join(table) + "\n"
             f"\n![exponents against the budget they are read at]({budget_exponents.FIGURE})\n"
+        )
+    if falls := budget_exponents.falls_table(loaded):
+        body += (
+            "\nHow fast each size's validation loss falls per doubling of samples between consecutive budgets, mean "
+            "over seeds with its 95% t interval: a run nearing a floor falls less and less (claim (c) counts a run "
+            f"flat below {100 * FLAT_LOSS:.0f}% over its last doubling).\n\n" + "\n".join(falls) + "\n"
         )
     return body
 

@@ -67,3 +67,21 @@ def test_the_full_budget_row_is_the_fit_claim_c_reads_on_the_one_depth_ladders_p
     for r in full:
         fitted = [s.fits[PARAMS_FIT]["groups"][r.attention]["alpha"] for s in loaded]
         assert r.exponent.values == pytest.approx(fitted, abs=1e-9)
+
+
+def test_the_fall_per_doubling_between_budgets_shrinks_only_where_a_floor_is_near():
+    """A loss 2 * n^-0.5 (no floor) falls 1 - 2^-0.5 = 29% per doubling at every budget; 0.5 + 2 * n^-0.5 falls
+    less and less."""
+    seeds = [seed(str(i), {"softmax": [-0.2, -0.3, -0.4], NODENOM: [-0.2, -0.3, -0.4]}) for i in range(2)]
+    for s in seeds:
+        for r in s.runs:
+            floor = 0.5 if r["attention"] == NODENOM else 0.0
+            r["budgets"] = [[n, 0.5, floor + 2 * n**-0.5] for n in BUDGETS]
+    power = budget_exponents.falls(seeds[0].runs[0])
+    assert [(n0, n1) for n0, n1, _ in power] == [(1000, 2000), (2000, 4000)]
+    assert [f for _, _, f in power] == pytest.approx([1 - 2**-0.5] * 2)
+    floored = [f for _, _, f in budget_exponents.falls(seeds[0].runs[-1])]
+    assert floored[1] < floored[0] < 1 - 2**-0.5
+    table = budget_exponents.falls_table(seeds)
+    assert table[0] == "| attention | size | 1,000 to 2,000 samples | 2,000 to 4,000 samples |"
+    assert table[2] == "| softmax | w16 | 29% [29%, 29%] | 29% [29%, 29%] |" and len(table) == 2 + 2 * len(PARAMS)
