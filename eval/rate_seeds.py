@@ -31,6 +31,7 @@ from eval.scaling_plot import finish
 from eval.seeds import Spread, spread
 
 FIGURE = "rates.png"
+COLUMNS = 4  # panels a row in the figure
 
 
 class RateError(ValueError):
@@ -103,9 +104,13 @@ def groups(rows: list[dict]) -> list[dict]:
 
 def figure(found: list[dict], path: Path) -> None:
     """Final validation loss against learning rate, one panel per group: each seed (thin), the mean over seeds with
-    its 95% interval, the chosen rate ringed."""
-    fig, axes = plt.subplots(1, len(found), figsize=(4.6 * len(found), 3.8), dpi=110, squeeze=False)
-    for ax, g in zip(axes[0], found, strict=True):
+    its 95% interval, the chosen rate ringed; at most COLUMNS panels a row."""
+    cols = min(COLUMNS, len(found))
+    rows = -(-len(found) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 3.8 * rows), dpi=110, squeeze=False)
+    for ax in axes.flat[len(found) :]:
+        ax.set_visible(False)
+    for ax, g in zip(axes.flat, found):
         lrs = [r["lr"] for r in g["rates"]]
         for i, seed in enumerate(g["seeds"]):
             ax.plot(lrs, [r["loss"][i] for r in g["rates"]], color="grey", lw=0.7, alpha=0.6, marker=".", ms=3)
@@ -118,7 +123,7 @@ def figure(found: list[dict], path: Path) -> None:
         ax.set(xscale="log", xlabel="learning rate (log)", ylabel="final validation loss")
         ax.set_title(f"{g['size']}, {g['attention']}, {g['steps']:,} steps, {len(g['seeds'])} seeds", fontsize=8)
         ax.grid(True, which="both", alpha=0.3)
-    finish(fig, axes[0][-1], path)
+    finish(fig, axes.flat[len(found) - 1], path)
 
 
 def write(folders: list[Path], out: Path, command: str) -> Path:

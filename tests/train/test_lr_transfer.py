@@ -228,8 +228,8 @@ def layers_of(size: str) -> int:
 def test_the_one_depth_ladder_trains_every_size_at_two_layers_at_the_rate_swept_at_its_width_and_depth(tmp_path):
     """configs/study/depth2.yaml: four widths at two layers per tower, spanning over 10x in parameters, on sizes_long's
     data, steps and budgets (so a sizes_long seed's folder resumed keeps its demo-w32 and demo-w48 runs), each size at
-    the rate chosen for it: sizes_long's sweep at demo-w32 and demo-w48; at the two new sizes the rates over five
-    seeds around depth2_sweep's seed-0 choices (docs/study_depth2_rates.md)."""
+    the rate chosen for it over five seeds around its seed-0 sweep's choice (sizes_long's at demo-w32 and demo-w48,
+    depth2_sweep's at the two new sizes: docs/study_depth2_rates.md)."""
     long = load_study(REPO / "configs" / "study" / "sizes_long.yaml")
     ladder = load_study(REPO / "configs" / "study" / "depth2.yaml")
     sweep = load_study(REPO / "configs" / "study" / "depth2_sweep.yaml")
@@ -241,9 +241,8 @@ def test_the_one_depth_ladder_trains_every_size_at_two_layers_at_the_rate_swept_
             other.attentions,
         )
     assert {layers_of(size) for size in ladder.sizes} == {2} and set(sweep.lr_sweep["size"]) <= set(ladder.sizes)
-    over_seeds = chosen_over_seeds("study_depth2_rates")
-    assert {size for size, _ in over_seeds} == set(sweep.lr_sweep["size"])
-    chosen = swept_choices("study_sizes_long_sweep") | over_seeds
+    chosen = chosen_over_seeds("study_depth2_rates")  # every size: seed 0's sweep choice and its neighbours
+    assert set(chosen) == {(s, a) for s in ladder.sizes for a in ladder.attentions}
     lr_long, lr = rates(long, tmp_path), rates(ladder, tmp_path)
     assert set(lr) == {(s, a) for s in ladder.sizes for a in ladder.attentions}
     for key, rate in lr.items():
