@@ -16,7 +16,6 @@ difference drift as the budget grows over the budgets measured, not where they s
 from __future__ import annotations
 
 import itertools
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,7 +27,7 @@ import numpy as np
 
 from eval import seeds as seeds_mod
 from eval import study_plots
-from eval.claims import MARGIN
+from eval.claims import MARGIN, fall_per_doubling
 from eval.scaling_fit import fit_power, r2_log
 from eval.scaling_plot import finish, plain_ticks
 
@@ -91,9 +90,9 @@ def rows(seeds: list[seeds_mod.Seed]) -> list[Row]:
         return []
     out = []
     for samples in budgets:
+        soft = [e[samples][0] for e in fitted["softmax"]]
         for a, per_seed in fitted.items():
             alphas = [e[samples][0] for e in per_seed]
-            soft = [e[samples][0] for e in fitted["softmax"]]
             diff = None if a == "softmax" else seeds_mod.spread([x - y for x, y in zip(alphas, soft)])
             r2 = [e[samples][1] for e in per_seed]
             out.append(Row(samples, a, seeds_mod.spread(alphas), diff, (min(r2), max(r2))))
@@ -122,10 +121,10 @@ def table(seeds: list[seeds_mod.Seed]) -> list[str]:
 
 def falls(run: dict) -> list[tuple[int, int, float]]:
     """[(samples, next samples, fall)]: between consecutive cooled-down budget ends, how much the validation loss
-    falls per doubling of samples (1 - (L1 / L0) ** (1 / log2(n1 / n0))); a run with a floor in reach falls less
+    falls per doubling of samples (eval/claims.py fall_per_doubling); a run with a floor in reach falls less
     and less."""
     ends = sorted(budget_losses(run).items())
-    return [(n0, n1, 1 - (l1 / l0) ** (1 / math.log2(n1 / n0))) for (n0, l0), (n1, l1) in itertools.pairwise(ends)]
+    return [(n0, n1, fall_per_doubling(n0, l0, n1, l1)) for (n0, l0), (n1, l1) in itertools.pairwise(ends)]
 
 
 def falls_table(seeds: list[seeds_mod.Seed]) -> list[str]:

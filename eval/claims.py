@@ -163,6 +163,11 @@ def coverage(groups: dict[str, dict]) -> tuple[int, float, list[str]]:
     return sizes, span, reasons
 
 
+def fall_per_doubling(n0: float, loss0: float, n1: float, loss1: float) -> float:
+    """How much a loss falls per doubling of samples from (n0, loss0) to (n1, loss1)."""
+    return 1 - (loss1 / loss0) ** (1 / math.log2(n1 / n0))
+
+
 def loss_fall(run: dict) -> float | None:
     """The fall of a run's validation loss per doubling of samples at its end: from its cooled-down budget nearest
     half its samples to its end (run["budgets"]: [samples, top-1, val loss], the last its end); None with fewer than
@@ -172,7 +177,7 @@ def loss_fall(run: dict) -> float | None:
         return None
     end = budgets[-1]
     half = min(budgets[:-1], key=lambda b: abs(math.log(b[0] / (end[0] / 2))))
-    return 1 - (end[2] / half[2]) ** (1 / math.log2(end[0] / half[0]))
+    return fall_per_doubling(half[0], half[2], end[0], end[2])
 
 
 def pair_falls(runs: list[dict]) -> list[float]:
