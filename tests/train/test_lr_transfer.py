@@ -180,7 +180,8 @@ def test_the_long_sizes_study_runs_the_four_sizes_at_four_times_the_budget_with_
     """configs/study/sizes_long.yaml (claim (c) nearer convergence): the paper's pair at the 4-size study's sizes, 4x
     its steps on 4x its data (each sample seen as often), a cooled-down budget at exactly the 4-size study's, and
     the rates its own sweep at that budget chose (docs/study_sizes_long_sweep: all four sizes, around the 4-size
-    study's choices): each size the rate of its chosen row."""
+    study's choices), except at the two ends, where the rates chosen over five seeds around seed 0's choice
+    (docs/study_sizes_long_rates.md) decide."""
     short, long = (
         load_study(REPO / "configs" / "study" / "sizes.yaml"),
         load_study(REPO / "configs" / "study" / "sizes_long.yaml"),
@@ -194,9 +195,12 @@ def test_the_long_sizes_study_runs_the_four_sizes_at_four_times_the_budget_with_
     assert sweep.run == long.run and sweep.data == long.data and sweep.budgets == long.budgets
     chosen = swept_choices("study_sizes_long_sweep")  # every choice inside its sweep (the page's claim)
     assert sweep.lr_sweep["size"] == list(long.sizes)
+    over_seeds = chosen_over_seeds("study_sizes_long_rates")
+    assert {size for size, _ in over_seeds} == {"demo-w16", "demo-w64"}
+    assert any(over_seeds[key] != chosen[key] for key in over_seeds)  # the page moved a rate: the config follows it
     lr = rates(long, tmp_path)
     assert set(chosen) == set(lr)
-    for key, rate in chosen.items():
+    for key, rate in (chosen | over_seeds).items():
         assert lr[key] == pytest.approx(rate), key
 
 
