@@ -256,7 +256,8 @@ def figures(out: Path, study, jobs) -> tuple[list[dict], dict, int]:
 
 def write_report(out: Path, study, runs, fits, classes: int, bench: str, clock: dict, args, sweep=()) -> None:
     """report.md and the JSON it is written from."""
-    (out / "clock.json").write_text(json.dumps(clock))
+    if not clock.get("other_study"):  # the clock of the study that ran in the folder last stays
+        (out / "clock.json").write_text(json.dumps(clock))
     (out / "runs.json").write_text(json.dumps(runs, indent=2))
     (out / "fits.json").write_text(json.dumps({n: study_report.fit_digest(f) for n, f in fits.items()}, indent=2))
     own = [r for r in sweep if "from" not in r]  # rows another study's sweep chose (rates_from) are not this one's
@@ -293,16 +294,20 @@ def run_times(out: Path, jobs) -> None:
             job.wall_seconds, job.cpu_seconds = saved["wall_seconds"], saved["cpu_seconds"]
 
 
-def saved_times(out: Path, jobs) -> dict:
+def saved_times(out: Path, jobs, study: str = "") -> dict:
     """A finished study's wall and CPU seconds per run (runs.json) back on its jobs, and its clock (clock.json; from
     the report's first lines for folders older than it). A study trained elsewhere (Slurm job arrays: train.submit
-    study) has neither: its times are unknown (0 per run, NaN on the clock, which the report says)."""
+    study) has neither: its times are unknown (0 per run, NaN on the clock, which the report says). A clock another
+    study wrote (its config's file name, `study`, not this one's: studies resumed into one folder, e.g. sizes_long
+    and depth) is not this study's: NaN, naming that study (`other_study`), its file left as it is."""
     if not (out / "runs.json").is_file():
         return {"wall": math.nan, "cpu": math.nan, "load": [], "final": True, "elsewhere": True}
     run_times(out, jobs)
     if (out / "clock.json").is_file():
         clock = json.loads((out / "clock.json").read_text())
         clock.setdefault("machine", report_machine(out / "report.md"))
+        if study and clock.get("study", study) != study:
+            return {"wall": math.nan, "cpu": math.nan, "load": [], "final": True, "other_study": clock["study"]}
         return clock
     found = re.search(
         r"took ([\d.]+) minutes wall and ([\d.]+) CPU-minutes .* was ([\d.]+) on average \(max ([\d.]+)\)",

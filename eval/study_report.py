@@ -290,6 +290,11 @@ def clock_sentence(clock: dict, study, where: str) -> str:
             "Its runs were trained as Slurm job arrays (python -m train.submit study): no times were measured, so "
             "the claims that read time stay undetermined.\n"
         )
+    if clock.get("other_study"):
+        return (
+            f"A re-analysis of a folder where another study ({clock['other_study']}) ran last: its clock is that "
+            "study's, so this study's time is not given here (each run's own times stay in the tables).\n"
+        )
     loads = clock["load"]
     return (
         f"{study.jobs} runs at a time. The study took {clock['wall'] / 60:.1f} minutes wall and "

@@ -89,7 +89,7 @@ def reanalyse(out: Path, study: Study, args: argparse.Namespace) -> Path:
     study's clock from the files it wrote (none for a study trained by `train.submit study`)."""
     jobs, _, sweep = grid(study, out, data_paths(out / "data"), args.seed)
     sweep = sweep or study.adopted
-    clock = study_analysis.saved_times(out, jobs)
+    clock = study_analysis.saved_times(out, jobs, study=Path(args.study).name)
     analyse(out, study, jobs, clock, args, sweep)
     study_analysis.append_linearise(out)
     print(f"\nreport: {out / 'report.md'}", flush=True)
@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> Path:
         return reanalyse(out, study, args)
     out.mkdir(parents=True, exist_ok=True)
     clock = {"wall": time.perf_counter(), "cpu": machine.cpu_seconds(), "load": [os.getloadavg()[0]]}
-    clock["resume"] = args.resume
+    clock["resume"], clock["study"] = args.resume, Path(args.study).name  # a re-analysis reads only its own study's
     stage(f"making the synthetic data set in {out / 'data'}")
     paths = make_data(out / "data", study, args.seed, report=lambda m: print("   " + m, file=sys.stderr))
     sweep = list(study.adopted)  # the rows of another study's sweep whose rates this one trains with (rates_from)

@@ -3,10 +3,13 @@ folder, settings and seed (train/study.py make_data; other settings, another see
 again), and the runs of an earlier part keep their wall and CPU seconds (their folders' study_times.json)."""
 
 import json
+import math
 import sys
+from types import SimpleNamespace
 
 import train.study
-from eval.study_analysis import run_times
+from eval.study_analysis import run_times, saved_times
+from eval.study_report import clock_sentence
 from models.run_folder import STUDY_TIMES
 from train.study import MADE, REPO, Job, load_study, make_data
 from train.study_local import run_jobs
@@ -50,3 +53,19 @@ def test_a_run_of_an_earlier_part_keeps_its_times_when_runs_json_lacks_it(tmp_pa
     run_times(tmp_path, again)
     assert again[0].wall_seconds == first.wall_seconds and again[0].cpu_seconds == first.cpu_seconds
     assert (again[1].wall_seconds, again[1].cpu_seconds) == (5.0, 4.0)  # a folder without the file: runs.json
+
+
+def test_a_reanalysis_reads_the_clock_of_its_own_study_only(tmp_path):
+    """Studies resumed into one folder (sizes_long, then depth) share runs.json's runs but not a clock: a
+    re-analysis of sizes_long there gives no study time rather than depth's, and says whose the clock is."""
+    (tmp_path / "runs.json").write_text("[]")
+    clock = {"wall": 60.0, "cpu": 90.0, "load": [1.0], "final": True, "study": "depth.yaml", "machine": "m"}
+    (tmp_path / "clock.json").write_text(json.dumps(clock))
+    assert saved_times(tmp_path, [], study="depth.yaml")["wall"] == 60.0
+    other = saved_times(tmp_path, [], study="sizes_long.yaml")
+    assert math.isnan(other["wall"]) and other["other_study"] == "depth.yaml"
+    text = clock_sentence(other, SimpleNamespace(jobs=2, threads_per_job=1), "here")
+    assert "another study (depth.yaml) ran last" in text and "minutes wall" not in text
+    del clock["study"]  # a folder from before clocks named their study: its clock is read as before
+    (tmp_path / "clock.json").write_text(json.dumps(clock))
+    assert saved_times(tmp_path, [], study="sizes_long.yaml")["wall"] == 60.0
