@@ -7,6 +7,7 @@ that compare with the paper (Gerami, Madani, Duraiswami 2026) follow fixed rules
 from __future__ import annotations
 
 import itertools
+import math
 from pathlib import Path
 
 import numpy as np
@@ -329,7 +330,7 @@ def report_md(
         head,
         "## What the study must show\n",
         check_table(criteria(runs, fits, num_classes, study.fits.get("learns", (0.8, 1.0)))),
-        sweep_table(list(sweep), study.lr_sweep),
+        sweep_table(list(sweep), study.lr_sweep, runs),
         "## Runs\n",
         best_table(runs),
         runs_table(runs),
@@ -444,8 +445,9 @@ def around_text(rows: list[dict]) -> str:
     return f" (the rate the sweep of {', '.join(f'`{f}`' for f in around)} chose at that size: `rates_from`)"
 
 
-def sweep_table(rows: list[dict], sweep: dict) -> str:
-    """The report's section on the learning-rate sweep (train/lr_sweep.py; `sweep` its settings, '' without one)."""
+def sweep_table(rows: list[dict], sweep: dict, runs: list[dict] = ()) -> str:
+    """The report's section on the learning-rate sweep (train/lr_sweep.py; `sweep` its settings, '' without one);
+    `runs` (the study's full-budget runs) name any chosen size whose run trained at another rate (trained_apart)."""
     if not rows:
         return ""
     sizes = list(dict.fromkeys(r.get("size") for r in rows))  # rows of older studies name none: lr_sweep.size
@@ -499,4 +501,21 @@ def sweep_table(rows: list[dict], sweep: dict) -> str:
             f"\nChosen at the edge of the sweep: {', '.join(edge)}; a rate beyond it may be better still (widen "
             "lr_sweep.scales to find out)."
         )
+    lines += trained_apart(rows, runs)
     return "\n".join(lines) + "\n"
+
+
+def trained_apart(rows: list[dict], runs) -> list[str]:
+    """A line naming each attention and swept size whose run trained at another rate than the sweep chose there (the
+    study config's lr_by_size on top of the adopted rates, e.g. a rate chosen over seeds), [] where none did."""
+    apart = [
+        f"{run['attention']} at {run['size']} {run['lr']:.3g} (the sweep chose {row['lr']:.3g})"
+        for row in rows
+        if row["chosen"]
+        for run in runs
+        if (run["size"], run["attention"]) == (row.get("size"), row["attention"])
+        and not math.isclose(run.get("lr", row["lr"]), row["lr"], rel_tol=1e-6)
+    ]
+    if not apart:
+        return []
+    return [f"\nTrained at another rate than the sweep chose (the study config's lr_by_size): {'; '.join(apart)}."]

@@ -316,3 +316,15 @@ def test_lr_by_size_follows_the_image_size_and_optimizer_axes(tmp_path):
         for optimizer in ("adamw", "lion"):
             assert lr[f"demo-w32@{res}", f"softmax@{optimizer}"] == pytest.approx(1.0e-3)
             assert lr[f"demo-w32@{res}", f"linear_affine@{optimizer}"] == pytest.approx(2.0e-3)
+
+
+def test_the_sweep_section_names_a_run_trained_at_another_rate_than_the_sweep_chose():
+    """A study that adopts a sweep's rates and moves some with lr_by_size (sizes_long: two rates chosen over seeds)
+    says so under the sweep's table, which marks the sweep's own choices."""
+    swept = [{**r, "size": r["size"], "lr": 1e-3 * r["scale"]} for r in rows({("demo-w64", "softmax"): 0.5})]
+    runs = [{"size": "demo-w64", "attention": "softmax", "lr": 2.5e-4}]
+    text = sweep_table(swept, {"size": ["demo-w64"]}, runs)
+    assert "Trained at another rate than the sweep chose" in text
+    assert "softmax at demo-w64 0.00025 (the sweep chose 0.0005)" in text
+    runs[0]["lr"] = 5e-4
+    assert "another rate" not in sweep_table(swept, {"size": ["demo-w64"]}, runs)
