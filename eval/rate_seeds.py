@@ -149,9 +149,10 @@ def rebuild(page: Path) -> str:
     lines.append("## Per rate\n")
     lines.append(
         "| size | attention | steps | learning rate | final validation loss per seed | mean [95% CI] | "
-        "change from the chosen rate, paired by seed [95% CI] | zero-shot top-1, mean |"
+        "change from the chosen rate, paired by seed [95% CI] | zero-shot top-1, mean | top-1 change from the chosen "
+        "rate in points, paired by seed [95% CI] |"
     )
-    lines.append("|---|---|---|---|---|---|---|---|")
+    lines.append("|---|---|---|---|---|---|---|---|---|")
     for g in meta["groups"]:
         for r in g["rates"]:
             mark = " (chosen)" if r["lr"] == g["chosen"] else ""
@@ -160,7 +161,7 @@ def rebuild(page: Path) -> str:
             lines.append(
                 f"| {g['size']} | {g['attention']} | {g['steps']:,} | {r['lr']:.4g}{mark} | "
                 f"{', '.join(f'{v:.3f}' for v in r['loss'])} | {interval(r['mean'], r['lo'], r['hi'], '{:.3f}')} | "
-                f"{change} | {top1} |"
+                f"{change} | {top1} | {top1_change(g, r).text('{:+.1f}') if not mark else ''} |"
             )
     lines.append("\n## Runs\n")
     lines.append("| run folder | size | attention | steps | learning rate | seed | final validation loss |")
@@ -172,6 +173,23 @@ def rebuild(page: Path) -> str:
         )
     lines.append(f"\n![final validation loss against learning rate]({Path(page).stem}/{FIGURE})\n")
     return "\n".join(lines)
+
+
+def top1_change(group: dict, rate: dict) -> Spread:
+    """A rate's zero-shot top-1 minus the chosen rate's, in points, paired by seed (NaN where a top-1 is missing)."""
+    best = next(r for r in group["rates"] if r["lr"] == group["chosen"])
+    return spread([100 * (a - b) for a, b in zip(rate["top1"], best["top1"], strict=True)])
+
+
+def top1_disagrees(group: dict) -> str:
+    """' By zero-shot top-1 ... is higher: ...' for each rate whose top-1 is higher than the chosen rate's at the
+    95% level, paired by seed: the validation loss chose otherwise; '' where none is."""
+    higher = []
+    for r in group["rates"]:
+        s = top1_change(group, r) if r["lr"] != group["chosen"] else None
+        if s is not None and math.isfinite(s.lo) and s.lo > 0:
+            higher.append(f"{r['lr']:.4g} {s.text('{:+.1f}')} points")
+    return f" By zero-shot top-1 a rate the loss did not choose is higher: {'; '.join(higher)}." if higher else ""
 
 
 def findings(found: list[dict]) -> str:
@@ -194,6 +212,6 @@ def findings(found: list[dict]) -> str:
             f"- {g['size']}, {g['attention']}, {g['steps']:,} steps, {n}{dropped}: chosen "
             f"{g['chosen']:.4g} ({where}), final validation loss "
             f"{interval(best['mean'], best['lo'], best['hi'], '{:.3f}')}; the other rates, paired by seed: "
-            f"{'; '.join(others) or 'none'}."
+            f"{'; '.join(others) or 'none'}." + top1_disagrees(g)
         )
     return "\n".join(out) + "\n"

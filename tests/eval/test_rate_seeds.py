@@ -64,3 +64,21 @@ def test_bad_run_folders_give_one_line(tmp_path, capsys):
     b = run(tmp_path / "b", "w64", "softmax", 1e-3, 0, 0.6)
     with pytest.raises(SystemExit, match="are the same size, attention, steps, rate and seed; give one"):
         script.main([str(a), str(b), "--out", str(tmp_path / "p.md")])
+
+
+def test_a_rate_whose_top1_beats_the_chosen_rate_is_named_beside_the_loss_choice(tmp_path):
+    """The rate is chosen by the validation loss; where another rate's zero-shot top-1 is higher at the 95% level,
+    paired by seed, the findings say so (sizes_long: softmax's demo-w64, +4.8 points at the rate the loss passed)."""
+    root = tmp_path / "runs"
+    top1 = {1e-3: [0.60, 0.62, 0.58, 0.61], 2e-3: [0.50, 0.52, 0.49, 0.51], 4e-3: [0.50, 0.52, 0.49, 0.50]}
+    found = rate_seeds.groups(
+        rate_seeds.read_runs(
+            [run(root, "w64", "softmax", lr, s, LOSS[lr][s], top1[lr][s]) for lr in LOSS for s in range(4)]
+        )
+    )
+    assert found[0]["chosen"] == 2e-3
+    text = rate_seeds.findings(found)
+    assert "By zero-shot top-1 a rate the loss did not choose is higher: 0.001 +9.7 [" in text
+    assert "0.004" not in text.split("By zero-shot top-1")[1]  # no higher at 95%: not named
+    same = [run(tmp_path / "same", "w64", "softmax", lr, s, LOSS[lr][s]) for lr in LOSS for s in range(4)]
+    assert "By zero-shot top-1" not in rate_seeds.findings(rate_seeds.groups(rate_seeds.read_runs(same)))
