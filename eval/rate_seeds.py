@@ -27,7 +27,7 @@ import yaml
 
 from eval import pages
 from eval.scaling_io import load_points
-from eval.scaling_plot import finish
+from eval.scaling_plot import finish, plain_ticks
 from eval.seeds import Spread, spread
 
 FIGURE = "rates.png"
@@ -104,7 +104,8 @@ def groups(rows: list[dict]) -> list[dict]:
 
 def figure(found: list[dict], path: Path) -> None:
     """Final validation loss against learning rate, one panel per group: each seed (thin), the mean over seeds with
-    its 95% interval, the chosen rate ringed; at most COLUMNS panels a row."""
+    its 95% interval, the chosen rate ringed, and the mean zero-shot top-1 on the right axis (dashed); at most
+    COLUMNS panels a row."""
     cols = min(COLUMNS, len(found))
     rows = -(-len(found) // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 3.8 * rows), dpi=110, squeeze=False)
@@ -121,8 +122,14 @@ def figure(found: list[dict], path: Path) -> None:
         best = next(r for r in g["rates"] if r["lr"] == g["chosen"])
         ax.plot([g["chosen"]], [best["mean"]], "o", ms=12, mfc="none", color="tab:red", label="chosen")
         ax.set(xscale="log", xlabel="learning rate (log)", ylabel="final validation loss")
+        top1 = [100 * np.mean(r["top1"]) if r["top1"] else math.nan for r in g["rates"]]
+        right = ax.twinx()
+        right.plot(lrs, top1, color="tab:orange", lw=1.2, ls="--", marker="s", ms=3)
+        right.set_ylabel("zero-shot top-1, mean (%, dashed)", fontsize=7, color="tab:orange")
+        right.tick_params(axis="y", labelsize=7, colors="tab:orange")
         ax.set_title(f"{g['size']}, {g['attention']}, {g['steps']:,} steps, {len(g['seeds'])} seeds", fontsize=8)
         ax.grid(True, which="both", alpha=0.3)
+        plain_ticks(ax)
     finish(fig, axes.flat[len(found) - 1], path)
 
 
