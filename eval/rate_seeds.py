@@ -193,8 +193,8 @@ def top1_disagrees(group: dict) -> str:
     95% level, paired by seed: the validation loss chose otherwise; '' where none is."""
     higher = []
     for r in group["rates"]:
-        s = top1_change(group, r) if r["lr"] != group["chosen"] else None
-        if s is not None and math.isfinite(s.lo) and s.lo > 0:
+        s = top1_change(group, r)
+        if r["lr"] != group["chosen"] and math.isfinite(s.lo) and s.lo > 0:
             higher.append(f"{r['lr']:.4g} {s.text('{:+.1f}')} points")
     return f" By zero-shot top-1 a rate the loss did not choose is higher: {'; '.join(higher)}." if higher else ""
 

@@ -307,7 +307,8 @@ def saved_times(out: Path, jobs, study: str = "") -> dict:
         clock = json.loads((out / "clock.json").read_text())
         clock.setdefault("machine", report_machine(out / "report.md"))
         if study and clock.get("study", study) != study:
-            return {"wall": math.nan, "cpu": math.nan, "load": [], "final": True, "other_study": clock["study"]}
+            unknown = {"wall": math.nan, "cpu": math.nan, "load": [], "final": True}
+            return unknown | {"other_study": clock["study"], "machine": clock["machine"]}  # the folder's machine
         return clock
     found = re.search(
         r"took ([\d.]+) minutes wall and ([\d.]+) CPU-minutes .* was ([\d.]+) on average \(max ([\d.]+)\)",

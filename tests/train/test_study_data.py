@@ -63,7 +63,7 @@ def test_a_reanalysis_reads_the_clock_of_its_own_study_only(tmp_path):
     (tmp_path / "clock.json").write_text(json.dumps(clock))
     assert saved_times(tmp_path, [], study="depth.yaml")["wall"] == 60.0
     other = saved_times(tmp_path, [], study="sizes_long.yaml")
-    assert math.isnan(other["wall"]) and other["other_study"] == "depth.yaml"
+    assert math.isnan(other["wall"]) and other["other_study"] == "depth.yaml" and other["machine"] == "m"
     text = clock_sentence(other, SimpleNamespace(jobs=2, threads_per_job=1), "here")
     assert "another study (depth.yaml) ran last" in text and "minutes wall" not in text
     del clock["study"]  # a folder from before clocks named their study: its clock is read as before
