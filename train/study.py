@@ -96,6 +96,19 @@ def finished(run_dir: Path) -> bool:
     return any(folder.name == run_folder.step_name(last) for folder in run_folder.step_folders(run_dir))
 
 
+def branch_point(job: Job, start: int) -> Path | None:
+    """The checkpoint of `job`'s run that a budget whose cooldown starts at step `start` branches from: the one at
+    `start`, which the run keeps (train.keep_steps); where the run finished before that budget was added to the
+    study (done_before: a study resumed with --resume keeps it), its newest kept checkpoint before `start`, the
+    branch training the constant-rate steps between as the run did (resuming equals not stopping:
+    tests/train/test_preemption.py); None where it kept none before `start`: the budget trains from step 0."""
+    exact = job.run_dir / run_folder.CHECKPOINTS / step_name(start)
+    if exact.is_dir() or not done_before(job):
+        return exact
+    kept = [p for p in run_folder.step_folders(job.run_dir) if int(p.name.removeprefix("step_")) <= start]
+    return kept[0] if kept else None
+
+
 def done_before(job: Job) -> bool:
     """The job's folder holds a finished run trained with the job's own config (train.resume aside; keys added to the
     config since then read at their defaults): a resumed study (scripts.demo --resume) does not train it again."""
@@ -105,8 +118,9 @@ def done_before(job: Job) -> bool:
         return False
     saved = to_dict(load_config([str(job.run_dir / run_folder.CONFIG)], warn=False))
     wanted = to_dict(load_config(job.argv[job.argv.index("train") + 1 :], warn=False))
-    for cfg in (saved, wanted):
-        cfg["train"].pop("resume")
+    for cfg in (saved, wanted):  # which checkpoints a run keeps does not change its training
+        for key in ("resume", "keep_steps"):
+            cfg["train"].pop(key)
     return saved == wanted
 
 
@@ -419,12 +433,13 @@ def with_budgets(study: Study, job: Job, settings: dict) -> list[Job]:
     job.argv = train_argv(study, {**settings, **schedule, "train.keep_steps": keep})
     for (steps, cool), start in zip(shorter, keep):
         run_dir = job.run_dir.parent / f"{job.run_dir.name}-budget{steps}"
+        parent = branch_point(job, start)
         branch = {
             **settings,
             "optim.schedule": "const-cooldown",
             "optim.cooldown_steps": cool,
             "train.max_steps": steps,
-            "train.branch_from": str(job.run_dir / "checkpoints" / step_name(start)),
+            **({"train.branch_from": str(parent)} if parent else {}),
             "train.run_dir": str(run_dir),
         }
         job.budgets.append(Job(job.size, job.attention, run_dir, train_argv(study, branch), after=job))

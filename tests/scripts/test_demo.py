@@ -259,6 +259,30 @@ def test_demo_quick_with_budgets_reports_each_budget(tmp_path, quick_polls):
     assert not list((out / "lr_sweep").glob("*/runs/*-budget*"))
 
 
+def test_budgets_added_to_a_finished_study_branch_from_what_its_runs_kept(tmp_path, quick_polls):
+    """A study resumed (--resume) with more budgets than its runs were trained with keeps the runs and trains the
+    new budgets alone: a budget whose cooldown start the run did not keep branches from its newest checkpoint
+    before it, or trains from step 0 (train/study.branch_point; their equality: tests/train/test_branch.py)."""
+    study = tmp_path / "study.yaml"
+    raw = yaml.safe_load(demo.STUDY.read_text())
+    raw.pop("rates_from")
+    raw["quick"]["budgets"] = {"fractions": [0.5], "cooldown": 0.5}
+    raw["quick"]["run"]["train.max_steps"] = 8
+    study.write_text(yaml.safe_dump(raw))
+    args = ["--quick", "--study", str(study), "--sizes", "demo-w32", "--attentions", "softmax", "--out", str(tmp_path)]
+    demo.main(args)
+    run_dir = tmp_path / "runs" / "demo-w32-softmax"
+    trained = (run_dir / "metrics.jsonl").stat().st_mtime_ns
+    raw["quick"]["budgets"]["fractions"] = [0.25, 0.5, 0.75]
+    study.write_text(yaml.safe_dump(raw))
+    runs, _, _ = read(demo.main([*args, "--resume"]))
+    assert (run_dir / "metrics.jsonl").stat().st_mtime_ns == trained  # the run is kept, not trained again
+    assert [b[0] for b in runs[0]["budgets"]] == [32, 64, 96, 128]  # four budget ends: 2, 4, 6 and 8 steps
+    logs = {n: (tmp_path / "runs" / f"demo-w32-softmax-budget{n}" / "train.log").read_text() for n in (2, 6)}
+    assert "branched from" not in logs[2]  # cooldown from step 1: no checkpoint before it, trained from step 0
+    assert f"branched from {run_dir}/checkpoints/step_00000002 at step 2" in logs[6]  # cooldown from step 3
+
+
 def test_sweep_run_is_reused_only_when_its_command_is_the_grids(tmp_path):
     def job(attention, folder, lr="0.002", size="demo-w32", after=None):
         argv = ["python", "-m", "train", f"optim.lr={lr}", f"train.run_dir={tmp_path / folder}"]

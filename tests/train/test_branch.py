@@ -70,6 +70,31 @@ def test_branch_continues_the_parent_then_cools_down(tmp_path, synthetic, parent
     assert "nothing to do: the run is at step 6" in capsys.readouterr().err
 
 
+def test_a_branch_from_an_earlier_checkpoint_or_from_step_0_equals_one_from_its_cooldown_start(
+    tmp_path, synthetic, parent
+):
+    """A budget added after the parent run finished (train/study.branch_point): its cooldown starts at a step the
+    parent did not keep, so it branches from an earlier checkpoint, or trains from step 0 where none is earlier;
+    both train the parent's constant-rate steps again bit for bit, so the budget's end is the same model."""
+
+    def budget(name: str, max_steps: int, start_from: int | None) -> dict:
+        (tmp_path / name).mkdir()
+        path = branch_config(tmp_path / name, synthetic, parent, cooldown_steps=1)
+        extra = [f"train.max_steps={max_steps}"]
+        if start_from is None:
+            extra.append("train.branch_from=null")
+        else:
+            extra.append(f"train.branch_from={parent / 'checkpoints' / f'step_{start_from:08d}'}")
+        assert run(path, *extra) == 0
+        return weights(checkpoints(tmp_path / name / "run")[-1])
+
+    late, early = budget("at5", 6, 5), budget("at3", 6, 3)  # cooldown from step 5: at 5, or from 3 then 2 steps
+    assert late.keys() == early.keys() and all(torch.equal(late[k], early[k]) for k in late)
+    exact, scratch = budget("at3-4", 4, 3), budget("at0-4", 4, None)  # cooldown from step 3: at 3, or from 0
+    assert all(torch.equal(exact[k], scratch[k]) for k in exact)
+    assert not all(torch.equal(exact[k], late[k]) for k in exact)  # another budget, another model
+
+
 @pytest.mark.parametrize(
     "change,message",
     [

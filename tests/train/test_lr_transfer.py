@@ -188,11 +188,16 @@ def test_the_long_sizes_study_runs_the_four_sizes_at_four_times_the_budget_with_
     )
     assert list(long.sizes) == list(short.sizes) and long.attentions == ["softmax", "linear_affine_nodenom"]
     steps = long.run["train.max_steps"]
-    assert steps == 4 * short.run["train.max_steps"] and long.budgets["fractions"][0] * steps == 1600
+    assert steps == 4 * short.run["train.max_steps"] and 0.25 * steps == 1600 and 0.25 in long.budgets["fractions"]
+    assert len(long.budgets["fractions"]) + 1 >= 5  # five cooled-down budget ends per run (issue 45 item 5)
     assert long.data["train_samples"] == 4 * short.data["train_samples"]
     assert not long.lr_sweep
     sweep = load_study(REPO / "configs" / "study" / "sizes_long_sweep.yaml")
-    assert sweep.run == long.run and sweep.data == long.data and sweep.budgets == long.budgets
+    # the sweep's runs are the study's (budgets only add branches; which checkpoints a run keeps is not its config)
+    assert sweep.run == long.run and sweep.data == long.data
+    assert sweep.budgets["cooldown"] == long.budgets["cooldown"] and set(sweep.budgets["fractions"]) <= set(
+        long.budgets["fractions"]
+    )
     chosen = swept_choices("study_sizes_long_sweep")  # every choice inside its sweep (the page's claim)
     assert sweep.lr_sweep["size"] == list(long.sizes)
     over_seeds = chosen_over_seeds("study_sizes_long_rates")
@@ -237,13 +242,10 @@ def test_the_one_depth_ladder_trains_every_size_at_two_layers_at_the_rate_swept_
     long = load_study(REPO / "configs" / "study" / "sizes_long.yaml")
     ladder = load_study(REPO / "configs" / "study" / "depth2.yaml")
     sweep = load_study(REPO / "configs" / "study" / "depth2_sweep.yaml")
-    for other in (long, sweep):
-        assert (ladder.data, ladder.run, ladder.budgets, ladder.attentions) == (
-            other.data,
-            other.run,
-            other.budgets,
-            other.attentions,
-        )
+    assert ladder.budgets == long.budgets
+    for other in (long, sweep):  # the sweep's runs are the study's: budgets only add branches
+        assert (ladder.data, ladder.run, ladder.attentions) == (other.data, other.run, other.attentions)
+        assert other.budgets["cooldown"] == ladder.budgets["cooldown"]
     assert {layers_of(size) for size in ladder.sizes} == {2} and set(sweep.lr_sweep["size"]) <= set(ladder.sizes)
     chosen = chosen_over_seeds("study_depth2_rates")  # every size: seed 0's sweep choice and its neighbours
     assert set(chosen) == {(s, a) for s in ladder.sizes for a in ladder.attentions}
