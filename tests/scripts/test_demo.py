@@ -268,6 +268,7 @@ def test_budgets_added_to_a_finished_study_branch_from_what_its_runs_kept(tmp_pa
     raw.pop("rates_from")
     raw["quick"]["budgets"] = {"fractions": [0.5], "cooldown": 0.5}
     raw["quick"]["run"]["train.max_steps"] = 8
+    raw["quick"]["linearise"] = None  # not this test's subject
     study.write_text(yaml.safe_dump(raw))
     args = ["--quick", "--study", str(study), "--sizes", "demo-w32", "--attentions", "softmax", "--out", str(tmp_path)]
     demo.main(args)
