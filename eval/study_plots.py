@@ -84,7 +84,10 @@ def exponent_panel(ax, fits: dict[str, dict], attentions: list[str]) -> None:
     ax.axvline(0, color="0.5", lw=0.8)
     ax.set_yticks(range(len(names)), names, fontsize=8)
     ax.set_xlabel("fitted exponent alpha (y = beta x^alpha), 95% bootstrap interval")
-    ax.legend(fontsize=7)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
+    else:  # every fit failed (too few points: the report says why per fit)
+        ax.text(0.5, 0.5, "no exponent fitted", transform=ax.transAxes, ha="center", va="center", fontsize=8)
     ax.set_title("scaling exponents per attention", fontsize=9)
 
 

@@ -36,3 +36,19 @@ def test_the_sweep_figure_circles_the_chosen_rate(tmp_path, monkeypatch):
     assert (tmp_path / "s.png").stat().st_size > 0
     # each panel's y axis names its metric (not the last line's attention)
     assert [ax.get_ylabel() for ax in drawn[0].axes] == ["final validation loss", "final zero-shot error"]
+
+
+def test_the_exponent_panel_says_when_no_fit_has_an_exponent(recwarn):
+    """A study too small for any fit (one size, as --quick with --sizes X): the panel says so, no empty legend."""
+    import matplotlib.pyplot as plt
+
+    from eval.study_plots import exponent_panel
+
+    fig, (empty, drawn) = plt.subplots(1, 2)
+    exponent_panel(empty, {"error_params": {"groups": {}}}, ["softmax"])
+    fit = {"alpha": -0.3, "alpha_ci": [-0.4, -0.2]}
+    exponent_panel(drawn, {"error_params": {"groups": {"softmax": fit}}}, ["softmax"])
+    assert empty.get_legend() is None and [t.get_text() for t in empty.texts] == ["no exponent fitted"]
+    assert drawn.get_legend() is not None and not drawn.texts
+    assert not [w for w in recwarn if "No artists with labels" in str(w.message)]
+    plt.close(fig)
