@@ -12,8 +12,9 @@ from eval import machine, study_analysis, study_page
 from models.config import size_config
 from scripts import demo
 from train.bench.attention import study_table
+from train.config import load_config, to_dict
 from train.lr_sweep import reuse_chosen, sweep_jobs
-from train.study import Job, StudyError, jobs_of, load_study, overrides
+from train.study import Job, StudyError, done_before, jobs_of, load_study, overrides
 
 QUICK = ["--quick", "--sizes", "demo-w32", "demo-w48", "--attentions", "softmax", "linear_affine_nodenom"]
 
@@ -259,29 +260,35 @@ def test_demo_quick_with_budgets_reports_each_budget(tmp_path, quick_polls):
     assert not list((out / "lr_sweep").glob("*/runs/*-budget*"))
 
 
-def test_budgets_added_to_a_finished_study_branch_from_what_its_runs_kept(tmp_path, quick_polls):
-    """A study resumed (--resume) with more budgets than its runs were trained with keeps the runs and trains the
-    new budgets alone: a budget whose cooldown start the run did not keep branches from its newest checkpoint
-    before it, or trains from step 0 (train/study.branch_point; their equality: tests/train/test_branch.py)."""
-    study = tmp_path / "study.yaml"
-    raw = yaml.safe_load(demo.STUDY.read_text())
-    raw.pop("rates_from")
-    raw["quick"]["budgets"] = {"fractions": [0.5], "cooldown": 0.5}
-    raw["quick"]["run"]["train.max_steps"] = 8
-    raw["quick"]["linearise"] = None  # not this test's subject
-    study.write_text(yaml.safe_dump(raw))
-    args = ["--quick", "--study", str(study), "--sizes", "demo-w32", "--attentions", "softmax", "--out", str(tmp_path)]
-    demo.main(args)
-    run_dir = tmp_path / "runs" / "demo-w32-softmax"
-    trained = (run_dir / "metrics.jsonl").stat().st_mtime_ns
-    raw["quick"]["budgets"]["fractions"] = [0.25, 0.5, 0.75]
-    study.write_text(yaml.safe_dump(raw))
-    runs, _, _ = read(demo.main([*args, "--resume"]))
-    assert (run_dir / "metrics.jsonl").stat().st_mtime_ns == trained  # the run is kept, not trained again
-    assert [b[0] for b in runs[0]["budgets"]] == [32, 64, 96, 128]  # four budget ends: 2, 4, 6 and 8 steps
-    logs = {n: (tmp_path / "runs" / f"demo-w32-softmax-budget{n}" / "train.log").read_text() for n in (2, 6)}
-    assert "branched from" not in logs[2]  # cooldown from step 1: no checkpoint before it, trained from step 0
-    assert f"branched from {run_dir}/checkpoints/step_00000002 at step 2" in logs[6]  # cooldown from step 3
+def test_budgets_added_to_a_finished_run_branch_from_what_it_kept(tmp_path):
+    """A study resumed (--resume) with more budgets than its runs were trained with keeps the runs (which
+    checkpoints a run keeps is not its config) and trains the new budgets alone: a budget whose cooldown start the
+    run did not keep branches from its newest checkpoint before it, or trains from step 0 (train/study.branch_point;
+    that these are the same training: tests/train/test_branch.py)."""
+    study = load_study(demo.STUDY)
+    study.sizes, study.attentions = {"demo-w32": {}}, ["softmax"]
+    study.per_attention = {"softmax": {"run": {"train.max_steps": 800}}}
+    study.budgets = {"fractions": [0.5], "cooldown": 0.25}
+    paths = {"train": "t", "val": "v", "eval": "e"}
+    run, _ = jobs_of(study, tmp_path, paths, seed=0)
+    # the run as trained with the budget of 400 steps alone: its config, and the checkpoints it kept (step 300, where
+    # that budget's cooldown starts, and its end)
+    run.run_dir.mkdir(parents=True)
+    saved = to_dict(load_config(run.argv[run.argv.index("train") + 1 :], warn=False))
+    (run.run_dir / "config.yaml").write_text(yaml.safe_dump(saved))
+    for step in (300, 800):
+        (run.run_dir / "checkpoints" / f"step_{step:08d}").mkdir(parents=True)
+    study.budgets["fractions"] = [0.25, 0.5, 0.75]
+    run, *budgets = jobs_of(study, tmp_path, paths, seed=0)
+    assert "train.keep_steps=[150, 300, 450]" in run.argv and done_before(run)
+    parents = {b.run_dir.name: [a.split("=")[1] for a in b.argv if a.startswith("train.branch_from=")] for b in budgets}
+    kept = str(run.run_dir / "checkpoints" / "step_00000300")
+    assert parents == {
+        "demo-w32-softmax-budget200": [],  # cooldown from step 150: no checkpoint before it, from step 0
+        "demo-w32-softmax-budget400": [kept],  # from step 300, as before
+        "demo-w32-softmax-budget600": [kept],  # cooldown from step 450: from 300, the newest kept before it
+    }
+    assert "train.max_steps=200" in budgets[0].argv and "optim.cooldown_steps=50" in budgets[0].argv
 
 
 def test_sweep_run_is_reused_only_when_its_command_is_the_grids(tmp_path):
