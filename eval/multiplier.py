@@ -26,11 +26,21 @@ import numpy as np
 
 def first_reach(samples, errors, target: float) -> float:
     """Samples seen when the curve first has error <= target (log-linear between evaluations); inf if never."""
+    return reached_at(*checked_curve(samples, errors), target)
+
+
+def checked_curve(samples, errors) -> tuple[np.ndarray, np.ndarray]:
+    """A learning curve's (samples seen, errors) as float arrays; one line if it is not one."""
     samples, errors = np.asarray(samples, dtype=float), np.asarray(errors, dtype=float)
     if samples.ndim != 1 or samples.shape != errors.shape or samples.size == 0:
         raise ValueError("a learning curve needs one error per evaluation, and at least one evaluation")
     if np.any(np.diff(samples) <= 0) or samples[0] <= 0:
         raise ValueError("a learning curve's samples seen must be positive and increasing")
+    return samples, errors
+
+
+def reached_at(samples: np.ndarray, errors: np.ndarray, target: float) -> float:
+    """first_reach on float arrays that checked_curve has checked (a bootstrap's replicates check their curve once)."""
     below = np.flatnonzero(errors <= target)
     if below.size == 0:
         return math.inf

@@ -46,7 +46,7 @@ from eval.claims import (
     step_ratios,
     time_verdict,
 )
-from eval.multiplier import first_reach
+from eval.multiplier import checked_curve, first_reach, reached_at
 from eval.scaling_fit import R2_MIN
 
 TRAIN_FIT = "train_loss_params"  # eval/study_analysis.py FITS: training loss against parameters, as the paper plots
@@ -354,10 +354,11 @@ def hierarchical(seeds: list[Seed], draw, log: bool = False, n_boot: int = 2000,
     return lo, hi
 
 
-def resampled(run: dict, n_images: int, rng) -> tuple[list[int], np.ndarray]:
-    """A run's (samples, zero-shot errors) with each evaluation's errors drawn again from its n_images images."""
+def rates(run: dict) -> tuple[np.ndarray, np.ndarray]:
+    """A run's curve as (samples seen, zero-shot error), checked: a bootstrap replicate draws each evaluation's error
+    again from its n_images images, Binomial(n_images, error) / n_images."""
     samples, top1 = zip(*run["curve"])
-    return list(samples), rng.binomial(n_images, 1 - np.asarray(top1)) / n_images
+    return checked_curve(samples, 1 - np.asarray(top1))
 
 
 def boot_multiplier(
@@ -366,13 +367,21 @@ def boot_multiplier(
     """The samples multiplier's two-level bootstrap interval (never reaching the target: its samples seen, a bound;
     replicates in which the reference misses the target are left out, as eval/multiplier.py does)."""
 
+    pairs = {}  # per seed, once: its run's and the reference's (samples, error rate) and the run's samples seen
+
+    def pair(seed: Seed) -> tuple:
+        if id(seed) not in pairs:
+            run, ref = run_of(seed, attention, size), run_of(seed, reference, size)
+            pairs[id(seed)] = (*rates(run), *rates(ref), run["samples_seen"])
+        return pairs[id(seed)]
+
     def draw(seed: Seed, rng) -> float:
-        run, ref = run_of(seed, attention, size), run_of(seed, reference, size)
-        mine = first_reach(*resampled(run, n_images, rng), target)
-        theirs = first_reach(*resampled(ref, n_images, rng), target)
+        samples, error, ref_samples, ref_error, seen = pair(seed)
+        mine = reached_at(samples, rng.binomial(n_images, error) / n_images, target)
+        theirs = reached_at(ref_samples, rng.binomial(n_images, ref_error) / n_images, target)
         if not math.isfinite(theirs):  # the reference misses the target in this replicate: no multiplier (left out)
             return math.nan
-        return (mine if math.isfinite(mine) else run["samples_seen"]) / theirs
+        return (mine if math.isfinite(mine) else seen) / theirs
 
     return hierarchical(seeds, draw, log=True)
 

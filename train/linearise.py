@@ -60,7 +60,7 @@ def linearise(args: Settings, run: dict | None = None, report=print) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     teacher, scratch = study_runs(study, args.students)
-    run_jobs(jobs_of(study, out, teacher, scratch, args, run), parallel=2, threads=1, report=report)
+    run_jobs(jobs_of(study, out, teacher, scratch, args, run), parallel=2, threads=1, report=report, launch="fork")
     results = compare(out, teacher, scratch, args)
     plot(out, teacher, results)
     return write(out, teacher, results, args, time.perf_counter() - start)

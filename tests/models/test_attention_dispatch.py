@@ -46,11 +46,10 @@ def test_auto_on_the_cpu():
 def test_auto_leaves_the_non_causal_kernels_out_on_cpus_without_avx512(wide, monkeypatch):
     """linear_cpu.h's 16-float vectors: split on AVX2, where PyTorch's ops are faster (cpu_build.wide_vectors);
     the causal kernel stays; CLIP_CPU_KERNEL=1 (the suite's setting, tests/conftest.py) takes the kernels anyway."""
-    cpu_build.library()  # built first: the build's cache key reads cpu_identity, patched below
     monkeypatch.delenv("CLIP_CPU_KERNEL", raising=False)
     cpu_build.wide_vectors.cache_clear()
-    flags = "flags : fpu sse2 avx avx2" + (" avx512f" if wide else "")
-    monkeypatch.setattr(cpu_build, "cpu_identity", lambda: "x86_64\n" + flags)
+    flags = {"fpu", "sse2", "avx", "avx2"} | ({"avx512f"} if wide else set())
+    monkeypatch.setattr(cpu_build, "cpu_flags", lambda: flags)  # not the build's key: the library is not built again
     try:
         q = torch.randn(1, 2, 5, 64)
         want = NONCAUSAL if wide else ["torch"] * len(OPS)

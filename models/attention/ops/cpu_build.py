@@ -13,7 +13,8 @@ The library is compiled with -march=native into a cache folder ($CLIP_KERNEL_CAC
 $XDG_CACHE_HOME/clip-attention, else ~/.cache/clip-attention) under a name that hashes the source,
 the flags, the compiler and this CPU's identity, so nodes of a cluster that share a home folder but
 differ in CPU each get their own build; a build is written to a temporary name and renamed, so ranks
-that start together never load a half-written file. Compiling takes about a second.
+that start together never load a half-written file. Compiling takes about 20 s on one core (causal_cpu.c, specialised
+per head size).
 """
 
 from __future__ import annotations
@@ -71,6 +72,11 @@ def cpu_identity() -> str:
     return "\n".join(parts)
 
 
+def cpu_flags() -> set[str]:
+    """This CPU's feature flags (the words of cpu_identity): what wide_vectors reads, apart from the build's key."""
+    return set(cpu_identity().split())
+
+
 @functools.cache
 def wide_vectors() -> bool:
     """Whether this CPU has the 16-float vectors (AVX-512F) that the non-causal kernels' vf type is written for
@@ -79,7 +85,7 @@ def wide_vectors() -> bool:
     time at the main job's 17 image tokens and 2.2-3.5x at 197-1,025 tokens (forward + backward), and with 256-bit
     vectors (X86_FLAGS) still 1.6x and 2.9-3.1x (Eq. 7); causal_cpu.c, written with plain simd loops, stayed
     1.4-1.7x faster than PyTorch there."""
-    return os.environ.get(DISABLE) == "1" or "avx512f" in cpu_identity().split()
+    return os.environ.get(DISABLE) == "1" or "avx512f" in cpu_flags()
 
 
 NARROW = (
