@@ -26,7 +26,8 @@ import numpy as np
 
 def first_reach(samples, errors, target: float) -> float:
     """Samples seen when the curve first has error <= target (log-linear between evaluations); inf if never."""
-    return reached_at(*checked_curve(samples, errors), target)
+    samples, errors = checked_curve(samples, errors)
+    return reached_at(samples.tolist(), errors.tolist(), target)
 
 
 def checked_curve(samples, errors) -> tuple[np.ndarray, np.ndarray]:
@@ -39,15 +40,15 @@ def checked_curve(samples, errors) -> tuple[np.ndarray, np.ndarray]:
     return samples, errors
 
 
-def reached_at(samples: np.ndarray, errors: np.ndarray, target: float) -> float:
-    """first_reach on float arrays that checked_curve has checked (a bootstrap's replicates check their curve once)."""
-    below = np.flatnonzero(errors <= target)
-    if below.size == 0:
+def reached_at(samples, errors, target: float) -> float:
+    """first_reach on a curve that checked_curve has checked, as lists of floats (a bootstrap's replicates check
+    their curve once; a loop over a list is faster than numpy's calls on a few dozen evaluations)."""
+    i = next((i for i, e in enumerate(errors) if e <= target), None)
+    if i is None:
         return math.inf
-    i = below[0]
     if i == 0:
         return float(samples[0])
-    (s0, s1), (e0, e1) = samples[i - 1 : i + 1], errors[i - 1 : i + 1]
+    s0, s1, e0, e1 = samples[i - 1], samples[i], errors[i - 1], errors[i]
     t = (e0 - target) / (e0 - e1)  # e0 > target >= e1
     return float(math.exp(math.log(s0) + t * (math.log(s1) - math.log(s0))))
 

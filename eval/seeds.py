@@ -337,14 +337,18 @@ def per_seed(values: list[float], fmt: str, marks: list[str] | None = None) -> s
     return " / ".join(m + fmt.format(v) for v, m in zip(values, marks or [""] * len(values)))
 
 
-def hierarchical(seeds: list[Seed], draw, log: bool = False, n_boot: int = 2000, seed: int = 0) -> tuple[float, float]:
+def hierarchical(
+    seeds: list[Seed], draw, log: bool = False, n_boot: int = 2000, seed: int = 0, batched: bool = False
+) -> tuple[float, float]:
     """95% percentile interval of the mean over seeds when both the seeds and, within each seed drawn, the zero-shot
     images are resampled (a two-level bootstrap: Davison and Hinkley 1997, sec. 3.8). draw(seed, rng) gives one
-    replicate of that seed's value with its images resampled; `log`: the mean of logarithms (multipliers)."""
+    replicate of that seed's value with its images resampled (`batched`: draw(the seeds drawn, rng) gives theirs, in
+    one pass over rng); `log`: the mean of logarithms (multipliers)."""
     rng = np.random.default_rng(seed)
     reps = []
     for _ in range(n_boot):
-        values = np.array([draw(seeds[i], rng) for i in rng.integers(len(seeds), size=len(seeds))], dtype=float)
+        drawn = [seeds[i] for i in rng.integers(len(seeds), size=len(seeds))]
+        values = np.array(draw(drawn, rng) if batched else [draw(s, rng) for s in drawn], dtype=float)
         with np.errstate(divide="ignore"):
             reps.append(float(np.exp(np.mean(np.log(values)))) if log else float(np.mean(values)))
     reps = [r for r in reps if not math.isnan(r)]  # a replicate with no value at some seed drawn (draw gave NaN)
@@ -354,19 +358,20 @@ def hierarchical(seeds: list[Seed], draw, log: bool = False, n_boot: int = 2000,
     return lo, hi
 
 
-def rates(run: dict) -> tuple[np.ndarray, np.ndarray]:
+def rates(run: dict) -> tuple[list[float], np.ndarray]:
     """A run's curve as (samples seen, zero-shot error), checked: a bootstrap replicate draws each evaluation's error
     again from its n_images images, Binomial(n_images, error) / n_images."""
     samples, top1 = zip(*run["curve"])
-    return checked_curve(samples, 1 - np.asarray(top1))
+    samples, error = checked_curve(samples, 1 - np.asarray(top1))
+    return samples.tolist(), error
 
 
 def boot_multiplier(
     seeds: list[Seed], attention: str, size: str, target: float, n_images: int, reference: str = "softmax"
 ) -> tuple[float, float]:
     """The samples multiplier's two-level bootstrap interval (never reaching the target: its samples seen, a bound;
-    replicates in which the reference misses the target are left out, as eval/multiplier.py does)."""
-
+    replicates in which the reference misses the target are left out, as eval/multiplier.py does). Each replicate
+    draws the errors of every curve of the seeds drawn in one call (the draws of one call per curve, in order)."""
     pairs = {}  # per seed, once: its run's and the reference's (samples, error rate) and the run's samples seen
 
     def pair(seed: Seed) -> tuple:
@@ -375,15 +380,20 @@ def boot_multiplier(
             pairs[id(seed)] = (*rates(run), *rates(ref), run["samples_seen"])
         return pairs[id(seed)]
 
-    def draw(seed: Seed, rng) -> float:
-        samples, error, ref_samples, ref_error, seen = pair(seed)
-        mine = reached_at(samples, rng.binomial(n_images, error) / n_images, target)
-        theirs = reached_at(ref_samples, rng.binomial(n_images, ref_error) / n_images, target)
-        if not math.isfinite(theirs):  # the reference misses the target in this replicate: no multiplier (left out)
-            return math.nan
-        return (mine if math.isfinite(mine) else seen) / theirs
+    def draw(drawn: list[Seed], rng) -> list[float]:
+        curves = [pair(s) for s in drawn]
+        errors = (rng.binomial(n_images, np.concatenate([c[i] for c in curves for i in (1, 3)])) / n_images).tolist()
+        values, at = [], 0
+        for samples, _, ref_samples, _, seen in curves:
+            mine = reached_at(samples, errors[at : at + len(samples)], target)
+            at += len(samples)
+            theirs = reached_at(ref_samples, errors[at : at + len(ref_samples)], target)
+            at += len(ref_samples)
+            # the reference misses the target in this replicate: no multiplier (left out)
+            values.append((mine if math.isfinite(mine) else seen) / theirs if math.isfinite(theirs) else math.nan)
+        return values
 
-    return hierarchical(seeds, draw, log=True)
+    return hierarchical(seeds, draw, log=True, batched=True)
 
 
 def boot_top1(seeds: list[Seed], attention: str, size: str, n_images: int) -> tuple[float, float]:
