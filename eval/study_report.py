@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from eval import pages, smoothing, time_to_target
-from eval.claims import FLAT, claims, claims_table, flattened
+from eval.claims import FLAT, claims, claims_table, end_points, flattened
 from eval.multiplier import multiplier
 from eval.scaling import poor_fit
 from eval.scaling_fit import R2_MIN
@@ -226,18 +226,20 @@ def budget_lines(runs: list[dict], n_images: int | None = None) -> list[str]:
             "looks flat: converged, or on a plateau it has not left yet (only a longer budget tells which)"
             if flat
             else "has not flattened: a longer budget would lower its error further"
+            if change < 0
+            else "has not flattened: its error rose at its end"
         )
+        before, error, end, last = end_points(largest)
         span = (
-            "between its last two budgets ({:,} and {:,} samples, each cooled down)".format(
-                *[b[0] for b in largest["budgets"][-2:]]
-            )
+            f"between its last two budgets ({before:,.0f} and {end:,.0f} samples, each cooled down)"
             if len(largest.get("budgets", [])) >= 2
-            else "over the last quarter of the run"
+            else f"between {before:,.0f} and {end:,.0f} samples"
         )
         lines.append(
             f"- {attention}: the largest run ({largest['size']}, {largest['samples_seen']:,} samples) {verdict}; "
-            f"its zero-shot error changed {change:+.0%} {span} (flat: within {100 * FLAT:.0f}% relative, or within 2 "
-            f"binomial standard errors of the larger error on the zero-shot set)."
+            f"its zero-shot error went from {error:.1%} to {last:.1%} {span}, {change:+.0%} per doubling of samples "
+            f"(flat: less than {100 * FLAT:.0f}% per doubling, or less than 2 binomial standard errors of the larger "
+            "error on the zero-shot set per doubling)."
         )
     return lines
 

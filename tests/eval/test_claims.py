@@ -2,9 +2,11 @@
 
 import math
 
+import pytest
+
 from eval.claims import NODENOM, NORMALISED, claims, flattened, step_ratios
 from eval.multiplier import Multiplier
-from eval.study_report import multiplier_table, multipliers, times
+from eval.study_report import budget_lines, multiplier_table, multipliers, times
 
 SAMPLES = [1000, 2000, 4000, 8000]
 
@@ -147,6 +149,21 @@ def test_targets_softmax_meets_at_its_first_evaluation_give_no_row_and_an_early_
     # softmax's 2,520: an upper bound, in the compute multiplier too; 20%: both reach it later, a measured k
     assert len(rows) == 2 and "| 40% | 2,000 | 2,520 | < 0.79x (there at its first evaluation) | <0.79x |" in rows[0]
     assert "| 20% | 8,000 | 8,000 | 1.00x [" in rows[1]
+
+
+def test_flatness_is_judged_per_doubling_of_samples():
+    """The main job's softmax at demo-w64: 60.1% -> 55.3% error between budgets of 81,920 and 102,400 samples is -8%,
+    but 1.25x the samples: -23% per doubling, not flat (nor within the noise of 720 images); the same -8% over 4x the
+    samples is -4% per doubling: flat. An error that rises at the end is not flat either, and says so."""
+    budgets = {"budgets": [[81_920, 0.399, 0.6], [102_400, 0.447, 0.5]]}
+    falling = run("softmax", [0.8, 0.7, 0.65, 0.553], 1.0, budget=12.8) | budgets
+    flat, change = flattened(falling, n_images=720)
+    assert not flat and change == pytest.approx((0.553 / 0.601) ** (1 / math.log2(1.25)) - 1) and change < -0.2
+    assert "a longer budget would lower its error further" in budget_lines([falling], 720)[0]
+    slow = falling | {"budgets": [[25_600, 0.399, 0.6], [102_400, 0.447, 0.5]]}
+    assert flattened(slow, n_images=720)[0] and flattened(slow)[1] == pytest.approx((0.553 / 0.601) ** 0.5 - 1)
+    rising = run(NODENOM, [0.8, 0.7, 0.5, 0.6], 1.0)
+    assert not flattened(rising, n_images=720)[0] and "its error rose at its end" in budget_lines([rising], 720)[0]
 
 
 def test_a_change_within_the_zero_shot_noise_counts_as_flat():
