@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from eval import pages, smoothing, time_to_target
-from eval.claims import FLAT, claims, claims_table, end_points, flattened
+from eval.claims import FLAT, MARGIN, claims, claims_table, end_points, flattened
 from eval.multiplier import multiplier
 from eval.scaling import poor_fit
 from eval.scaling_fit import R2_MIN
@@ -118,6 +118,13 @@ def compute_to_reach(rows: list[dict], level: float) -> float:
     return min(reached, default=float("inf"))
 
 
+SUPPORT_RULES = (
+    f"Rules: an exponent matches softmax's when the 95% interval of the difference lies within +-{MARGIN} (claim (c)'s "
+    "margin of 'similar'), is steeper or shallower when the interval excludes 0, and is neither distinguishable nor "
+    "shown similar otherwise.\n"
+)
+
+
 def exponent_sentence(fits: dict, name: str, attention: str, what: str) -> str:
     c = comparison(fits, name, attention)
     if c is None:
@@ -125,12 +132,13 @@ def exponent_sentence(fits: dict, name: str, attention: str, what: str) -> str:
     if c.get("verdict") == "undetermined":  # too few points for an interval (eval.scaling says why)
         return f"its {what} exponent against softmax's is undetermined ({c.get('reason')})"
     lo, hi = c["alpha_diff_ci"]
+    numbers = f"{c['alpha_diff']:+.3f} [{lo:+.3f}, {hi:+.3f}]"
+    if lo >= -MARGIN and hi <= MARGIN:
+        return f"its {what} exponent matches softmax's within +-{MARGIN} (difference {numbers})"
     if lo <= 0 <= hi:
-        return (
-            f"its {what} exponent follows softmax's within [{lo:+.3f}, {hi:+.3f}] (difference {c['alpha_diff']:+.3f})"
-        )
+        return f"its {what} exponent is neither distinguishable from softmax's nor shown similar (difference {numbers})"
     steeper = "steeper" if hi < 0 else "shallower"
-    return f"its {what} exponent is {steeper} than softmax's by {c['alpha_diff']:+.3f} [{lo:+.3f}, {hi:+.3f}]"
+    return f"its {what} exponent is {steeper} than softmax's by {numbers}"
 
 
 def support(runs: list[dict], fits: dict) -> list[str]:
@@ -343,7 +351,7 @@ def report_md(
         "Budgets:\n\n" + "\n".join(budget_lines(runs, n_images)) + "\n",
         "## What the data support\n",
         "\n".join(support(runs, fits)) + "\n",
-        "Rules: exponents 'follow' softmax's when the 95% interval of their difference contains 0.\n",
+        SUPPORT_RULES,
         "![summary](summary.png)\n",
         "## The paper's claims\n",
         claims_table(claims(runs, fits, targets, n_images, study.fits.get("n_boot", 1000))),

@@ -171,3 +171,21 @@ def test_a_change_within_the_zero_shot_noise_counts_as_flat():
     near_zero = run(NODENOM, [0.3, 0.01, 0.007], 1.0)
     assert not flattened(near_zero)[0] and flattened(near_zero, n_images=720)[0]
     assert not flattened(run(NODENOM, [0.5, 0.2, 0.1], 1.0), n_images=720)[0]  # 10 points: learning
+
+
+def test_an_exponent_matches_softmax_only_within_the_margin():
+    """ "What the data support" says an exponent matches softmax's only when the difference's whole interval lies within
+    claim (c)'s margin; an interval that contains 0 but is wider says neither (not "follows")."""
+    from eval.study_report import exponent_sentence
+
+    def said(diff, lo, hi):
+        comparison = {"a": NODENOM, "alpha_diff": diff, "alpha_diff_ci": [lo, hi]}
+        return exponent_sentence({"fit": {"comparisons": [comparison]}}, "fit", NODENOM, "frontier")
+
+    assert (
+        said(0.01, -0.03, 0.04)
+        == "its frontier exponent matches softmax's within +-0.05 (difference +0.010 [-0.030, +0.040])"
+    )
+    assert "neither distinguishable from softmax's nor shown similar" in said(-0.113, -0.685, 0.338)
+    assert said(0.049, 0.026, 0.078).startswith("its frontier exponent is shallower than softmax's by +0.049")
+    assert said(-0.2, -0.3, -0.1).startswith("its frontier exponent is steeper")
