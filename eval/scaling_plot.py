@@ -12,6 +12,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib import ticker
+from matplotlib.lines import Line2D
 
 from eval.scaling_fit import log_residuals, predict
 
@@ -132,8 +133,22 @@ def build_figure(
         plain_ticks(ax)
         below.set_xlabel(xlabel or axis_label(report["x"]))
     _titles(fig, axes, report, title)
-    axes[-1].legend(fontsize=8)
+    handles, _ = axes[-1].get_legend_handles_labels()
+    axes[-1].legend(handles=handles + marker_key(report), fontsize=8)
     return fig
+
+
+def marker_key(report: dict) -> list[Line2D]:
+    """Legend entries (grey) for what the markers mean: frontier points (fitted) against the others, and the
+    extrapolated predictions, so that no reader takes a point that was not fitted, or not measured, for data."""
+    key = []
+    if any("frontier" in g for g in report["groups"].values()):
+        key.append(Line2D([], [], ls="", marker="o", color="0.45", label="frontier point (fitted)"))
+        key.append(Line2D([], [], ls="", marker="o", mfc="none", color="0.45", label="off the frontier (not fitted)"))
+    if report["extrapolate"]:
+        label = "extrapolated, not measured (95% interval)"
+        key.append(Line2D([], [], ls="", marker="D", color="0.45", label=label))
+    return key
 
 
 def _colour(colours: dict | None, name: str, i: int):

@@ -111,7 +111,12 @@ def test_extrapolated_figure_has_a_data_panel_and_units(tmp_path, capsys):
     assert data.get_xlim()[1] < 1e10 < 1e12 < extrapolated.get_xlim()[1]
     assert data_residuals.get_xlabel() == "compute (forward GMACs: GMACs per image-text pair x samples seen)"
     assert data.get_ylabel() == "training loss (contrastive cross-entropy, nats)"
-    assert len(build_figure(fit(df, "compute", "loss", group="attention", n_boot=50), points_of(report, df)).axes) == 2
+    assert "extrapolated, not measured (95% interval)" in [t.get_text() for t in extrapolated.get_legend().get_texts()]
+    plain = build_figure(fit(df, "compute", "loss", group="attention", n_boot=50), points_of(report, df))
+    assert len(plain.axes) == 2 and not any("extrapolated" in t.get_text() for t in plain.axes[0].get_legend().texts)
+    frontier = fit(df, "compute", "loss", group="attention", n_boot=50, frontier_bins=3)
+    key = [t.get_text() for t in build_figure(frontier, points_of(frontier, df)).axes[0].get_legend().get_texts()]
+    assert key[-2:] == ["frontier point (fitted)", "off the frontier (not fitted)"]
     assert axis_label("error@imagenet-v2") == "zero-shot top-1 error on imagenet-v2 (fraction)"
     assert axis_label("1-top1") == "1-top1"
     run_main(df, tmp_path, capsys, "--extrapolate", "1e12")
