@@ -133,6 +133,10 @@ def exponent_sentence(fits: dict, name: str, attention: str, what: str) -> str:
         return f"its {what} exponent against softmax's is undetermined ({c.get('reason')})"
     lo, hi = c["alpha_diff_ci"]
     numbers = f"{c['alpha_diff']:+.3f} [{lo:+.3f}, {hi:+.3f}]"
+    r2 = {g: fits.get(name, {}).get("groups", {}).get(g, {}).get("r2") for g in (attention, "softmax")}
+    poor = [f"{g} R^2 {v:.3f}" for g, v in r2.items() if v is not None and v < R2_MIN]
+    if poor:  # an exponent of a fit that does not describe its points compares nothing
+        return f"its {what} exponent is not compared: the fit does not describe the points ({', '.join(poor)})"
     if lo >= -MARGIN and hi <= MARGIN:
         return f"its {what} exponent matches softmax's within +-{MARGIN} (difference {numbers})"
     if lo <= 0 <= hi:

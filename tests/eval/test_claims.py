@@ -178,9 +178,10 @@ def test_an_exponent_matches_softmax_only_within_the_margin():
     claim (c)'s margin; an interval that contains 0 but is wider says neither (not "follows")."""
     from eval.study_report import exponent_sentence
 
-    def said(diff, lo, hi):
+    def said(diff, lo, hi, r2=0.99):
         comparison = {"a": NODENOM, "alpha_diff": diff, "alpha_diff_ci": [lo, hi]}
-        return exponent_sentence({"fit": {"comparisons": [comparison]}}, "fit", NODENOM, "frontier")
+        groups = {NODENOM: {"r2": r2}, "softmax": {"r2": 0.97}}
+        return exponent_sentence({"fit": {"comparisons": [comparison], "groups": groups}}, "fit", NODENOM, "frontier")
 
     assert (
         said(0.01, -0.03, 0.04)
@@ -189,3 +190,7 @@ def test_an_exponent_matches_softmax_only_within_the_margin():
     assert "neither distinguishable from softmax's nor shown similar" in said(-0.113, -0.685, 0.338)
     assert said(0.049, 0.026, 0.078).startswith("its frontier exponent is shallower than softmax's by +0.049")
     assert said(-0.2, -0.3, -0.1).startswith("its frontier exponent is steeper")
+    # a fit below R^2 0.95 does not describe its points: its exponent is compared with nothing
+    assert said(0.01, -0.03, 0.04, r2=0.93) == (
+        f"its frontier exponent is not compared: the fit does not describe the points ({NODENOM} R^2 0.930)"
+    )
