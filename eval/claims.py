@@ -273,13 +273,17 @@ def claim_d(m, tokens: int | None, ratio: float, projected: dict[int, float]) ->
 def time_verdict(target, k_text, k_lo, k_hi, k, tokens, ratio, projected) -> tuple[str, str]:
     """Claim (d)'s rule on a samples multiplier (its interval k_lo..k_hi) and the measured step-time ratio."""
     where = f"{tokens} image tokens" if tokens else "the study's image tokens (unknown)"
+    # k a bound (a run that never reaches the target: at least k; one there at its first evaluation: at most k)
+    bound = ">" if math.isinf(k_hi) and k_lo == k else "<" if k_lo == 0 and k_hi == k else ""
     numbers = (
         f"target {100 * target:.0f}% error at {where}: {k_text} the samples, steps {ratio:.2f}x softmax's time "
-        f"(the same runs), time to it {k * ratio:.2f}x"
+        f"(the same runs), time to it {bound}{k * ratio:.2f}x"
     )
     longer = {n: r for n, r in sorted(projected.items()) if not tokens or n > tokens}
     if longer:
-        numbers += "; projected, not measured: " + ", ".join(f"{n} tokens {k * r:.2f}x" for n, r in longer.items())
+        numbers += "; projected, not measured: " + ", ".join(
+            f"{n} tokens {bound}{k * r:.2f}x" for n, r in longer.items()
+        )
     if not math.isfinite(ratio):
         return "undetermined", numbers + " (no step times measured)"
     if not tokens or tokens < MIN_TOKENS:

@@ -194,3 +194,16 @@ def test_an_exponent_matches_softmax_only_within_the_margin():
     assert said(0.01, -0.03, 0.04, r2=0.93) == (
         f"its frontier exponent is not compared: the fit does not describe the points ({NODENOM} R^2 0.930)"
     )
+
+
+def test_a_multiplier_that_is_a_bound_makes_its_times_bounds():
+    """Eq. 7 never reaching the target: k is at least 1.24x, so its time to the target and the projections are at
+    least k x the step ratios ('>'); a run there at its first evaluation gives at most ('<')."""
+    from eval.claims import time_verdict
+
+    _, never = time_verdict(0.6, "> 1.24x (never reached)", 1.24, math.inf, 1.24, 17, 0.99, {197: 0.96})
+    assert "time to it >1.23x; projected, not measured: 197 tokens >1.19x" in never
+    _, early = time_verdict(0.6, "< 0.80x", 0.0, 0.8, 0.8, 17, 1.0, {})
+    assert "time to it <0.80x" in early
+    _, measured = time_verdict(0.6, "1.50x [1.2, 1.8]", 1.2, 1.8, 1.5, 17, 1.0, {})
+    assert "time to it 1.50x" in measured
