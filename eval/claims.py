@@ -267,14 +267,15 @@ def claim_d(m, tokens: int | None, ratio: float, projected: dict[int, float]) ->
     if not math.isfinite(m.reference_samples) or m.reference_at_start:
         return "undetermined", f"target {100 * m.target:.0f}% error: {m.text()}"
     k_lo, k_hi = (m.k, math.inf) if m.censored else (0.0, m.k) if m.at_start else (m.lo, m.hi)
-    return time_verdict(m.target, m.text(), k_lo, k_hi, m.k, tokens, ratio, projected)
+    bound = ">" if m.censored else "<" if m.at_start else ""
+    return time_verdict(m.target, m.text(), k_lo, k_hi, m.k, tokens, ratio, projected, bound)
 
 
-def time_verdict(target, k_text, k_lo, k_hi, k, tokens, ratio, projected) -> tuple[str, str]:
-    """Claim (d)'s rule on a samples multiplier (its interval k_lo..k_hi) and the measured step-time ratio."""
+def time_verdict(target, k_text, k_lo, k_hi, k, tokens, ratio, projected, bound: str = "") -> tuple[str, str]:
+    """Claim (d)'s rule on a samples multiplier (its interval k_lo..k_hi) and the measured step-time ratio. `bound`:
+    '>' when k is a lower bound (a run that never reaches the target), '<' an upper bound (one there at its first
+    evaluation); the times to the target are then bounds too."""
     where = f"{tokens} image tokens" if tokens else "the study's image tokens (unknown)"
-    # k a bound (a run that never reaches the target: at least k; one there at its first evaluation: at most k)
-    bound = ">" if math.isinf(k_hi) and k_lo == k else "<" if k_lo == 0 and k_hi == k else ""
     numbers = (
         f"target {100 * target:.0f}% error at {where}: {k_text} the samples, steps {ratio:.2f}x softmax's time "
         f"(the same runs), time to it {bound}{k * ratio:.2f}x"

@@ -329,7 +329,8 @@ def claim_d_seeds(seeds: list[Seed], size: str, targets: list[float]) -> tuple[s
     ratio = float(np.mean([step_ratio(run_of(s, NODENOM, size), run_of(s, "softmax", size)) for s in seeds]))
     projected = {n: r for n, r in step_ratios(NODENOM, math.nan).items() if n != 17}
     tokens = run_of(seeds[0], NODENOM, size).get("image_tokens")
-    verdict, numbers = time_verdict(target, k.text(unit="x"), k.lo, k.hi, k.mean, tokens, ratio, projected)
+    bound = ">" if ">" in k.marks else "<" if "<" in k.marks else ""
+    verdict, numbers = time_verdict(target, k.text(unit="x"), k.lo, k.hi, k.mean, tokens, ratio, projected, bound)
     return verdict, f"{size}, {numbers}"
 
 

@@ -201,9 +201,9 @@ def test_a_multiplier_that_is_a_bound_makes_its_times_bounds():
     least k x the step ratios ('>'); a run there at its first evaluation gives at most ('<')."""
     from eval.claims import time_verdict
 
-    _, never = time_verdict(0.6, "> 1.24x (never reached)", 1.24, math.inf, 1.24, 17, 0.99, {197: 0.96})
+    _, never = time_verdict(0.6, "> 1.24x (never reached)", 1.24, math.inf, 1.24, 17, 0.99, {197: 0.96}, ">")
     assert "time to it >1.23x; projected, not measured: 197 tokens >1.19x" in never
-    _, early = time_verdict(0.6, "< 0.80x", 0.0, 0.8, 0.8, 17, 1.0, {})
+    _, early = time_verdict(0.6, "< 0.80x", 0.0, 0.8, 0.8, 17, 1.0, {}, "<")
     assert "time to it <0.80x" in early
     _, measured = time_verdict(0.6, "1.50x [1.2, 1.8]", 1.2, 1.8, 1.5, 17, 1.0, {})
     assert "time to it 1.50x" in measured
