@@ -266,9 +266,10 @@ def claim_rows(seeds: list[Seed], targets: list[float], n_images: int | None = N
         return [("all", "undetermined", "no Eq. 7 and softmax runs of the same size at every seed")]
     size = sizes[-1]
     verdicts = [claim_a(run_of(s, NODENOM, size), run_of(s, "softmax", size), n_images)[0] for s in seeds]
-    gap = spread([run_of(s, "softmax", size)["top1"] - run_of(s, NODENOM, size)["top1"] for s in seeds], within=(-1, 1))
+    points = [100 * (run_of(s, "softmax", size)["top1"] - run_of(s, NODENOM, size)["top1"]) for s in seeds]
+    gap = spread(points, within=(-100, 100))  # percentage points
     agreed = verdicts[0] if len(set(verdicts)) == 1 else "undetermined"
-    numbers = f"{size}: seeds say {', '.join(verdicts)}; softmax - Eq. 7 top-1 {gap.text('{:+.1%}')}"
+    numbers = f"{size}: seeds say {', '.join(verdicts)}; softmax - Eq. 7 top-1 {gap.text('{:+.1f}')} points"
     rows.append(("(a) Eq. 7 converges to a loss and accuracy comparable to softmax", agreed, numbers))
     rows.append(("(b) the normalised form converges much more slowly or fails", *claim_b_seeds(seeds, targets)))
     rows.append(("(c) the scaling exponents are similar", *claim_c_seeds(seeds)))
