@@ -118,6 +118,7 @@ def test_claims_and_report_from_three_seeds(tmp_path, capsys):
     claims = {line.split("|")[1].strip()[:3]: line.split("|")[2].strip() for line in text.splitlines() if "| (" in line}
     # Eq. 7 reaches softmax's final error: comparable at every seed
     assert claims["(a)"] == "**supported**"
+    assert "softmax - Eq. 7 top-1 +0.0 [+0.0, +0.0] points" in text  # a gap in percentage points, not percent
     # linear_affine needs 2.9-3.1x at every seed: the seed interval lies above 2x
     assert claims["(b)"] == "**supported**"
     # exponent differences 0.10-0.12: an interval off 0 at three seeds, not "similar" by the rule
