@@ -14,6 +14,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from eval import seeds as seeds_mod
@@ -46,7 +47,7 @@ def multipliers_figure(seeds: list[seeds_mod.Seed], targets: list[float], path: 
         return False
     attentions = list(dict.fromkeys(r["attention"] for r in seeds[0].runs))
     sizes = list(dict.fromkeys(size for _, size in found))
-    fig, axes = plt.subplots(1, len(sizes), figsize=(4.8 * len(sizes), 3.9), dpi=110, squeeze=False)
+    fig, axes = plt.subplots(1, len(sizes), figsize=(max(4.8 * len(sizes), 7.2), 3.9), dpi=110, squeeze=False)
     order = sorted({t for row in found.values() for t, _ in row}, reverse=True)  # easiest target first
     shift = {a: 0.08 * (i - (len(attentions) - 1) / 2) for i, a in enumerate(attentions)}  # keep the bars apart
     for ax, size in zip(axes[0], sizes):
@@ -72,8 +73,16 @@ def multipliers_figure(seeds: list[seeds_mod.Seed], targets: list[float], path: 
         ax.yaxis.set_minor_formatter(NullFormatter())
         ax.grid(True, which="both", alpha=0.3)
         ax.title.set_fontsize(8)
-    axes[0][0].legend(fontsize=7, title="open triangle: a seed never reached it (lower bound)", title_fontsize=6)
-    fig.tight_layout()
+    grey = {"color": "0.45", "ls": ""}
+    key = [
+        Line2D([], [], marker="o", label="geometric mean over seeds; bar: its 95% t interval", **grey),
+        Line2D([], [], marker="^", mfc="none", label="a seed never reached it: lower bound, bar open above", **grey),
+        Line2D([], [], marker=".", label="each seed", **grey),
+    ]
+    handles, _ = axes[0][0].get_legend_handles_labels()
+    # below the panels, so that it hides no point
+    fig.legend(handles=handles + key, fontsize=7, loc="lower center", ncol=3 if len(sizes) > 1 else 2)
+    fig.tight_layout(rect=(0, 0.16 if len(sizes) > 1 else 0.2, 1, 1))
     fig.savefig(path)
     plt.close(fig)
     return True
