@@ -231,3 +231,34 @@ def test_the_size_table_gives_each_sizes_loss_and_its_change_from_the_smaller_si
     large = next(r for r in rows if r.startswith("| softmax | demo-w64 |"))
     assert "| 1.000 / 1.500 / 2.000 | 1.500 [" in small and small.split("|")[6].strip() == ""
     assert "| 0.800 / 1.200 / 1.600 |" in large and large.split("|")[6].strip() == "-20.0% [-20.0%, -20.0%]"
+
+
+def test_the_multiplier_bootstrap_draws_the_same_numbers_as_one_draw_per_curve():
+    """boot_multiplier draws every curve of the seeds drawn in one call per replicate: the same random numbers, in
+    the same order, as one call per curve, so its interval is the per-curve bootstrap's to the last digit."""
+    from eval.multiplier import first_reach
+    from eval.seeds import Seed, boot_multiplier, hierarchical, run_of
+
+    def run(attention, errors, seen=6400):
+        samples = np.geomspace(400, seen, len(errors)).round()
+        return {"attention": attention, "size": "s", "curve": [[s, 1 - e] for s, e in zip(samples, errors)]} | {
+            "samples_seen": seen
+        }
+
+    made = [
+        Seed(
+            str(i), REPO, [run("softmax", [0.9, 0.7, 0.5 + d, 0.4]), run(NODENOM, [0.95, 0.8, 0.65, 0.55 - d])], {}, []
+        )
+        for i, d in enumerate((0.0, 0.03, -0.02))
+    ]
+
+    def per_curve(seed, rng):  # the single-draw form: one binomial call per curve, checked every time
+        mine, ref = run_of(seed, NODENOM, "s"), run_of(seed, "softmax", "s")
+        draws = [
+            first_reach([s for s, _ in r["curve"]], rng.binomial(120, [1 - t for _, t in r["curve"]]) / 120, 0.6)
+            for r in (mine, ref)
+        ]
+        return math.nan if not math.isfinite(draws[1]) else (draws[0] if math.isfinite(draws[0]) else 6400) / draws[1]
+
+    lo, hi = hierarchical(made, per_curve, log=True)  # 2,000 replicates, seed 0: boot_multiplier's
+    assert boot_multiplier(made, NODENOM, "s", 0.6, 120) == (lo, hi) and 1 < lo < hi < math.inf
