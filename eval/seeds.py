@@ -98,12 +98,18 @@ class Spread:
     hi: float
     marks: list[str]
 
+    @property
+    def bound(self) -> str:
+        """'>' when a value is a lower bound (the mean then is one too), '<' an upper bound, '' when all are measured
+        (text() says n/a with bounds on both sides)."""
+        return ">" if ">" in self.marks else "<" if "<" in self.marks else ""
+
     def text(self, fmt: str = "{:.2f}", unit: str = "") -> str:
         if not self.values:
             return "n/a"
         if ">" in self.marks and "<" in self.marks:
             return "n/a (bounds on both sides)"
-        bound = ">" if ">" in self.marks else "<" if "<" in self.marks else ""
+        bound = self.bound
         hi = "inf" if not math.isfinite(self.hi) else fmt.format(self.hi) + unit
         interval = f" [{fmt.format(self.lo)}{unit}, {hi}]" if math.isfinite(self.lo) else ""
         return f"{bound}{fmt.format(self.mean)}{unit}{interval}"
@@ -330,8 +336,7 @@ def claim_d_seeds(seeds: list[Seed], size: str, targets: list[float]) -> tuple[s
     ratio = float(np.mean([step_ratio(run_of(s, NODENOM, size), run_of(s, "softmax", size)) for s in seeds]))
     projected = {n: r for n, r in step_ratios(NODENOM, math.nan).items() if n != 17}
     tokens = run_of(seeds[0], NODENOM, size).get("image_tokens")
-    bound = ">" if ">" in k.marks else "<" if "<" in k.marks else ""
-    verdict, numbers = time_verdict(target, k.text(unit="x"), k.lo, k.hi, k.mean, tokens, ratio, projected, bound)
+    verdict, numbers = time_verdict(target, k.text(unit="x"), k.lo, k.hi, k.mean, tokens, ratio, projected, k.bound)
     return verdict, f"{size}, {numbers}"
 
 
