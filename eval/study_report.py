@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from eval import pages, smoothing, time_to_target
-from eval.claims import FLAT, MARGIN, claims, claims_table, end_points, flattened
+from eval.claims import FLAT, FLAT_LOSS, MARGIN, claims, claims_table, end_points, fall_per_doubling, flattened
 from eval.multiplier import multiplier
 from eval.scaling import poor_fit
 from eval.scaling_fit import R2_MIN
@@ -257,12 +257,18 @@ def budget_lines(runs: list[dict], n_images: int | None = None) -> list[str]:
 
 
 def budgets_table(runs: list[dict]) -> str:
-    """Per run with budgets: zero-shot top-1 and validation loss at the end of each budget (cooled down)."""
-    rows = ["| size | attention | samples (budget) | zero-shot top-1 | val loss |", "|---|---|---|---|---|"]
+    """Per run with budgets: zero-shot top-1 and validation loss at the end of each budget (cooled down), and the
+    validation loss's change per doubling of samples from the budget before (how far the run is from flat)."""
+    rows = [
+        "| size | attention | samples (budget) | zero-shot top-1 | val loss | val loss per doubling of samples |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in sorted(runs, key=lambda r: (r["attention"], r["params_without_token_embedding"])):
-        rows += [
-            f"| {r['size']} | {r['attention']} | {s:,} | {100 * t:.1f}% | {v:.3f} |" for s, t, v in r.get("budgets", [])
-        ]
+        before = None
+        for s, t, v in r.get("budgets", []):
+            change = "" if before is None else f"{0.0 - fall_per_doubling(*before, s, v):+.0%}"
+            rows.append(f"| {r['size']} | {r['attention']} | {s:,} | {100 * t:.1f}% | {v:.3f} | {change} |")
+            before = (s, v)
     return "\n".join(rows) + "\n"
 
 
@@ -407,7 +413,9 @@ def budget_section(runs: list[dict], study) -> list[str]:
         f"Every run trained at a constant learning rate after warmup and cooled down linearly to 0 over the last "
         f"{100 * cooldown:.0f}% of its steps; each shorter budget (fractions {study.budgets.get('fractions')} of the "
         f"run's steps) is a branch from the run's checkpoint where that budget's own cooldown of {100 * cooldown:.0f}% "
-        f"starts (Hägele et al. 2024; train/branch.py). Each row is a model trained for that many samples:\n",
+        f"starts (Hägele et al. 2024; train/branch.py). Each row is a model trained for that many samples; the last "
+        f"column is its validation loss's change per doubling of samples from the budget before, (v1 / v0) ** (1 / "
+        f"log2(s1 / s0)) - 1 (a run has flattened when it falls less than {100 * FLAT_LOSS:.0f}% per doubling):\n",
         budgets_table(runs),
     ]
 
