@@ -53,7 +53,7 @@ def test_the_wheel_carries_the_kernels_and_configs_and_runs_linear_attention_on_
     if cpu_build.compiler() is None:
         pytest.skip("no C compiler: the wheel's C kernels cannot be built here")
     # the checkout's build, under its name: the child loads it only where the wheel's kernel sources, headers and
-    # flags hash to the same key (cpu_build.build), so it is not compiled again (about 20 s on 2 cores)
+    # flags hash to the same key (cpu_build.build), so it is not compiled again (compiling takes about 20 s on one core)
     built = cpu_build.build(cpu_build.compiler())
     (tmp_path / "kernels").mkdir()
     shutil.copy2(built, tmp_path / "kernels" / built.name)

@@ -8,7 +8,7 @@ import yaml
 
 from eval.study_report import sweep_table
 from train.lr_sweep import adopt, apply, sweep_jobs
-from train.study import REPO, StudyError, jobs_of, load_study
+from train.study import REPO, StudyError, budget_steps, jobs_of, load_study
 
 DEMO = REPO / "configs" / "study" / "demo.yaml"
 PATHS = {"train": "t/{0..1}.tar", "val": "v/{0..1}.tar", "eval": "e"}
@@ -330,3 +330,19 @@ def test_the_sweep_section_names_a_run_trained_at_another_rate_than_the_sweep_ch
     assert "softmax at demo-w64 0.00025 (the sweep chose 0.0005)" in text
     runs[0]["lr"] = 5e-4
     assert "another rate" not in sweep_table(swept, {"size": ["demo-w64"]}, runs)
+
+
+def test_the_flatness_study_trains_depth2s_smallest_size_at_its_rates_for_8x_the_budget(tmp_path):
+    """configs/study/depth2_flat.yaml: depth2's smallest size on depth2's data at depth2's rates, 8x its steps,
+    with a cooled-down budget at depth2's own schedule (so its 1/8 budget repeats depth2's run) and at each doubling."""
+    flat, ladder = (load_study(REPO / "configs" / "study" / f"{n}.yaml") for n in ("depth2_flat", "depth2"))
+    assert (flat.data, flat.attentions) == (ladder.data, ladder.attentions)
+    assert list(flat.sizes) == list(ladder.sizes)[:1]
+    steps = ladder.run["train.max_steps"]
+    assert flat.run == {**ladder.run, "train.max_steps": 8 * steps, "eval.every": steps // 2}
+    lr, lr_ladder = rates(flat, tmp_path), rates(ladder, tmp_path)
+    assert lr == {key: rate for key, rate in lr_ladder.items() if key[0] in flat.sizes}
+    budgets = budget_steps(flat, 8 * steps)
+    assert budget_steps(ladder, steps)[-1] in budgets
+    ends = [t for t, _ in budgets]
+    assert ends == [steps // 2 * 2**k for k in range(4)] + [6 * steps, 8 * steps]
