@@ -20,9 +20,8 @@ from eval.scaling import ScalingInputError, ScalingWarning, fit, format_table, l
 from models import run_folder
 from models.config import ModelConfig, resolved_size
 
-ATTENTION, SIZE = study_plots.ATTENTION, study_plots.SIZE
+ATTENTION = study_plots.ATTENTION
 COMPUTE_LABEL = "compute (GMACs x samples seen)"
-VAL_LABEL = "validation loss (contrastive, batch 64)"
 # name -> (x, y, points, x label, y label, what it is). points: "ends", the last evaluation of every run and budget
 # branch (each a model trained for that budget, cooled down: Hagele et al. 2024), or "last", of the full-budget runs
 # only. A frontier reads the ends, not the evaluations during the constant-rate phase, which lie above them.
@@ -242,12 +241,7 @@ def figures(out: Path, study, jobs) -> tuple[list[dict], dict, int]:
         if any(row["kept_curve"] for row in runs):
             smoothing.figure(runs, out / smoothing.FIGURE)
     mains = [j for j in jobs if j.after is None]  # the full-budget runs, not their cooldown branches
-    label = {str(j.run_dir): j.size for j in mains}  # the study's size names (SIZE@RESpx with image_sizes)
-    curves = points(mains, "error", "all").assign(error=lambda d: 1 - d["zeroshot/top1"])
-    losses = points(mains, "val_loss", "all")
-    curves[SIZE], losses[SIZE] = curves["@source"].map(label), losses["@source"].map(label)
-    panels = [(curves, "error", "zero-shot top-1 error"), (losses, "val_loss", VAL_LABEL)]
-    study_plots.learning_curves(panels, study.attentions, list(study.sizes), out / "learning_curves.png")
+    study_plots.learning_curves(runs, study.attentions, list(study.sizes), out / "learning_curves.png")
     finals = points(mains, "error", "last").assign(top1=lambda d: d["zeroshot/top1"])
     fitted = {name: f for name, f in fits.items() if "groups" in f}
     study_plots.summary_figure(fitted, finals, study.attentions, out / "summary.png")

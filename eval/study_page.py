@@ -19,7 +19,7 @@ import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
-from eval import study_report
+from eval import study_plots, study_report
 from eval.scaling import format_table
 
 # runs.json, page.json and each fit's JSON (eval/study_analysis.py FITS; page.json names them)
@@ -136,3 +136,17 @@ def rebuild(page: Path) -> str:
     """The page written again from docs/<stem>/data/ and its committed findings section."""
     page = Path(page)
     return page_text(report_from(page.parent / page.stem / "data"), page.stem, findings_of(page))
+
+
+def redraw(page: Path, folder: Path | None = None) -> Path:
+    """The page's learning-curve figure drawn again from docs/<stem>/data/ (runs.json, and the study's attentions and
+    sizes from page.json) into `folder` (default docs/<stem>/, where the page links it); the figure's path."""
+    page = Path(page)
+    data = page.parent / page.stem / "data"
+    if not (data / "page.json").is_file():
+        raise PageError(f"{data} has no page.json: {page} is not a study page made by scripts.publish_study")
+    study = json.loads((data / "page.json").read_text())["study"]
+    path = Path(folder or page.parent / page.stem) / "learning_curves.png"
+    runs = json.loads((data / "runs.json").read_text())
+    study_plots.learning_curves(runs, study["attentions"], list(study["sizes"]), path)
+    return path

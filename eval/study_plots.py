@@ -18,7 +18,7 @@ from matplotlib.lines import Line2D
 from eval.scaling_plot import plain_ticks
 
 STYLES = ["-", "--", "-.", ":", (0, (5, 1, 1, 1, 1, 1)), (0, (1, 1)), (0, (8, 2))]
-ATTENTION, SIZE = "model.image_attention", "model.name"
+ATTENTION = "model.image_attention"
 
 
 def colour(attentions: list[str], attention: str):
@@ -29,33 +29,58 @@ def style(sizes: list[str], size: str):
     return STYLES[sizes.index(size) % len(STYLES)]
 
 
-def legend(ax, attentions: list[str], sizes: list[str]) -> None:
-    """Two keys: colour = attention, line style = size."""
+def legend(ax, attentions: list[str], sizes: list[str], budgets: bool = False) -> None:
+    """Two keys: colour = attention, line style = size (and, with `budgets`, the ring of a cooled-down budget)."""
     handles = [Line2D([], [], color=colour(attentions, a), lw=2, label=a) for a in attentions]
     handles += [Line2D([], [], color="0.3", linestyle=style(sizes, s), label=s) for s in sizes]
+    if budgets:
+        ring = {"ls": "none", "marker": "o", "ms": 5, "mfc": "white", "mew": 1.2, "color": "0.3"}
+        handles.append(Line2D([], [], label="end of a budget, cooled down", **ring))
     ax.legend(handles=handles, fontsize=7, ncol=2)
 
 
-def learning_curves(panels: list[tuple[pd.DataFrame, str, str]], attentions, sizes, path) -> None:
-    """One log-log panel per (points, y column, y label): y against samples seen, one line per run."""
-    fig, axes = plt.subplots(1, len(panels), figsize=(6.2 * len(panels), 4.8), dpi=110, squeeze=False)
-    for ax, (frame, column, label) in zip(axes[0], panels):
-        for (attention, size), run in frame.groupby([ATTENTION, SIZE], sort=False):
-            run = run.sort_values("samples_seen")
-            ax.plot(
-                run["samples_seen"],
-                run[column],
-                color=colour(attentions, attention),
-                linestyle=style(sizes, size),
-                lw=1.4,
-                marker=".",
-                ms=3,
-            )
+PANELS = (("error", "zero-shot top-1 error"), ("val_loss", "validation loss (contrastive, batch 64)"))
+
+
+def curve_points(run: dict) -> dict[str, tuple[list, list]]:
+    """A report row's (eval/study_analysis.run_rows) learning curves as {panel: (samples, values)}: "error" and
+    "val_loss", every evaluation of its full-budget run (at its constant rate, then its cooldown), and with budgets
+    "error budgets" and "val_loss budgets", the cooled-down end of each budget (the points the fits read)."""
+    evaluations = run.get("run_curve", run["curve"])  # with budgets, "curve" holds the budgets' ends
+    out = {
+        "error": ([s for s, _ in evaluations], [1 - t for _, t in evaluations]),
+        "val_loss": ([s for s, _ in run["val_curve"]], [v for _, v in run["val_curve"]]),
+    }
+    if run.get("budgets"):
+        out["error budgets"] = ([b[0] for b in run["budgets"]], [1 - b[1] for b in run["budgets"]])
+        out["val_loss budgets"] = ([b[0] for b in run["budgets"]], [b[2] for b in run["budgets"]])
+    return out
+
+
+def learning_curves(runs: list[dict], attentions, sizes, path) -> None:
+    """Zero-shot error and validation loss against samples seen, log-log, one line per run (curve_points); where the
+    run has budgets, their cooled-down ends as rings joined by a line, its own evaluations faint behind them."""
+    budgets = any(run.get("budgets") for run in runs)
+    fig, axes = plt.subplots(1, len(PANELS), figsize=(6.2 * len(PANELS), 4.8), dpi=110, squeeze=False)
+    for ax, (panel, label) in zip(axes[0], PANELS):
+        for run in runs:
+            points = curve_points(run)
+            look = {"color": colour(attentions, run["attention"]), "linestyle": style(sizes, run["size"])}
+            faint = {"lw": 1.0, "alpha": 0.4} if f"{panel} budgets" in points else {"lw": 1.4}
+            ax.plot(*points[panel], marker=".", ms=3, **faint, **look)
+            if f"{panel} budgets" in points:
+                ax.plot(*points[f"{panel} budgets"], marker="o", ms=5, mfc="white", mew=1.2, lw=1.4, **look)
         ax.set(xscale="log", yscale="log", xlabel="samples seen (image-text pairs)", ylabel=label)
         ax.grid(True, which="both", alpha=0.3)
         plain_ticks(ax)
-        legend(ax, attentions, sizes)
-    axes[0][0].set_title("learning curves: every evaluation of every run", fontsize=9)
+        legend(ax, attentions, sizes, budgets=budgets)
+    title = "learning curves: every evaluation of every run"
+    if budgets:
+        title = (
+            "learning curves: rings, the end of each budget cooled down (the points the fits read); faint, every "
+            "evaluation of each run (its constant rate, then its cooldown)"
+        )
+    fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
