@@ -130,28 +130,24 @@ def falls(run: dict) -> list[tuple[int, int, float]]:
 def falls_table(seeds: list[seeds_mod.Seed]) -> list[str]:
     """Per attention and size of rows(seeds): the validation loss's fall per doubling of samples between each pair
     of consecutive budgets, mean over seeds with its 95% t interval (claim (c)'s flatness, FLAT_LOSS, reads the
-    last); [] when rows(seeds) is."""
-    if not rows(seeds):
-        return []
+    last); one table per set of budgets (attentions trained to budgets of their own have a table each); [] when no
+    size has the same budgets at every seed."""
     attentions = list(dict.fromkeys(r["attention"] for r in seeds[0].runs))
-    found, pairs = {}, None
+    found: dict[tuple, dict] = {}  # budget pairs -> {(attention, size): a spread per pair}
     for a in attentions:
         for size in sizes(seeds, a):
             per_seed = [falls(seeds_mod.run_of(s, a, size)) for s in seeds]
-            mine = [(n0, n1) for n0, n1, _ in per_seed[0]]
-            if (
-                mine
-                and (pairs is None or mine == pairs)
-                and all([(n0, n1) for n0, n1, _ in f] == mine for f in per_seed)
-            ):
-                pairs = mine
-                found[(a, size)] = [seeds_mod.spread([f[i][2] for f in per_seed]) for i in range(len(mine))]
-    if not found:
-        return []
-    head = [f"{n0:,} to {n1:,} samples" for n0, n1 in pairs]
-    lines = ["| attention | size | " + " | ".join(head) + " |", "|---|---|" + "---|" * len(head)]
-    for (a, size), spreads in found.items():
-        lines.append(f"| {a} | {size} | " + " | ".join(x.text("{:.0%}") for x in spreads) + " |")
+            pairs = tuple((n0, n1) for n0, n1, _ in per_seed[0])
+            if pairs and all(tuple((n0, n1) for n0, n1, _ in f) == pairs for f in per_seed):
+                spreads = [seeds_mod.spread([f[i][2] for f in per_seed]) for i in range(len(pairs))]
+                found.setdefault(pairs, {})[(a, size)] = spreads
+    lines = []
+    for pairs, group in found.items():
+        head = [f"{n0:,} to {n1:,} samples" for n0, n1 in pairs]
+        lines += [*([""] if lines else []), "| attention | size | " + " | ".join(head) + " |"]
+        lines.append("|---|---|" + "---|" * len(head))
+        for (a, size), spreads in group.items():
+            lines.append(f"| {a} | {size} | " + " | ".join(x.text("{:.0%}") for x in spreads) + " |")
     return lines
 
 

@@ -85,3 +85,20 @@ def test_the_fall_per_doubling_between_budgets_shrinks_only_where_a_floor_is_nea
     table = budget_exponents.falls_table(seeds)
     assert table[0] == "| attention | size | 1,000 to 2,000 samples | 2,000 to 4,000 samples |"
     assert table[2] == "| softmax | w16 | 29% [29%, 29%] | 29% [29%, 29%] |" and len(table) == 2 + 2 * len(PARAMS)
+
+
+def test_a_one_size_study_has_no_exponents_but_its_falls_per_doubling_over_seeds():
+    """configs/study/depth2_flat.yaml: one size at 8x the budget; how far it is from flat is the question."""
+    one = {"w16": PARAMS["w16"]}
+    seeds = [seed(str(i), {"softmax": [-0.2, -0.3, -0.4], NODENOM: [-0.2, -0.3, -0.4]}, sizes=one) for i in range(3)]
+    assert budget_exponents.rows(seeds) == []
+    table = budget_exponents.falls_table(seeds)
+    assert len(table) == 2 + 2 and table[2].startswith("| softmax | w16 | ") and table[3].startswith(f"| {NODENOM} |")
+    for s in seeds:  # Eq. 7 trained to budgets of its own (twice softmax's): a table of its own
+        run = next(r for r in s.runs if r["attention"] == NODENOM)
+        run["budgets"] = [[2 * n, t, v] for n, t, v in run["budgets"]]
+    table = budget_exponents.falls_table(seeds)
+    assert table[0].endswith("| 1,000 to 2,000 samples | 2,000 to 4,000 samples |") and table[3] == ""
+    assert table[4].endswith("| 2,000 to 4,000 samples | 4,000 to 8,000 samples |") and table[6].startswith(
+        f"| {NODENOM}"
+    )
