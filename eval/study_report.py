@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from eval import pages, smoothing, time_to_target
-from eval.claims import FLAT, FLAT_LOSS, MARGIN, claims, claims_table, end_points, fall_per_doubling, flattened
+from eval import budget_exponents, pages, smoothing, time_to_target
+from eval.claims import FLAT, FLAT_LOSS, MARGIN, claims, claims_table, end_points, flattened
 from eval.multiplier import multiplier
 from eval.scaling import poor_fit
 from eval.scaling_fit import R2_MIN
@@ -264,11 +264,11 @@ def budgets_table(runs: list[dict]) -> str:
         "|---|---|---|---|---|---|",
     ]
     for r in sorted(runs, key=lambda r: (r["attention"], r["params_without_token_embedding"])):
-        before = None
-        for s, t, v in r.get("budgets", []):
-            change = "" if before is None else f"{0.0 - fall_per_doubling(*before, s, v):+.0%}"
-            rows.append(f"| {r['size']} | {r['attention']} | {s:,} | {100 * t:.1f}% | {v:.3f} | {change} |")
-            before = (s, v)
+        change = {n1: f"{0.0 - fall:+.0%}" for _, n1, fall in budget_exponents.falls(r)}
+        rows += [
+            f"| {r['size']} | {r['attention']} | {s:,} | {100 * t:.1f}% | {v:.3f} | {change.get(s, '')} |"
+            for s, t, v in r.get("budgets", [])
+        ]
     return "\n".join(rows) + "\n"
 
 
