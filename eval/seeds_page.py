@@ -229,3 +229,13 @@ def readme_block(page: Path) -> str:
     loaded, meta = load_data(page.parent / page.stem / "data")
     start = README_START.format(page=page.stem)
     return f"{start}\n{results_table(loaded, meta)}{README_END}"
+
+
+def not_data_folders(folders: list[Path]) -> str:
+    """The error line for folders that are not a seeds page's data folder; '' when all are."""
+    missing = [str(f) for f in folders if not (Path(f) / "seeds.json").is_file()]
+    return (
+        f"{', '.join(missing)}: not a seeds page's data folder (no seeds.json); give docs/<page>/data"
+        if missing
+        else ""
+    )

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from eval import break_even
+from eval import break_even, seeds_page
 
 
 def main(argv=None) -> Path:
@@ -19,9 +19,8 @@ def main(argv=None) -> Path:
     p.add_argument("--target", type=float, default=0.1, help="target zero-shot top-1 error (default 0.1)")
     p.add_argument("--out", type=Path, default=Path("docs/break_even.md"), help="the page to write")
     args = p.parse_args(argv)
-    missing = [str(f) for f in args.folders if not (f / "seeds.json").is_file()]
-    if missing:
-        p.error(f"{', '.join(missing)}: not a seeds page's data folder (no seeds.json); give docs/<page>/data")
+    if problem := seeds_page.not_data_folders(args.folders):
+        p.error(problem)
     command = "python -m scripts.break_even " + " ".join(str(f) for f in args.folders) + f" --out {args.out}"
     out = break_even.write(args.folders, args.out, args.target, command)
     print(out.read_text())
