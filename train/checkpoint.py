@@ -228,7 +228,23 @@ def pick(resume: str, storage: RunStorage) -> Path | None:
             f"train.resume={resume} is not a loadable checkpoint ({result.problem}); "
             "point it at a complete step_* folder or use train.resume=auto"
         )
+    step = run_folder.read_meta(folder)["step"]
+    if newer := newer_checkpoints(storage, step):
+        raise CheckpointError(
+            f"train.resume={resume} is step {step}, but this run folder holds newer checkpoints ({', '.join(newer)}) "
+            f"that a requeue (train.resume=auto) would resume from and the next save's pruning would keep over it; "
+            f"move them out of {storage.local / run_folder.CHECKPOINTS} or train into a new train.run_dir"
+        )
     return folder
+
+
+def newer_checkpoints(storage: RunStorage, step: int) -> list[str]:
+    """The run's step folders past `step` that train.resume=auto could pick: local ones with their manifest (written
+    last) and, for a remote run, the remote ones (a rollback to an older checkpoint must not leave them there)."""
+    names = [p.name for p in run_folder.step_folders(storage.local) if (p / run_folder.MANIFEST).is_file()]
+    if storage.remote is not None:
+        names += storage.remote_steps(*storage.filesystem())
+    return sorted({n for n in names if int(run_folder.STEP_DIR.match(n)[1]) > step})
 
 
 def resolve(resume: str, storage: RunStorage | Path, accelerator: Accelerator | None = None) -> Path | None:

@@ -225,7 +225,7 @@ class Trainer:
                     self.save()
                     self.summarise("preempted")
                     return PREEMPTED
-            if not self.checkpoint_due():
+            if not self.checkpoint_due() or self.failed_saves:  # the final checkpoint: a refusal stops the run
                 self.save()
             if self.evaluate is not None and not self.due(self.eval_every):
                 self.run_eval()

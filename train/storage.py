@@ -183,19 +183,22 @@ class RunStorage:
 
     def upload_checkpoint(self, folder: Path, keep_last: int, keep_steps=()) -> None:
         """Steps 1-4 of the module docstring for the newest finished local checkpoint `folder`, then for the earlier
-        ones not uploaded yet (newest first, as many as keep_last leaves room for). Raises the first failure after
-        retries; `pending` then tells what is still to upload."""
+        ones not uploaded yet (newest first, as many as keep_last leaves room for, and every one of keep_steps: a
+        cooldown branch's starting point). Raises the first failure after retries; `pending` then tells what is
+        still to upload (the marker moves past `folder` only once the earlier ones are up too)."""
         if self.remote is None:
             return
         fs, root = self.filesystem()
-        earlier = [p for p in self.pending() if p.name < folder.name][: keep_last - 1]
+        protected = {run_folder.step_name(step) for step in keep_steps}
+        older = [p for p in self.pending() if p.name < folder.name]
+        earlier = older[: keep_last - 1] + [p for p in older[keep_last - 1 :] if p.name in protected]
         self.put_checkpoint(fs, root, folder)
         latest = f"{root}/{CHECKPOINTS}/{LATEST}"
         self.retry(f"writing {self.remote}/{CHECKPOINTS}/{LATEST}", fs.pipe_file, latest, f"{folder.name}\n".encode())
-        self.mark_uploaded(folder.name)
         for old in earlier:
             self.put_checkpoint(fs, root, old)
-        self.prune_remote(fs, root, keep_last, {run_folder.step_name(step) for step in keep_steps})
+        self.mark_uploaded(folder.name)
+        self.prune_remote(fs, root, keep_last, protected)
 
     def put_checkpoint(self, fs, root: str, folder: Path) -> None:
         """Steps 1-3: the files of a local checkpoint folder, its manifest last."""

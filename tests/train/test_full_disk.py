@@ -133,6 +133,28 @@ def test_with_max_failed_saves_the_run_trains_on_until_n_saves_in_a_row_failed(
         assert lines_of(err) == [] and sorted(complete) == ["step_00000001", "step_00000003", "step_00000004"]
 
 
+def test_a_refused_final_checkpoint_stops_the_run_even_with_max_failed_saves(tmp_path, synthetic, monkeypatch, capsys):
+    """The final checkpoint is also a periodic one here (save_every divides max_steps): refused, it is tried again
+    at the end, and a second refusal ends the run with the usual line, not 'done' without its final weights."""
+    real = train.checkpoint.save_file
+    target = str(run_folder.tmp_folder(tmp_path / "run", 4) / run_folder.MODEL)
+
+    def full_disk(tensors, filename, *args, **kwargs):
+        if filename != target:
+            return real(tensors, filename, *args, **kwargs)
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(train.checkpoint, "save_file", full_disk)
+    train_cfg = {"max_steps": 4, "save_every": 2, "keep_last": 4, "max_failed_saves": 2}
+    config = tiny_config(tmp_path, synthetic, train=train_cfg)
+    reset_accelerate()
+    capsys.readouterr()
+    assert train_cli([str(config)]) == 1
+    err = capsys.readouterr().err
+    assert "checkpoint step_00000004 not written: no space left on device" in lines_of(err)[0]
+    assert "run done" not in err and [p.name for p in run_folder.step_folders(tmp_path / "run")] == ["step_00000002"]
+
+
 @pytest.fixture(scope="module")
 def one_step(tmp_path_factory, synthetic):
     """A run with its checkpoint at step 1, and the tiny config."""

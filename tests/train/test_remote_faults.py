@@ -14,6 +14,7 @@ import pytest
 
 from models import run_folder
 from tests.train.common import reset_accelerate, s3_filesystem, tiny_config
+from train import checkpoint as train_checkpoint
 from train import storage as storage_module
 from train.main import cli
 from train.storage import RunStorage, retrying
@@ -179,6 +180,30 @@ def test_pruning_counts_only_complete_remote_checkpoints(s3, tmp_path):
     # step 3 was counted before (step 2 would be gone); now it is garbage and step 2 is the second one kept
     assert names == ["step_00000002", "step_00000004", "step_00000009"]
     assert complete(s3, f"{base}/step_00000002") and complete(s3, f"{base}/step_00000004")
+
+
+def test_a_branch_point_whose_upload_failed_goes_up_with_the_next_checkpoint(s3, tmp_path, monkeypatch, capsys):
+    """keep_last=1, keep_steps=[2]: step 2's upload fails; the next save uploads it with step 3 and neither the
+    remote nor the staging folder prunes it (before, it was left out of the retry and deleted locally)."""
+    storage = RunStorage.of("s3://runs/branch", str(tmp_path / "stage"))
+    real = RunStorage.put_checkpoint
+
+    def put(self, fs, root, folder):
+        if folder.name == "step_00000002" and not put.recovered:
+            raise OSError("network down")
+        return real(self, fs, root, folder)
+
+    put.recovered = False
+    monkeypatch.setattr(RunStorage, "put_checkpoint", put)
+    train_checkpoint.upload(storage, fake_checkpoint(storage.local, 1), 1, keep_steps=[2])
+    train_checkpoint.upload(storage, fake_checkpoint(storage.local, 2), 1, keep_steps=[2])
+    assert "upload of step_00000002 to s3://runs/branch failed (OSError: network down)" in capsys.readouterr().err
+    assert [p.name for p in storage.pending()] == ["step_00000002"]
+    put.recovered = True
+    train_checkpoint.upload(storage, fake_checkpoint(storage.local, 3), 1, keep_steps=[2])
+    base = "runs/branch/checkpoints"
+    assert sorted(p.rsplit("/", 1)[-1] for p in s3.ls(base) if "step_" in p) == ["step_00000002", "step_00000003"]
+    assert complete(s3, f"{base}/step_00000002") and storage.pending() == []
 
 
 @pytest.mark.parametrize("name", ["../x", "../../escape", "/tmp/abs", "state/../../x", "a\\..\\x", "./x", "a//b", ""])

@@ -114,6 +114,25 @@ def test_resume_skips_incomplete_and_corrupt_checkpoints(tmp_path, synthetic, mo
     assert not (root / ".tmp_step_00000004").exists()
 
 
+def test_resuming_an_older_checkpoint_of_the_same_run_names_the_newer_ones(tmp_path, synthetic):
+    """A rollback in place (train.resume=PATH to an older step of this run) would be undone by a requeue and its
+    pruning would delete the folder it resumed from: one line naming the newer folders and the fix, nothing lost."""
+    path = tiny_config(tmp_path, synthetic, train={"max_steps": 3, "save_every": 1, "keep_last": 2})
+    assert run(path) == 0
+    root = tmp_path / "run" / "checkpoints"
+    with pytest.raises(ConfigError) as e:
+        run(path, "train.max_steps=4", f"train.resume={root / 'step_00000002'}")
+    assert str(e.value) == (
+        f"train.resume={root / 'step_00000002'} is step 2, but this run folder holds newer checkpoints (step_00000003) "
+        "that a requeue (train.resume=auto) would resume from and the next save's pruning would keep over it; "
+        f"move them out of {root} or train into a new train.run_dir"
+    )
+    assert sorted(p.name for p in root.iterdir() if p.name.startswith("step_")) == ["step_00000002", "step_00000003"]
+    (root / "step_00000003").rename(tmp_path / "step_00000003")
+    assert run(path, "train.max_steps=4", f"train.resume={root / 'step_00000002'}") == 0
+    assert [r["step"] for r in train_records(tmp_path / "run")][-1] == 4
+
+
 def test_resume_refuses_a_checkpoint_of_another_model(tmp_path, synthetic):
     path = tiny_config(tmp_path, synthetic, train={"max_steps": 1})
     assert run(path) == 0
