@@ -248,16 +248,17 @@ class ShardStream(IterableDataset):
 
     def samples(self, worker: int, counts: dict[str, int]):
         """(image tensor, caption, position) of good samples; bad ones are counted and passed over.
-        In epoch mode a pass that gives no good sample at all is an error, not an endless loop."""
-        good_in_pass = 0
+        In epoch mode a whole pass that gives no good sample at all is an error, not an endless loop (a pass
+        resumed partway through may end without one: its good samples came before the checkpoint)."""
+        good_in_pass, partway = 0, worker in self.job.positions
         for sample, position in self.raw_positions(worker):
             if sample is None:
-                if not good_in_pass:
+                if not good_in_pass and not partway:
                     raise DataError(
                         f"rank {self.job.rank} worker {worker} found no readable sample in its "
                         f"{len(self.job.pieces[worker])} shard pieces: check the shards"
                     )
-                good_in_pass = 0
+                good_in_pass, partway = 0, False
                 continue
             try:
                 image, caption = self.decode(sample)
@@ -315,18 +316,24 @@ class ShardStream(IterableDataset):
                 where = {k: position[k] for k in ("block", "index", "piece", "offset")}
                 raw = epoch_raw(pieces, position["piece"], position["offset"], self.read)
             else:
-                where, raw = self.seek(pieces, position["raw"])
+                where, raw, short = self.seek(pieces, position["raw"])
+                if short:  # a position by sample count past this pass: carry the rest into the next one
+                    pass_, position = pass_ + 1, {"pass": pass_ + 1, "raw": short}
+                    continue
             for sample, where_now in block_shuffle(raw, job.shuffle_buffer, rng_of_block, **where):
                 yield sample, {"pass": pass_, **where_now}
             yield None, None
             pass_, position = pass_ + 1, {"pass": pass_ + 1, "raw": 0}
 
     def seek(self, pieces: list[Piece], raw_count: int):
-        """Re-enter a pass `raw_count` raw samples in, by reading (not decoding) the samples before."""
+        """Re-enter a pass `raw_count` raw samples in, by reading (not decoding) the samples before: (where, raw,
+        0), or, when the pass holds fewer whole blocks than that, (None, None, the raw samples left past it)."""
         block, index = divmod(raw_count, self.job.shuffle_buffer)
         raw = epoch_raw(pieces, read=self.read)
-        piece = offset = 0
+        piece = offset = read = 0
         # the loop only advances raw; piece and offset keep the last skipped sample's values, returned below
-        for _, piece, offset in itertools.islice(raw, block * self.job.shuffle_buffer):  # noqa: B007
+        for read, (_, piece, offset) in enumerate(itertools.islice(raw, block * self.job.shuffle_buffer), 1):  # noqa: B007
             pass
-        return {"block": block, "index": index, "piece": piece, "offset": offset}, raw
+        if 0 < read < block * self.job.shuffle_buffer:  # (an empty pass carries nothing: its end is the error)
+            return None, None, raw_count - read
+        return {"block": block, "index": index, "piece": piece, "offset": offset}, raw, 0

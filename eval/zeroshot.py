@@ -99,10 +99,15 @@ class Tally:
 
 
 def check_labels(targets: torch.Tensor, num_classes: int) -> None:
-    if len(targets) and (targets.min() < 0 or targets.max() >= num_classes):
+    bad = targets[(targets < 0) | (targets >= num_classes)]
+    if len(bad) and bad[0] < 0:
         raise EvalInputError(
-            f"label {int(targets.max())} out of range for {num_classes} class names "
-            "(or a sample without a .cls label); give the class names file of this dataset"
+            f"a sample without a .cls label (label {int(bad[0])}) among {num_classes} classes; give every "
+            "evaluation sample its class index in a .cls file"
+        )
+    if len(bad):
+        raise EvalInputError(
+            f"label {int(bad[0])} out of range for {num_classes} class names; give the class names file of this dataset"
         )
 
 

@@ -6,7 +6,7 @@ from collections import Counter
 import pytest
 
 from data import DataConfig, build_train_data
-from tests.data.shardmaker import batch_ids, ids_tokenizer, to_tensor, write_shards
+from tests.data.shardmaker import batch_ids, ids_tokenizer, sample_members, to_tensor, write_shards, write_tar
 
 
 def build(spec, rank=0, world_size=1, **options):
@@ -92,3 +92,46 @@ def test_resume_from_another_ranks_state_keeps_the_step_count(tmp_path):
     rank1 = build(spec, 1, 2)
     rank1.load_state_dict(rank0.state_dict())
     assert len(batch_ids(rank1.loader)) == rank1.num_batches - 2
+
+
+@pytest.mark.parametrize("stop", [4, 5, 6])
+def test_resume_in_a_second_pass_over_the_pieces(tmp_path, stop):
+    """An epoch of twice the data reads each worker's pieces twice; resumed at the end of the first pass (stop 4:
+    the rest of that pass holds no sample) or inside the second, its own state repeats the unbroken batches, and a
+    state by sample count (another layout: a new shuffle buffer; approximate by design) carries into the second pass
+    with the step count kept, rather than stopping with 'no readable sample'."""
+    spec = write_shards(tmp_path, [20])
+    options = {"train_num_samples": 40, "batch_size": 5, "workers": 0}
+    full = batch_ids(build(spec, **options).loader)
+    data = build(spec, **options)
+    head = []
+    for _, tokens in data.loader:
+        head.append(tokens[:, 0].tolist())
+        if len(head) == stop:
+            break
+    state = json.loads(json.dumps(data.state_dict()))
+    own = build(spec, **options)
+    own.load_state_dict(state)
+    assert len(full) == 8 and head + batch_ids(own.loader) == full
+    other = build(spec, **options | {"shuffle_buffer": 4})
+    other.load_state_dict(state)
+    rest = batch_ids(other.loader)
+    assert len(rest) == 8 - stop and all(len(b) == 5 and set(b) <= set(range(20)) for b in rest)  # approximate
+
+
+def test_resume_where_only_corrupt_samples_are_left_in_the_pass(tmp_path):
+    """15 good samples then 5 corrupt ones in a shard of 20: a worker short of its quota reads its pieces again; a
+    checkpoint after the last good sample of the first pass resumes into the corrupt tail and on into the next pass
+    (before: 'found no readable sample ... check the shards' on every requeue)."""
+    members = sample_members(range(15)) + [(f"{i:06d}.jpg", b"not a jpeg") for i in range(15, 20)]
+    members += [(f"{i:06d}.txt", f"sample {i}".encode()) for i in range(15, 20)]
+    write_tar(tmp_path / "0000.tar", members)
+    (tmp_path / "sizes.json").write_text(json.dumps({"0000.tar": 20}))
+    spec = str(tmp_path / "{0000..0000}.tar")
+    options = {"batch_size": 5, "workers": 0, "shuffle_buffer": 20}
+    full = batch_ids(build(spec, **options).loader)
+    data = build(spec, **options)
+    head = [tokens[:, 0].tolist() for _, (_, tokens) in zip(range(3), data.loader, strict=False)]
+    resumed = build(spec, **options)
+    resumed.load_state_dict(json.loads(json.dumps(data.state_dict())))
+    assert len(full) == 4 and head + batch_ids(resumed.loader) == full

@@ -306,3 +306,17 @@ def test_a_checkpoint_is_evaluated_at_another_size(run_dir, synthetic, tmp_path)
     assert result["num_images"] == CLASSES * PER_CLASS and 0 <= result["top1"] <= 1
     with pytest.raises(EvalInputError, match=r"--image-size=70 is not a multiple of tiny-s's patch size 8"):
         checkpoint.load_ours(run_dir, "cpu", image_size=70)
+
+
+@pytest.mark.parametrize(
+    "targets, line",
+    [
+        ([-1, 3], "a sample without a .cls label (label -1) among 24 classes; give every evaluation sample its class"),
+        ([2, 30, 5], "label 30 out of range for 24 class names; give the class names file of this dataset"),
+    ],
+)
+def test_a_bad_label_is_named(targets, line):
+    with pytest.raises(EvalInputError) as e:
+        zeroshot.check_labels(torch.tensor(targets), 24)
+    assert str(e.value).startswith(line)
+    zeroshot.check_labels(torch.tensor([0, 23]), 24)
