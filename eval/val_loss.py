@@ -31,6 +31,9 @@ from eval.replay import Replay
 MAX_PIXELS = 89_478_485  # PIL's decompression-bomb limit, as data.max_image_pixels
 
 
+UNREADABLE = "unreadable"  # rank_batches' mark for a batch of this rank without a readable sample
+
+
 class ValidationError(ValueError):
     """Validation shards that cannot give a loss (too few samples); one line naming the fix."""
 
@@ -70,15 +73,21 @@ def batch_loss(model: nn.Module, loss_fn: nn.Module, batch, device, logit_bias: 
 
 def rank_batches(spec: str, batch_size: int, image_transform, tokenizer, rank: int, world: int) -> Iterator:
     """(j, batch) for every validation batch j: its tensors where this rank scores it (j % world == rank) or needs
-    it as the spare for the last round (batch 0 on the ranks that score none), else (j, None)."""
+    it as the spare for the last round (batch 0, which every rank reads), else (j, None); (j, UNREADABLE) for a
+    batch of this rank without a readable sample, so that every rank still runs its forward passes (validation_loss
+    then raises on every rank alike)."""
     for j, raw in enumerate(raw_batches(spec, batch_size)):
         if j % world != rank and j != 0:
             yield j, None
             continue
         batch = to_tensors(raw, image_transform, tokenizer)
-        if batch is None:
-            raise ValidationError(f"validation batch {j} of {spec} has no readable sample; check the shards")
-        yield j, batch
+        if batch is None and j == 0:
+            raise ValidationError(unreadable(j, spec))
+        yield j, UNREADABLE if batch is None else batch
+
+
+def unreadable(j: int, spec: str) -> str:
+    return f"validation batch {j} of {spec} has no readable sample; check the shards"
 
 
 @torch.no_grad()
@@ -105,7 +114,7 @@ def validation_loss(
     was_training = model.training
     model.eval()
     total = torch.zeros(2, dtype=torch.float64, device=device)  # [sum of batch losses, number of batches]
-    last, batches = None, 0
+    last, batches, bad = None, 0, -1
 
     def make_batches():
         return rank_batches(spec, batch_size, image_transform, tokenizer, rank, world)
@@ -114,9 +123,12 @@ def validation_loss(
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
             for j, batch in replay(make_batches) if replay is not None else make_batches():
                 batches = j + 1
-                if j % world == rank:
+                if batch is UNREADABLE:  # a forward pass all the same (collective under FSDP), uncounted
+                    bad = j if bad < 0 else bad
+                    batch_loss(model, loss_fn, last, device, logit_bias)
+                elif j % world == rank:
                     total += torch.stack([batch_loss(model, loss_fn, batch, device, logit_bias), total.new_ones(())])
-                if batch is not None:
+                if batch is not None and batch is not UNREADABLE:
                     last = batch
             if batches == 0:
                 raise ValidationError(
@@ -128,8 +140,12 @@ def validation_loss(
                 batch_loss(model, loss_fn, last, device, logit_bias)
     finally:
         model.train(was_training)
+    first_bad = torch.tensor([bad], dtype=torch.int64, device=device)
     if world > 1:
         dist.all_reduce(total)
+        dist.all_reduce(first_bad, op=dist.ReduceOp.MAX)  # any rank's (the last one found, when several are)
+    if first_bad.item() >= 0:
+        raise ValidationError(unreadable(int(first_bad.item()), spec))
     return float(total[0] / total[1])
 
 

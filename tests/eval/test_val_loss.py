@@ -1,6 +1,8 @@
 """The validation loss: fixed batches in shard order, the run's loss per batch, averaged; RNG untouched."""
 
+import time
 from io import BytesIO
+from pathlib import Path
 
 import pytest
 import torch
@@ -70,3 +72,35 @@ def test_too_few_samples_is_one_line(tmp_path, model):
     spec = write_shards(tmp_path / "val", [5])
     with pytest.raises(ValidationError, match=r"fewer than eval.batch_size=8 samples; add samples or lower"):
         val(model, spec, 8)
+
+
+def two_rank_worker(rank: int, spec: str, store: str, out: str) -> None:
+    """One of two gloo ranks computing the validation loss; writes what it ended with."""
+    torch.distributed.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    torch.manual_seed(0)
+    try:
+        val(create_model("tiny-s").train(), spec, 4)
+        ended = "no error"
+    except ValidationError as e:
+        ended = str(e)
+    finally:
+        torch.distributed.destroy_process_group()
+    Path(out, f"rank{rank}").write_text(ended)
+
+
+@pytest.mark.trains
+def test_an_unreadable_batch_of_one_rank_is_the_error_of_both(tmp_path):
+    """Batch 1 (rank 1's) has no readable sample: rank 1 alone reads it, yet both ranks finish their forward passes
+    and raise the same line (before: rank 1 raised and rank 0 waited in its all-reduce until the timeout)."""
+    bad = [member for i in range(4, 8) for member in ((f"{i:06d}.jpg", b"not a jpeg"), (f"{i:06d}.txt", b"x"))]
+    members = sample_members(range(4)) + bad + sample_members(range(8, 12))
+    (tmp_path / "val").mkdir()
+    spec = str(write_tar(tmp_path / "val" / "0000.tar", members))
+    context = torch.multiprocessing.spawn(
+        two_rank_worker, args=(spec, str(tmp_path / "store"), str(tmp_path)), nprocs=2, join=False
+    )
+    deadline = time.monotonic() + 120
+    while not context.join(timeout=1):
+        assert time.monotonic() < deadline, "a rank is still waiting: the error was not shared"
+    expected = f"validation batch 1 of {spec} has no readable sample; check the shards"
+    assert [(tmp_path / f"rank{r}").read_text() for r in (0, 1)] == [expected, expected]
