@@ -302,7 +302,25 @@ def load_checkpoint(accelerator: Accelerator, folder: Path) -> tuple[dict, dict]
     # a rank that did not exist when the checkpoint was written continues from rank 0's position (approximately)
     data_file = folder / run_folder.data_state_name(accelerator.process_index)
     data_state = json.loads((data_file if data_file.is_file() else folder / run_folder.data_state_name(0)).read_text())
+    if accelerator.process_index == 0:
+        data_state = with_vanished_ranks(folder, data_state, accelerator.num_processes)
     return meta, data_state
+
+
+def with_vanished_ranks(folder: Path, state: dict, world: int) -> dict:
+    """Rank 0's data state with the skip and caption counts of the ranks that wrote the checkpoint but are not in
+    this job added in, so a job resumed on fewer ranks keeps its totals (and train.max_skip_fraction its ratio)."""
+    state = dict(state)
+    rank = world
+    while (path := folder / run_folder.data_state_name(rank)).is_file():
+        other = json.loads(path.read_text())
+        for group in ("skipped", "captions"):
+            mine = dict(state.get(group, {}))
+            for key, count in other.get(group, {}).items():
+                mine[key] = int(mine.get(key, 0)) + int(count)
+            state[group] = mine
+        rank += 1
+    return state
 
 
 def refuse_foreign_pickles(accelerator: Accelerator, folder: Path) -> None:

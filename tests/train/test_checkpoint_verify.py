@@ -2,6 +2,7 @@
 code, with and without the manifest); resume reports it in one line naming the file and falls back to the
 newest checkpoint that passes; a bad random-state file is a warning and the checkpoint is still used."""
 
+import json
 import shutil
 
 import pytest
@@ -9,7 +10,7 @@ import pytest
 from models import run_folder
 from tests.hostile import code_pickle
 from tests.train.common import run, tiny_config, train_records
-from train.checkpoint import rng_not_restored
+from train.checkpoint import rng_not_restored, with_vanished_ranks
 
 HARD_FILES = [
     "meta.json",
@@ -120,3 +121,14 @@ def test_every_checkpoint_bad_starts_afresh_and_keeps_the_new_checkpoints(three_
     # the fresh run's checkpoint is kept although three (bad) ones have higher step numbers
     assert (run_dir / "checkpoints" / "step_00000001" / run_folder.MANIFEST).is_file()
     assert run_folder.check(run_dir / "checkpoints" / "step_00000001").problem is None
+
+
+def test_a_job_resumed_on_fewer_ranks_keeps_the_skip_counts_of_the_ranks_it_lost(tmp_path):
+    """Written by 3 ranks, resumed on 1: rank 0 carries ranks 1 and 2's counts (each rank restores only its own)."""
+    for rank, (corrupt, seen) in enumerate([(1, 10), (2, 20), (3, 30)]):
+        state = {"rank": rank, "skipped": {"corrupt_image": corrupt}, "captions": {"seen": seen, "truncated": 0}}
+        (tmp_path / run_folder.data_state_name(rank)).write_text(json.dumps(state))
+    own = json.loads((tmp_path / run_folder.data_state_name(0)).read_text())
+    merged = with_vanished_ranks(tmp_path, own, world=1)
+    assert merged["skipped"] == {"corrupt_image": 6} and merged["captions"] == {"seen": 60, "truncated": 0}
+    assert with_vanished_ranks(tmp_path, own, world=3) == own and own["skipped"] == {"corrupt_image": 1}
