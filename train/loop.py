@@ -174,6 +174,13 @@ def should_step(accelerator: Accelerator, loss: float, grad_norm: float) -> bool
     return math.isfinite(loss) and (math.isfinite(grad_norm) or accelerator.scaler is not None)
 
 
+def close_skipped_step(accelerator: Accelerator) -> None:
+    """A step not taken (a non-finite loss): under fp16 the gradient scaler, whose unscale_ ran in clip_gradients,
+    still ends its step with update() (the optimizer's step would have), or its next unscale_ raises."""
+    if accelerator.scaler is not None:
+        accelerator.scaler.update()
+
+
 @dataclass
 class Trainer:
     """Everything the loop touches; built by train.main."""
@@ -264,6 +271,8 @@ class Trainer:
         bad = not should_step(acc, loss, grad_norm)
         if not bad:
             self.optimizer.step()
+        else:
+            close_skipped_step(acc)
         lr = self.schedule.get_last_lr()[0]
         self.schedule.step()
         clamp_logit_scale(acc.unwrap_model(self.model))
@@ -274,7 +283,8 @@ class Trainer:
         p.samples_seen += step_samples
         self.count_bad(bad, loss, grad_norm)
         self.report(loss, lr, grad_norm, data_wait)
-        if self.evaluate is not None and self.due(self.eval_every):
+        last = p.step >= cfg.max_steps  # stopped there, the run's final evaluation is deferred too
+        if self.evaluate is not None and (self.due(self.eval_every) or (last and stop_now)):
             if stop_now:
                 p.eval_pending = True
                 self.message(f"step {p.step}: evaluation deferred by the stop signal: it runs when the run resumes")

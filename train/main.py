@@ -51,7 +51,14 @@ from train.dist import (
 from train.log import LOG_FILE, RunLog, check_wandb, console_logging, file_logging, git_commit, trim_metrics
 from train.loop import DataStream, Progress, Trainer, TrainingError, plain_param
 from train.loss import build_loss
-from train.optim import build_optimizer, check_optimizer, check_schedule, follow_schedule, schedule_change
+from train.optim import (
+    build_optimizer,
+    check_optimizer,
+    check_schedule,
+    follow_schedule,
+    keep_configured_rates,
+    schedule_change,
+)
 from train.storage import RunStorage
 
 logger = logging.getLogger(__name__)  # `log` in fit is the RunLog
@@ -114,8 +121,10 @@ def fit(cfg: Config, stop: StopFlag) -> int:
     model, optimizer, schedule = accelerator.prepare(model, optimizer, schedule)
     stream, progress = DataStream(data, accelerator.device), Progress()
     storage = RunStorage.from_config(cfg.train)
+    configured = [{k: g[k] for k in ("initial_lr", "weight_decay") if k in g} for g in optimizer.param_groups]
     folder = resume(cfg, accelerator, storage, stream, progress)
     weights_ema.resume(ema, accelerator.unwrap_model(model), folder, accelerator)
+    keep_configured_rates(optimizer, schedule.scheduler, configured)
     follow_schedule(schedule.scheduler)
     log = start_run_dir(cfg, accelerator, storage, progress.step, sizes)
     if cfg.optim.lock_image or cfg.optim.lock_text:

@@ -17,7 +17,7 @@ from train.config import ConfigError, OptimConfig
 
 LOGIT_SCALE_MAX = math.log(100)
 # parameters named like this are embeddings (or the temperature/bias), never decayed
-NO_DECAY_NAMES = ("embedding", "logit_scale", "logit_bias")
+NO_DECAY_NAMES = ("embedding", "reg_token", "logit_scale", "logit_bias")  # reg_token: ViT registers, as timm
 
 
 def decays(name: str, param: nn.Parameter, module: nn.Module) -> bool:
@@ -182,6 +182,15 @@ def decay(progress: float, shape: str, min_ratio: float) -> float:
     """From 1 at progress 0 to min_ratio at progress 1: linearly, or along half a cosine."""
     fall = progress if shape == "linear" else 0.5 * (1 - math.cos(math.pi * progress))
     return 1 - (1 - min_ratio) * fall
+
+
+def keep_configured_rates(optimizer, scheduler: LambdaLR, configured: list[dict]) -> None:
+    """After a checkpoint is loaded: each group's base learning rate and weight decay as the current config built
+    them (the loaded optimizer and scheduler states carry the checkpoint's), so a rerun with another optim.lr,
+    image_lr, text_lr, layer decay or weight_decay trains with it; on an unchanged config this changes nothing."""
+    for group, values in zip(optimizer.param_groups, configured, strict=True):
+        group.update(values)
+    scheduler.base_lrs = [group["initial_lr"] for group in optimizer.param_groups]
 
 
 def follow_schedule(scheduler: LambdaLR) -> None:

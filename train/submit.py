@@ -25,6 +25,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from models.run_folder import is_url
 from train.slurm import (
     REPO,
     Resources,
@@ -43,17 +44,25 @@ from train.slurm import (
     timestamp,
     with_loader_cpus,
 )
+from train.storage import RunStorage
 from train.study_slurm import main_study
 from train.submit_suite import main_suite
 from train.sweep import main_sweep
 
 
-def choose_run_dir(config: Path, overrides: list[str], stamp: str) -> tuple[Path, list[str]]:
-    """(absolute run dir, overrides ending in `train.run_dir=<it>`), see the module docstring."""
+def choose_run_dir(
+    config: Path, overrides: list[str], stamp: str, stage_dir: str | None = None
+) -> tuple[Path, list[str]]:
+    """(absolute local folder of the job's script and Slurm log, overrides ending in `train.run_dir=<the run
+    dir>`), see the module docstring: the run dir itself, or for a remote one (s3://...) its URL as given and
+    train.stage_dir's local staging folder for the script and log."""
     given = [o.partition("=")[2] for o in overrides if o.startswith("train.run_dir=")]
     explicit = (read_yaml(config) or {}).get("train", {}) or {}
-    run_dir = Path(given[-1] if given else explicit.get("run_dir") or f"runs/{config.stem}-{stamp}").absolute()
+    chosen = given[-1] if given else explicit.get("run_dir") or f"runs/{config.stem}-{stamp}"
     kept = [o for o in overrides if not o.startswith("train.run_dir=")]
+    if is_url(chosen):
+        return check_path(RunStorage.of(chosen, stage_dir).local.absolute()), [*kept, f"train.run_dir={chosen}"]
+    run_dir = Path(chosen).absolute()
     return check_path(run_dir), [*kept, f"train.run_dir={run_dir}"]
 
 
@@ -62,11 +71,11 @@ def submit_training(
 ) -> tuple[str | None, Path]:
     """Validate, render and submit one training job; returns (job id, run dir)."""
     cfg = load_checked(config, overrides, schedule=True)
-    run_dir, overrides = choose_run_dir(config, overrides, stamp)
+    run_dir, overrides = choose_run_dir(config, overrides, stamp, cfg.train.stage_dir)
     script = render_train(config, overrides, run_dir, with_loader_cpus(res, cfg.data.workers))
     job_id = submit(script, run_dir / "train.sbatch", dry_run)
     if job_id:
-        print(f"submitted job {job_id}\nrun dir: {run_dir}")
+        print(f"submitted job {job_id}\nrun dir: {overrides[-1].removeprefix('train.run_dir=')}")
     return job_id, run_dir
 
 

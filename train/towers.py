@@ -27,7 +27,7 @@ from train.config import OptimConfig
 
 TOWERS = ("image", "text")
 SHARED = ("logit_scale", "logit_bias")
-FIRST = ("class_embedding", "positional_embedding", "conv1", "ln_pre", "token_embedding")  # group 0 of a tower
+FIRST = ("class_embedding", "positional_embedding", "reg_token", "conv1", "ln_pre", "token_embedding")  # group 0
 BLOCK = re.compile(r"transformer\.resblocks\.(\d+)\.")
 
 

@@ -54,6 +54,18 @@ def test_submit_prints_job_id_and_run_dir(config, tmp_path, capsys, fake_sbatch)
     assert script.count("train.run_dir=") == 1
 
 
+def test_a_remote_run_dir_stays_a_url_and_the_job_files_go_to_its_stage_dir(
+    config, tmp_path, monkeypatch, capsys, fake_sbatch
+):
+    monkeypatch.chdir(tmp_path)
+    stage = tmp_path / "stage"
+    main([str(config), "--time", "10", "train.run_dir=s3://bucket/runs/a", f"train.stage_dir={stage}"])
+    assert capsys.readouterr().out.splitlines() == ["submitted job 1001", "run dir: s3://bucket/runs/a"]
+    script = (stage / "train.sbatch").read_text()
+    assert "train.run_dir=s3://bucket/runs/a" in script and f"#SBATCH --output={stage}/slurm-%j.out" in script
+    assert not (tmp_path / "s3:").exists()
+
+
 def test_run_dir_of_the_config_file_is_kept(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     path = tmp_path / "c.yaml"

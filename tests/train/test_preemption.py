@@ -206,6 +206,19 @@ def signal_at_step(monkeypatch, step: int, sig: int = signal.SIGTERM) -> None:
     monkeypatch.setattr(train.main, "build_loss", build)
 
 
+def test_a_stop_at_the_last_step_defers_the_final_evaluation(tmp_path, synthetic, monkeypatch, capsys):
+    """SIGTERM during step 5 of 5 with eval.every=0 (evaluate at the end only): the rerun finds the run at its last
+    step and runs the final evaluation it owes (before: 'nothing to do' and no evaluation at all)."""
+    signal_at_step(monkeypatch, 5)
+    evaluation = {"dataset": synthetic["eval"], "every": 0, "batch_size": 64}
+    path = tiny_config(tmp_path, synthetic, train={"max_steps": 5}, eval=evaluation)
+    assert run(path) == 75
+    assert "step 5: evaluation deferred by the stop signal" in capsys.readouterr().err
+    assert read_meta(checkpoints(tmp_path / "run")[-1])["eval_pending"] is True
+    assert run(path) == 0
+    assert [r["step"] for r in metrics(tmp_path / "run") if "zeroshot/top1" in r] == [5]
+
+
 def test_a_stop_on_an_evaluation_step_saves_first_and_evaluates_on_resume(tmp_path, synthetic, monkeypatch, capsys):
     """SIGTERM during step 4, an evaluation step: the checkpoint of step 4 is written without evaluating (it must
     fit in the grace time), marked as owing that evaluation; the resumed run evaluates step 4 first."""

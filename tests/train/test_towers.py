@@ -132,3 +132,14 @@ def test_a_locked_tower_is_bit_identical_after_training_and_the_count_is_logged(
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert f"trainable parameters: {summary['params_trainable']:,} of {summary['params']:,}" in err
     assert summary["params_trainable"] < summary["params"] - summary["params_image"] + 64 * 64 + 2 * 64 + 1
+
+
+def test_registers_are_an_embedding_undecayed_in_the_first_group():
+    """ViT registers (model.image_registers, timm's reg_token) train with the embeddings: group 0 (frozen with them
+    by lock_image_unlocked_groups) and no weight decay, as timm leaves them."""
+    from train.optim import decays
+
+    model = build_clip(ModelConfig(name="tiny-s", image_registers=2))
+    names = dict(model.named_parameters())
+    assert group_of("visual.reg_token", block_counts(model)["image"]) == 0
+    assert not decays("visual.reg_token", names["visual.reg_token"], model.visual)

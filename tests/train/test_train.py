@@ -224,3 +224,34 @@ def test_bf16_reaches_the_forward_pass(tmp_path, synthetic, monkeypatch):
     assert run(path, "train.precision=bf16", f"train.run_dir={tmp_path / 'a'}") == 0
     assert run(path, "train.precision=fp32", f"train.run_dir={tmp_path / 'b'}") == 0
     assert dtypes == [torch.bfloat16, torch.float32]
+
+
+def test_a_rerun_with_another_learning_rate_trains_with_it(tmp_path, synthetic):
+    """The checkpoint's optimizer and scheduler states carry its rates; a resumed run follows the config's (the
+    bad-steps error asks for a lower optim.lr), and its step 3 matches a fresh run at that rate."""
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    fresh = tiny_config(tmp_path / "a", synthetic, train={"max_steps": 3}, optim={"lr": 1e-4, "weight_decay": 0.0})
+    assert run(fresh) == 0
+    path = tiny_config(tmp_path / "b", synthetic, train={"max_steps": 2}, optim={"lr": 1e-3, "weight_decay": 0.2})
+    assert run(path) == 0
+    assert run(path, "train.max_steps=3", "optim.lr=1e-4", "optim.weight_decay=0.0") == 0
+    lr = {r["step"]: r["lr"] for r in train_records(tmp_path / "b" / "run")}
+    assert lr[3] == pytest.approx(train_records(tmp_path / "a" / "run")[2]["lr"]) and lr[2] > 5 * lr[3]
+
+
+def test_a_skipped_step_under_fp16_closes_the_gradient_scalers_step():
+    """A non-finite loss skips optimizer.step(), where accelerate updates the fp16 scaler; without update() the
+    scaler's next unscale_ raises 'unscale_() has already been called on this optimizer since the last update()'
+    (GradScaler on CPU stands in for CUDA's: the same bookkeeping)."""
+    from types import SimpleNamespace
+
+    from train.loop import close_skipped_step
+
+    weight = torch.nn.Parameter(torch.ones(2))
+    optimizer = torch.optim.AdamW([weight])
+    accelerator = SimpleNamespace(scaler=torch.amp.GradScaler("cpu"))
+    for _ in range(2):
+        accelerator.scaler.scale(weight.sum()).backward()
+        accelerator.scaler.unscale_(optimizer)
+        close_skipped_step(accelerator)
+    close_skipped_step(SimpleNamespace(scaler=None))  # fp32/bf16: nothing to close
