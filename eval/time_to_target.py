@@ -82,9 +82,12 @@ def break_even(rows: list[dict], attention: str) -> tuple[float, float, float] |
         return None
     tokens = np.array([r["tokens"] for r in mine], dtype=float)
     point = crossing(tokens, np.array([r["seconds"] / soft[r["tokens"]]["seconds"] for r in mine]))
-    reps = [
-        crossing(tokens, np.array([r["draws"][i] / soft[r["tokens"]]["draws"][i] for r in mine])) for i in range(N_BOOT)
-    ]
+    # a replicate where softmax misses the target at some token count has no ratio there: left out (as
+    # eval/multiplier.py leaves out those where the reference misses), not read as "never breaks even"
+    kept = [i for i in range(N_BOOT) if all(math.isfinite(soft[r["tokens"]]["draws"][i]) for r in mine)]
+    reps = [crossing(tokens, np.array([r["draws"][i] / soft[r["tokens"]]["draws"][i] for r in mine])) for i in kept]
+    if not reps:
+        return point, math.nan, math.nan
     lo, hi = np.quantile(reps, [0.025, 0.975], method="nearest")
     return point, float(lo), float(hi)
 

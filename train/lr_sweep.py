@@ -110,10 +110,10 @@ def choose(study: Study, pairs: list[tuple[float, Job]]) -> list[dict]:
         rows.append(row)
     for size, attention in dict.fromkeys((r["size"], r["attention"]) for r in rows):
         mine = [r for r in rows if r["attention"] == attention and r["size"] == size]
-        best = min(mine, key=lambda r: r["val_loss"] if metric == "val_loss" else 1 - r["top1"])
-        if not math.isfinite(best["val_loss"]):
+        finite = [r for r in mine if math.isfinite(r["val_loss"])]  # min() over a NaN depends on the order
+        if not finite:
             raise StudyError(f"lr_sweep: every {attention} run at {size} diverged; lower lr_sweep.scales")
-        best["chosen"] = True
+        min(finite, key=lambda r: r["val_loss"] if metric == "val_loss" else 1 - r["top1"])["chosen"] = True
     apply(study, rows)
     return rows
 

@@ -2,6 +2,8 @@
 used at every size only where the sweep shows that it transfers (train/lr_sweep.apply)."""
 
 import json
+import math
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -346,3 +348,27 @@ def test_the_flatness_study_trains_depth2s_smallest_size_at_its_rates_for_8x_the
     assert budget_steps(ladder, steps)[-1] in budgets
     ends = [t for t, _ in budgets]
     assert ends == [steps // 2 * 2**k for k in range(4)] + [6 * steps, 8 * steps]
+
+
+def test_a_diverged_run_first_in_the_sweep_does_not_hide_the_others(tmp_path, monkeypatch):
+    """The smallest multiple's run ended with a NaN validation loss: the choice is among the finite ones (min()
+    over a list starting with NaN returned the NaN and raised 'every run diverged')."""
+    import pandas as pd
+
+    from train import lr_sweep
+
+    study = study_swept_at(tmp_path, "demo-w32")
+    losses = {"a": math.nan, "b": 0.9, "c": 1.1}
+    monkeypatch.setattr(
+        lr_sweep,
+        "load_points",
+        lambda dirs, y, points: pd.DataFrame({"val_loss": [losses[dirs[0].name]], "zeroshot/top1": [0.5]}),
+    )
+    pairs = [
+        (scale, SimpleNamespace(run_dir=tmp_path / name, argv=[f"optim.lr={scale}"], size="demo-w32"))
+        for scale, name in ((0.25, "a"), (0.5, "b"), (1.0, "c"))
+    ]
+    for _, job in pairs:
+        job.attention = "softmax"
+    chosen = [r for r in lr_sweep.choose(study, pairs) if r["chosen"]]
+    assert [(r["scale"], r["val_loss"]) for r in chosen] == [(0.5, 0.9)]
