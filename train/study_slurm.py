@@ -42,12 +42,15 @@ def task(job: Job) -> Task:
 
 
 def grid_arrays(jobs: list[Job], to_run: list[Job]) -> list[Array]:
-    """`runs`, then per budget k the branches of the runs in `runs` (aftercorr) and of the reused ones (at once)."""
-    mains = [j for j in to_run if j.after is None]
+    """`runs`, then per budget k the branches of the runs in `runs` (aftercorr) and of the reused ones (at once).
+    The runs with the most budgets come first, so that budget k's tasks, those of the runs that have a k-th budget,
+    are the first tasks of `runs` and aftercorr pairs each with its own run (sizes whose budget fractions round to
+    the same step have fewer)."""
+    mains = sorted((j for j in to_run if j.after is None), key=lambda j: -len(j.budgets))
     arrays = [Array("runs", [task(j) for j in mains])] if mains else []
     depth = max((len(j.budgets) for j in jobs if j.after is None), default=0)
     for k in range(depth):
-        chained = [task(j.budgets[k]) for j in mains]
+        chained = [task(j.budgets[k]) for j in mains if len(j.budgets) > k]
         reused = [task(j.budgets[k]) for j in jobs if j.after is None and j.reused and len(j.budgets) > k]
         arrays += [Array(f"budget-{k + 1}", chained, after="runs")] if chained else []
         arrays += [Array(f"budget-{k + 1}-reused", reused)] if reused else []

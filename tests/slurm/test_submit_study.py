@@ -93,3 +93,31 @@ def test_a_study_with_a_sweep_submits_the_sweep_then_the_grid_with_the_chosen_ra
     report = (out / "report.md").read_text()
     assert "trained as Slurm job arrays" in report and "## Learning rate per attention" in report
     assert len(json.loads((out / "runs.json").read_text())) == 4
+
+
+def test_runs_with_fewer_budgets_keep_each_branch_paired_with_its_own_run():
+    """A size whose budget fractions round to the same step has fewer branches: budget k's array holds the runs
+    that have a k-th budget, as the first tasks of `runs`, so aftercorr pairs each branch with its run."""
+    from pathlib import Path
+
+    from train.study import Job
+    from train.study_slurm import grid_arrays
+
+    def job(name, budgets):
+        main = Job(name, "softmax", Path(f"/r/{name}"), ["python", "-m", "train", "c.yaml", "x=1"])
+        main.budgets = [
+            Job(
+                name, "softmax", Path(f"/r/{name}-budget{s}"), ["python", "-m", "train", "c.yaml", f"s={s}"], after=main
+            )
+            for s in budgets
+        ]
+        return main
+
+    small, big = job("small", [2]), job("big", [330, 670])
+    jobs = [small, *small.budgets, big, *big.budgets]
+    arrays = {a.name: [t.run_dir.name for t in a.tasks] for a in grid_arrays(jobs, jobs)}
+    assert arrays == {
+        "runs": ["big", "small"],
+        "budget-1": ["big-budget330", "small-budget2"],
+        "budget-2": ["big-budget670"],
+    }
