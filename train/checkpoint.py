@@ -139,8 +139,12 @@ def together(accelerator: Accelerator, tmp: Path, write) -> None:
     kept = next(
         (p.name for p in run_folder.step_folders(tmp.parent.parent) if (p / run_folder.MANIFEST).is_file()), None
     )
+    name = tmp.name.removeprefix(run_folder.TMP_PREFIX)
+    if kept == name:  # complete and renamed (models.run_folder.finish): what failed is the `latest` file after it
+        cause, latest = failure.split(" (writing ", 1)[0], tmp.parent / run_folder.LATEST
+        raise CheckpointWriteError(f"checkpoint {name} written, but not {latest}: {cause}; a rerun resumes from {name}")
     raise CheckpointWriteError(
-        f"checkpoint {tmp.name.removeprefix(run_folder.TMP_PREFIX)} not written: {failure}; its partial folder is "
+        f"checkpoint {name} not written: {failure}; its partial folder is "
         "removed; kept checkpoint: " + (f"{kept} (a rerun resumes from it)" if kept else "none (a rerun starts afresh)")
     )
 
@@ -339,10 +343,17 @@ def rng_not_restored(path: Path) -> str | None:
     if not path.is_file():
         return "is missing (the checkpoint was written by fewer processes)"
     try:
-        saved = run_folder.torch_load(path)["torch_manual_seed"]
+        states = run_folder.torch_load(path)
+        saved = states["torch_manual_seed"]
     except Exception as e:  # a damaged or foreign file
         return f"does not load ({run_folder.first_line(e)})"
-    return None if torch.equal(torch.get_rng_state(), saved) else "was not applied"
+    if not torch.equal(torch.get_rng_state(), saved):
+        return "was not applied"
+    if torch.cuda.is_available():  # accelerate applies the GPUs' after the CPU's, in the same try
+        gpus, now = states.get("torch_cuda_manual_seed") or [], torch.cuda.get_rng_state_all()
+        if len(gpus) != len(now) or not all(torch.equal(a, b) for a, b in zip(now, gpus, strict=True)):
+            return f"was not applied on the GPUs ({len(gpus)} saved, {len(now)} visible)"
+    return None
 
 
 def rng_snapshot() -> tuple:

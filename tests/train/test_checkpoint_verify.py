@@ -132,3 +132,20 @@ def test_a_job_resumed_on_fewer_ranks_keeps_the_skip_counts_of_the_ranks_it_lost
     merged = with_vanished_ranks(tmp_path, own, world=1)
     assert merged["skipped"] == {"corrupt_image": 6} and merged["captions"] == {"seen": 60, "truncated": 0}
     assert with_vanished_ranks(tmp_path, own, world=3) == own and own["skipped"] == {"corrupt_image": 1}
+
+
+def test_a_gpu_random_state_not_applied_is_named(tmp_path, monkeypatch):
+    """accelerate applies the CUDA generators' states after the CPU's, inside one try that only logs: the check
+    compares them too (CUDA stood in for by two fake generator states)."""
+    import torch
+
+    gpus = [torch.tensor([1, 2], dtype=torch.uint8), torch.tensor([3, 4], dtype=torch.uint8)]
+    path = tmp_path / "random_states_0.pkl"
+    torch.save({"torch_manual_seed": torch.get_rng_state(), "torch_cuda_manual_seed": gpus}, path)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: [g.clone() for g in gpus])
+    assert rng_not_restored(path) is None
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: [gpus[0], gpus[0]])
+    assert rng_not_restored(path) == "was not applied on the GPUs (2 saved, 2 visible)"
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: gpus[:1])
+    assert rng_not_restored(path) == "was not applied on the GPUs (2 saved, 1 visible)"

@@ -155,6 +155,27 @@ def test_a_refused_final_checkpoint_stops_the_run_even_with_max_failed_saves(tmp
     assert "run done" not in err and [p.name for p in run_folder.step_folders(tmp_path / "run")] == ["step_00000002"]
 
 
+def test_a_full_disk_after_the_checkpoint_is_complete_says_so(tmp_path, synthetic, monkeypatch, capsys):
+    """The disk fills while `latest` is written, after the checkpoint folder is complete and renamed: the line says
+    the checkpoint is written and the rerun resumes from it (not 'not written ... kept checkpoint: <the same>')."""
+    real = run_folder.write_text_atomic
+
+    def full_disk(path, text):
+        if Path(path).name == run_folder.LATEST and text == "step_00000002":
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(path, text)
+
+    monkeypatch.setattr(run_folder, "write_text_atomic", full_disk)
+    config = tiny_config(tmp_path, synthetic, train={"max_steps": 3, "save_every": 1, "keep_last": 3})
+    reset_accelerate()
+    capsys.readouterr()
+    assert train_cli([str(config)]) == 1
+    assert lines_of(capsys.readouterr().err) == [
+        f"error: checkpoint step_00000002 written, but not {tmp_path / 'run' / 'checkpoints' / 'latest'}: no space "
+        "left on device; a rerun resumes from step_00000002"
+    ]
+
+
 @pytest.fixture(scope="module")
 def one_step(tmp_path_factory, synthetic):
     """A run with its checkpoint at step 1, and the tiny config."""
