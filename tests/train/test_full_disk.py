@@ -96,14 +96,10 @@ def test_a_full_disk_is_one_line_and_the_last_checkpoint_is_kept(tmp_path, synth
         assert [r["step"] for r in train_records(run_dir)] == [1, 2, 3]
 
 
-@pytest.mark.parametrize("failing, stopped", [((2,), False), ((2, 3), True)], ids=["once", "twice-in-a-row"])
-def test_with_max_failed_saves_the_run_trains_on_until_n_saves_in_a_row_failed(
-    tmp_path, synthetic, monkeypatch, capsys, failing, stopped
-):
-    """train.max_failed_saves=2: a refused periodic checkpoint is one warning, the next save tries again; two in a
-    row stop the run with the usual line. No partial folder is left either way."""
+def refuse_model_files(monkeypatch, run_dir: Path, steps) -> None:
+    """The disk is full whenever the model file of one of `steps`' checkpoints is written (every try)."""
     real = train.checkpoint.save_file
-    targets = {str(run_folder.tmp_folder(tmp_path / "run", step) / run_folder.MODEL) for step in failing}
+    targets = {str(run_folder.tmp_folder(run_dir, step) / run_folder.MODEL) for step in steps}
 
     def full_disk(tensors, filename, *args, **kwargs):
         if filename not in targets:
@@ -111,6 +107,15 @@ def test_with_max_failed_saves_the_run_trains_on_until_n_saves_in_a_row_failed(
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr(train.checkpoint, "save_file", full_disk)
+
+
+@pytest.mark.parametrize("failing, stopped", [((2,), False), ((2, 3), True)], ids=["once", "twice-in-a-row"])
+def test_with_max_failed_saves_the_run_trains_on_until_n_saves_in_a_row_failed(
+    tmp_path, synthetic, monkeypatch, capsys, failing, stopped
+):
+    """train.max_failed_saves=2: a refused periodic checkpoint is one warning, the next save tries again; two in a
+    row stop the run with the usual line. No partial folder is left either way."""
+    refuse_model_files(monkeypatch, tmp_path / "run", failing)
     train_cfg = {"max_steps": 4, "save_every": 1, "keep_last": 4, "max_failed_saves": 2}
     config = tiny_config(tmp_path, synthetic, train=train_cfg)
     reset_accelerate()
@@ -136,15 +141,7 @@ def test_with_max_failed_saves_the_run_trains_on_until_n_saves_in_a_row_failed(
 def test_a_refused_final_checkpoint_stops_the_run_even_with_max_failed_saves(tmp_path, synthetic, monkeypatch, capsys):
     """The final checkpoint is also a periodic one here (save_every divides max_steps): refused, it is tried again
     at the end, and a second refusal ends the run with the usual line, not 'done' without its final weights."""
-    real = train.checkpoint.save_file
-    target = str(run_folder.tmp_folder(tmp_path / "run", 4) / run_folder.MODEL)
-
-    def full_disk(tensors, filename, *args, **kwargs):
-        if filename != target:
-            return real(tensors, filename, *args, **kwargs)
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-
-    monkeypatch.setattr(train.checkpoint, "save_file", full_disk)
+    refuse_model_files(monkeypatch, tmp_path / "run", [4])
     train_cfg = {"max_steps": 4, "save_every": 2, "keep_last": 4, "max_failed_saves": 2}
     config = tiny_config(tmp_path, synthetic, train=train_cfg)
     reset_accelerate()
